@@ -1,0 +1,82 @@
+// Index math for tokens laid out row-major on an n-D grid, and for the table of
+// relative offsets between them. Shared by the CPU and CUDA kernels and by the
+// Catch2 unit tests, so it is plain arithmetic with no ATen dependency.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define POSATTN_HD __host__ __device__ __forceinline__
+#else
+#define POSATTN_HD inline
+#endif
+
+namespace posattn {
+
+// Maximum number of grid axes an operator accepts (after size-1 axes are dropped
+// the kernels see at most this many).
+constexpr int kMaxGridDims = 8;
+
+// Row-major coordinates of token `index` on a grid of `ndim` axes.
+POSATTN_HD void unravel_index(int64_t index, const int64_t* shape, int ndim, int64_t* coord) {
+  for (int d = ndim - 1; d >= 0; --d) {
+    coord[d] = index % shape[d];
+    index /= shape[d];
+  }
+}
+
+// Row-major token index of `coord` on a grid of `ndim` axes.
+POSATTN_HD int64_t ravel_index(const int64_t* coord, const int64_t* shape, int ndim) {
+  int64_t index = 0;
+  for (int d = 0; d < ndim; ++d) index = index * shape[d] + coord[d];
+  return index;
+}
+
+// Number of distinct relative offsets on the grid: U = prod_d (2 n_d - 1).
+POSATTN_HD int64_t num_offsets(const int64_t* shape, int ndim) {
+  int64_t u = 1;
+  for (int d = 0; d < ndim; ++d) u *= 2 * shape[d] - 1;
+  return u;
+}
+
+// Row of offset `delta` (delta_d in [-(n_d-1), n_d-1]) in the (U, D) table of
+// relative embeddings: the row-major index of delta + (n - 1) over the shape
+// (2 n_1 - 1, ..., 2 n_G - 1).
+POSATTN_HD int64_t offset_row(const int64_t* delta, const int64_t* shape, int ndim) {
+  int64_t row = 0;
+  for (int d = 0; d < ndim; ++d) row = row * (2 * shape[d] - 1) + (delta[d] + shape[d] - 1);
+  return row;
+}
+
+// Inverse of offset_row: the offset whose table row is `row`.
+POSATTN_HD void offset_of_row(int64_t row, const int64_t* shape, int ndim, int64_t* delta) {
+  for (int d = ndim - 1; d >= 0; --d) {
+    const int64_t w = 2 * shape[d] - 1;
+    delta[d] = row % w - (shape[d] - 1);
+    row /= w;
+  }
+}
+
+// Offset normalised to [-1, 1] along an axis of n cells: delta / max(n - 1, 1).
+POSATTN_HD double normalised_offset(int64_t delta, int64_t n) {
+  return static_cast<double>(delta) / static_cast<double>(n > 1 ? n - 1 : 1);
+}
+
+// sqrt(-2 ln t): the Gaussian radius (in units of sigma) at which exp(-x^2/2) = t.
+POSATTN_HD double threshold_radius(double threshold) {
+  return std::sqrt(-2.0 * std::log(threshold));
+}
+
+// Half width (in cells) of the span box along an axis of n cells:
+//   min(ceil(sigma * sqrt(-2 ln t) * (n - 1)), n - 1)
+// A key is kept iff |delta_d| <= half_d on every axis.
+POSATTN_HD int64_t span_half_width(double sigma, double threshold, int64_t n) {
+  if (n <= 1) return 0;
+  const double extent = sigma * threshold_radius(threshold) * static_cast<double>(n - 1);
+  if (!(extent < static_cast<double>(n - 1))) return n - 1;  // also catches +inf / NaN
+  const int64_t half = static_cast<int64_t>(std::ceil(extent));
+  return half < n - 1 ? half : n - 1;
+}
+
+}  // namespace posattn

@@ -1,0 +1,31 @@
+// Operator schemas of the posattn library. Backends register their kernels
+// with TORCH_LIBRARY_IMPL in their own files (csrc/<op>/*_cpu.cpp, *_cuda.cu).
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// `import posattn._C` loads this shared object, which runs the registrations
+// below; the module itself has no Python-visible members.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(posattn, m) {
+  // Positional self-attention with relative embeddings on an n-D grid and an
+  // optional Gaussian span (see posattn/ops.py for the full contract).
+  // Returns (out (B, H, N, Dv), lse (B, H, N)).
+  m.def(
+      "relpos_attention(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "
+      "Tensor? sigma, float threshold, str span_mode, float scale, bool causal) "
+      "-> (Tensor, Tensor)");
+  // Gradients of relpos_attention, recomputed from the saved lse. Returns
+  // (dq, dk, dv, dq_pos, drel, dsigma); the last three are empty (shape (0,))
+  // when the matching input was not given.
+  m.def(
+      "relpos_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
+      "Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, Tensor? sigma, float threshold, "
+      "str span_mode, float scale, bool causal, Tensor out, Tensor lse) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}

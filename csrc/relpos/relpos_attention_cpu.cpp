@@ -1,0 +1,789 @@
+// CPU kernels of posattn::relpos_attention: flash-attention style forward
+// (online softmax over key chunks) and backward (recomputed from the saved
+// log-sum-exp), with the relative positional term computed per (query tile,
+// key chunk) as one small GEMM against the box of offsets the pair spans.
+//
+// Memory: besides inputs and outputs, per-thread tiles (Bq x chunk keys,
+// Bq x offset box, offset box x D) and, in the backward, one (U, D) d`rel`
+// accumulator per task. Nothing is N x N.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "../common/cpu_blas.h"
+#include "../common/grid_index.h"
+#include "relpos_checks.h"
+#include "relpos_tiling.h"
+
+namespace posattn {
+namespace {
+
+using tiling::Box;
+using tiling::Grid;
+
+// Queries per tile and keys per chunk. A tile of ~32 queries keeps the GEMMs
+// efficient while the offset box (tile extent + chunk extent - 1 per axis)
+// stays close to the chunk size.
+constexpr int64_t kTileTarget = 32;
+constexpr int64_t kChunkTarget = 1024;
+
+// exp for float that the compiler can vectorise (Cephes-style polynomial,
+// about 1 ulp); exact 0 for inputs below the float range, including -inf.
+inline float exp_vec(float x) {
+  constexpr float kHi = 88.3762626647949f;
+  constexpr float kLo = -87.3365447505531f;
+  const float xc = std::min(std::max(x, kLo), kHi);
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float pow2;
+  std::memcpy(&pow2, &bits, sizeof(pow2));
+  return x < kLo ? 0.0f : y * pow2;
+}
+inline double exp_vec(double x) { return std::exp(x); }
+
+template <typename T>
+constexpr T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+// ---------------------------------------------------------------------------
+// Problem description shared by forward and backward (dtype independent).
+struct Problem {
+  int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
+  Grid g;
+  int64_t rel_stride[kMaxGridDims] = {};  // row stride of each kept axis in rel
+  int64_t U = 0;
+  bool has_pos = false, has_sigma = false, has_box = false, causal = false;
+  SpanMode mode = SpanMode::kAdd;
+  double scale = 1.0;
+  int64_t tile[kMaxGridDims] = {};
+  int64_t ntiles = 0;
+  std::vector<int64_t> half;  // (H, G) span half widths of the kept axes
+  const int64_t* half_of(int64_t h) const { return has_box ? half.data() + h * g.ndim : nullptr; }
+};
+
+// Per-axis lookup tables of the Gaussian span, indexed by the offset delta
+// along the axis: quad_d(delta) = 0.5 (x_d / sigma_{h,d})^2, its exp(-.), and
+// the head-independent x_d^2 (for d sigma).
+template <typename T>
+struct SpanTables {
+  std::vector<T> quad, gauss, xsq;
+  int64_t center[kMaxGridDims] = {};  // where delta = 0 sits for each axis
+  int64_t per_head = 0;
+  const T* quad_at(int64_t h, int d) const { return quad.data() + h * per_head + center[d]; }
+  const T* gauss_at(int64_t h, int d) const { return gauss.data() + h * per_head + center[d]; }
+  const T* xsq_at(int d) const { return xsq.data() + center[d]; }
+};
+
+Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma,
+                     double threshold, double scale, bool causal) {
+  Problem p;
+  p.B = s.B;
+  p.H = s.H;
+  p.N = s.N;
+  p.D = s.D;
+  p.Dv = s.Dv;
+  p.g = tiling::squeeze_grid(s.grid.data(), static_cast<int>(s.grid.size()));
+  const int G = p.g.ndim;
+  p.U = num_offsets(p.g.n, G);
+  int64_t stride = 1;
+  for (int d = G - 1; d >= 0; --d) {
+    p.rel_stride[d] = stride;
+    stride *= 2 * p.g.n[d] - 1;
+  }
+  p.has_pos = s.has_pos;
+  p.has_sigma = s.has_sigma;
+  p.has_box = threshold > 0.0;
+  p.causal = causal;
+  p.mode = s.mode;
+  p.scale = scale;
+  tiling::choose_tile(p.g, kTileTarget, p.tile);
+  p.ntiles = tiling::num_tiles(p.g, p.tile);
+  if (p.has_box) {
+    const at::Tensor sig = sigma->to(at::kDouble).contiguous();
+    const double* sp = sig.data_ptr<double>();
+    const int64_t G_in = static_cast<int64_t>(s.grid.size());
+    p.half.resize(p.H * G);
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int d = 0; d < G; ++d)
+        p.half[h * G + d] = span_half_width(sp[h * G_in + p.g.axis[d]], threshold, p.g.n[d]);
+  }
+  return p;
+}
+
+template <typename T>
+SpanTables<T> make_span_tables(const Problem& p, const at::Tensor& sigma) {
+  SpanTables<T> st;
+  const int G = p.g.ndim;
+  int64_t total = 0;
+  for (int d = 0; d < G; ++d) {
+    st.center[d] = total + p.g.n[d] - 1;
+    total += 2 * p.g.n[d] - 1;
+  }
+  st.per_head = total;
+  st.quad.resize(p.H * total);
+  st.gauss.resize(p.H * total);
+  st.xsq.resize(total);
+  const at::Tensor sig = sigma.to(at::kDouble).contiguous();
+  const double* sp = sig.data_ptr<double>();
+  const int64_t G_in = sigma.size(1);
+  for (int d = 0; d < G; ++d) {
+    const int64_t n = p.g.n[d];
+    for (int64_t delta = -(n - 1); delta <= n - 1; ++delta) {
+      const double x = normalised_offset(delta, n);
+      st.xsq[st.center[d] + delta] = static_cast<T>(x * x);
+      for (int64_t h = 0; h < p.H; ++h) {
+        const double z = x / sp[h * G_in + p.g.axis[d]];
+        const double quad = 0.5 * z * z;
+        st.quad[h * total + st.center[d] + delta] = static_cast<T>(quad);
+        st.gauss[h * total + st.center[d] + delta] = static_cast<T>(std::exp(-quad));
+      }
+    }
+  }
+  return st;
+}
+
+// ---------------------------------------------------------------------------
+// Geometry of one query tile and of one key chunk seen from it.
+struct TileGeom {
+  Box box;
+  int64_t Bq = 0;
+  std::vector<int64_t> tok;    // (Bq) token index of each query, ascending
+  std::vector<int64_t> coord;  // (Bq, G) grid coordinates
+};
+
+void build_tile(const Problem& p, int64_t index, TileGeom& t) {
+  const int G = p.g.ndim;
+  t.box = tiling::tile_box(p.g, p.tile, index);
+  t.Bq = tiling::box_volume(t.box, G);
+  t.tok.resize(t.Bq);
+  t.coord.resize(t.Bq * G);
+  int64_t ext[kMaxGridDims], c[kMaxGridDims];
+  for (int d = 0; d < G; ++d) ext[d] = t.box.hi[d] - t.box.lo[d];
+  for (int64_t r = 0; r < t.Bq; ++r) {
+    unravel_index(r, ext, G, c);
+    for (int d = 0; d < G; ++d) {
+      c[d] += t.box.lo[d];
+      t.coord[r * G + d] = c[d];
+    }
+    t.tok[r] = ravel_index(c, p.g.n, G);
+  }
+}
+
+// A key chunk is a box of keys, stored as lines along the last axis (each
+// line is contiguous in memory). The offsets between the tile and the chunk
+// form the "offset box" of W_d = chunk extent + tile extent - 1 per axis;
+// the entry for query r and key (line l, position t) is base[r] + line_e[l] + t.
+struct ChunkGeom {
+  Box box;
+  int64_t Bk = 0, L = 0, nlines = 0;
+  std::vector<int64_t> line_tok;    // first token of each line
+  std::vector<int64_t> line_e;      // offset-box index of the line (minus the query part)
+  std::vector<int64_t> line_coord;  // (nlines, G) coordinates of each line's first key
+  bool contiguous = false;          // keys are tokens line_tok[0] .. line_tok[0] + Bk - 1
+  int64_t W[kMaxGridDims] = {}, Wstride[kMaxGridDims] = {};
+  int64_t olo[kMaxGridDims] = {};  // smallest offset of the box per axis
+  int64_t R = 0;
+  int64_t rel_first_row = 0;
+  bool rel_contiguous = false;  // box rows are rel rows first .. first + R - 1
+  std::vector<int64_t> base;    // (Bq) query part of the offset-box index
+};
+
+void build_chunk(const Problem& p, const TileGeom& t, const Box& box, ChunkGeom& c) {
+  const int G = p.g.ndim;
+  c.box = box;
+  int64_t ext[kMaxGridDims];
+  for (int d = 0; d < G; ++d) ext[d] = box.hi[d] - box.lo[d];
+  c.Bk = tiling::box_volume(box, G);
+  c.L = ext[G - 1];
+  c.nlines = c.Bk / c.L;
+  // Offset box.
+  c.R = 1;
+  for (int d = G - 1; d >= 0; --d) {
+    c.W[d] = ext[d] + (t.box.hi[d] - t.box.lo[d]) - 1;
+    c.olo[d] = box.lo[d] - (t.box.hi[d] - 1);
+    c.Wstride[d] = c.R;
+    c.R *= c.W[d];
+  }
+  // Lines.
+  c.line_tok.resize(c.nlines);
+  c.line_e.resize(c.nlines);
+  c.line_coord.resize(c.nlines * G);
+  int64_t k[kMaxGridDims];
+  for (int64_t l = 0; l < c.nlines; ++l) {
+    unravel_index(l, ext, G - 1, k);
+    k[G - 1] = 0;
+    int64_t e = 0;
+    for (int d = 0; d < G; ++d) {
+      e += k[d] * c.Wstride[d];
+      k[d] += box.lo[d];
+      c.line_coord[l * G + d] = k[d];
+    }
+    c.line_e[l] = e;
+    c.line_tok[l] = ravel_index(k, p.g.n, G);
+  }
+  c.contiguous = c.line_tok[c.nlines - 1] + c.L - c.line_tok[0] == c.Bk;
+  // Rows of rel covered by the offset box.
+  if (p.has_pos) {
+    int64_t first = 0, last = 0;
+    for (int d = 0; d < G; ++d) {
+      first += (c.olo[d] + p.g.n[d] - 1) * p.rel_stride[d];
+      last += (c.olo[d] + c.W[d] - 1 + p.g.n[d] - 1) * p.rel_stride[d];
+    }
+    c.rel_first_row = first;
+    c.rel_contiguous = last - first + 1 == c.R;
+  }
+  c.base.resize(t.Bq);
+  for (int64_t r = 0; r < t.Bq; ++r) {
+    int64_t e = 0;
+    for (int d = 0; d < G; ++d) e += (t.box.hi[d] - 1 - t.coord[r * G + d]) * c.Wstride[d];
+    c.base[r] = e;
+  }
+}
+
+// Calls fn(box_line_index, first_rel_row) for every line of the offset box
+// along the last axis (each covers W_last consecutive rows of rel).
+template <typename Fn>
+void for_each_offset_line(const Problem& p, const ChunkGeom& c, Fn fn) {
+  const int G = p.g.ndim;
+  const int64_t nbl = c.R / c.W[G - 1];
+  int64_t e[kMaxGridDims];
+  for (int64_t bl = 0; bl < nbl; ++bl) {
+    unravel_index(bl, c.W, G - 1, e);
+    int64_t row = (c.olo[G - 1] + p.g.n[G - 1] - 1) * p.rel_stride[G - 1];
+    for (int d = 0; d < G - 1; ++d) row += (c.olo[d] + e[d] + p.g.n[d] - 1) * p.rel_stride[d];
+    fn(bl, row);
+  }
+}
+
+// What query r sees of line l: keys t in [t0, t1) are kept (the rest are
+// masked); `dl0` is the last-axis offset of key t = 0; `cq` the span's
+// quadratic term from the other axes. Returns false if the whole line is masked.
+template <typename T>
+struct LineView {
+  int64_t t0, t1, dl0;
+  T cq;
+};
+
+template <typename T>
+bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
+               const ChunkGeom& c, int64_t r, int64_t l, LineView<T>& v) {
+  const int G = p.g.ndim;
+  const int64_t* qc = &t.coord[r * G];
+  const int64_t* lc = &c.line_coord[l * G];
+  const int64_t* half = p.half_of(h);
+  v.t0 = 0;
+  v.t1 = c.L;
+  v.cq = T(0);
+  for (int d = 0; d < G - 1; ++d) {
+    const int64_t delta = lc[d] - qc[d];
+    if (half != nullptr && (delta > half[d] || delta < -half[d])) return false;
+    if (st != nullptr) v.cq += st->quad_at(h, d)[delta];
+  }
+  v.dl0 = lc[G - 1] - qc[G - 1];
+  if (half != nullptr) {
+    v.t0 = std::max<int64_t>(v.t0, -half[G - 1] - v.dl0);
+    v.t1 = std::min<int64_t>(v.t1, half[G - 1] - v.dl0 + 1);
+  }
+  if (p.causal) v.t1 = std::min<int64_t>(v.t1, t.tok[r] - c.line_tok[l] + 1);
+  return v.t0 < v.t1;
+}
+
+// Final logits s (Bq x Bk, masked = -inf) of a tile against a chunk, from the
+// raw products S = Q K^T (in `s` on entry) and Tb = Qpos relbox^T (Bq x R).
+template <typename T>
+void finish_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
+                   const ChunkGeom& c, const T* Tb, T* s) {
+  const T scale = static_cast<T>(p.scale);
+  const int G = p.g.ndim;
+  for (int64_t r = 0; r < t.Bq; ++r) {
+    T* srow = s + r * c.Bk;
+    for (int64_t l = 0; l < c.nlines; ++l) {
+      T* __restrict sl = srow + l * c.L;
+      LineView<T> v;
+      if (!line_view<T>(p, st, h, t, c, r, l, v)) {
+        std::fill(sl, sl + c.L, neg_inf<T>());
+        continue;
+      }
+      std::fill(sl, sl + v.t0, neg_inf<T>());
+      std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
+      if (Tb != nullptr) {
+        const T* __restrict tp = Tb + r * c.R + c.base[r] + c.line_e[l];
+        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * (sl[i] + tp[i]);
+      } else {
+        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * sl[i];
+      }
+      if (st == nullptr) continue;
+      if (p.mode == SpanMode::kAdd) {
+        const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0;
+        const T cq = v.cq;
+        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] -= cq + qd[i];
+      } else {
+        const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0;
+        const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
+        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] *= gc * gd[i];
+      }
+    }
+  }
+}
+
+// Growable per-thread scratch.
+template <typename T>
+struct Scratch {
+  std::vector<T> qt, qpt, acc, s, tb, relbox, kbuf, vbuf;             // forward and backward
+  std::vector<T> dot, dqt, dqpt, pbuf, dc, dtb, dkc, dvc, drelbox;  // backward only
+  std::vector<T> m, l, rowd, lser;
+  static T* get(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  }
+};
+
+template <typename T>
+void gather_rows(const T* src, const std::vector<int64_t>& rows, int64_t width, T* dst) {
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(dst + r * width, src + rows[r] * width, width * sizeof(T));
+}
+
+// Pointers to the chunk's keys and values: straight into k/v when the chunk
+// is contiguous, else gathered line by line into scratch.
+template <typename T>
+void chunk_kv(const ChunkGeom& c, const T* kbh, const T* vbh, int64_t D, int64_t Dv,
+              Scratch<T>& sc, const T*& kc, const T*& vc) {
+  if (c.contiguous) {
+    kc = kbh + c.line_tok[0] * D;
+    vc = vbh + c.line_tok[0] * Dv;
+    return;
+  }
+  T* kb = Scratch<T>::get(sc.kbuf, c.Bk * D);
+  T* vb = Scratch<T>::get(sc.vbuf, c.Bk * Dv);
+  for (int64_t l = 0; l < c.nlines; ++l) {
+    std::memcpy(kb + l * c.L * D, kbh + c.line_tok[l] * D, c.L * D * sizeof(T));
+    std::memcpy(vb + l * c.L * Dv, vbh + c.line_tok[l] * Dv, c.L * Dv * sizeof(T));
+  }
+  kc = kb;
+  vc = vb;
+}
+
+// The rows of rel (one head) covered by the chunk's offset box, as an R x D matrix.
+template <typename T>
+const T* chunk_relbox(const Problem& p, const ChunkGeom& c, const T* relh, Scratch<T>& sc) {
+  const int64_t D = p.D;
+  if (c.rel_contiguous) return relh + c.rel_first_row * D;
+  T* rb = Scratch<T>::get(sc.relbox, c.R * D);
+  const int64_t wl = c.W[p.g.ndim - 1];
+  for_each_offset_line(p, c, [&](int64_t bl, int64_t row) {
+    std::memcpy(rb + bl * wl * D, relh + row * D, wl * D * sizeof(T));
+  });
+  return rb;
+}
+
+// Raw products and final logits of a tile against a chunk, into sc.s.
+template <typename T>
+T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
+                     const ChunkGeom& c, const T* qt, const T* qpt, const T* kc,
+                     const T* relbox, Scratch<T>& sc) {
+  T* s = Scratch<T>::get(sc.s, t.Bq * c.Bk);
+  cpu::gemm<T>(false, true, t.Bq, c.Bk, p.D, T(1), qt, p.D, kc, p.D, T(0), s, c.Bk);
+  T* tb = nullptr;
+  if (p.has_pos) {
+    tb = Scratch<T>::get(sc.tb, t.Bq * c.R);
+    cpu::gemm<T>(false, true, t.Bq, c.R, p.D, T(1), qpt, p.D, relbox, p.D, T(0), tb, c.R);
+  }
+  finish_scores<T>(p, st, h, t, c, tb, s);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Forward.
+template <typename T>
+void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
+                    const T* qpos, const T* rel, T* out, T* lse) {
+  const int64_t D = p.D, Dv = p.Dv, N = p.N;
+  const int64_t total = p.B * p.H * p.ntiles;
+  at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> sc;
+    TileGeom t;
+    ChunkGeom c;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / p.ntiles;
+      const int64_t h = bh % p.H;
+      build_tile(p, task % p.ntiles, t);
+      const int64_t Bq = t.Bq;
+      const T* qbh = q + bh * N * D;
+      const T* kbh = k + bh * N * D;
+      const T* vbh = v + bh * N * Dv;
+      T* qt = Scratch<T>::get(sc.qt, Bq * D);
+      gather_rows(qbh, t.tok, D, qt);
+      T* qpt = nullptr;
+      if (p.has_pos) {
+        qpt = Scratch<T>::get(sc.qpt, Bq * D);
+        gather_rows(qpos + bh * N * D, t.tok, D, qpt);
+      }
+      T* acc = Scratch<T>::get(sc.acc, Bq * Dv);
+      std::fill(acc, acc + Bq * Dv, T(0));
+      T* m = Scratch<T>::get(sc.m, Bq);
+      T* l = Scratch<T>::get(sc.l, Bq);
+      std::fill(m, m + Bq, neg_inf<T>());
+      std::fill(l, l + Bq, T(0));
+
+      const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
+      const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
+      for (int64_t ci = 0; ci < plan.count; ++ci) {
+        build_chunk(p, t, tiling::chunk_box(p.g, plan, ci), c);
+        if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
+        const T *kc, *vc;
+        chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
+        const T* relbox = p.has_pos ? chunk_relbox(p, c, rel + h * p.U * D, sc) : nullptr;
+        T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
+        // Online softmax: rescale the running sums to the new row maximum.
+        for (int64_t r = 0; r < Bq; ++r) {
+          T* __restrict sr = s + r * c.Bk;
+          T mx = neg_inf<T>();
+          for (int64_t j = 0; j < c.Bk; ++j) mx = std::max(mx, sr[j]);
+          const T mnew = std::max(m[r], mx);
+          if (mnew == neg_inf<T>()) {  // nothing kept yet for this query
+            std::fill(sr, sr + c.Bk, T(0));
+            continue;
+          }
+          T sum = T(0);
+          for (int64_t j = 0; j < c.Bk; ++j) {
+            sr[j] = exp_vec(sr[j] - mnew);
+            sum += sr[j];
+          }
+          const T alpha = exp_vec(m[r] - mnew);
+          if (alpha != T(1)) {
+            T* ar = acc + r * Dv;
+            for (int64_t j = 0; j < Dv; ++j) ar[j] *= alpha;
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = mnew;
+        }
+        cpu::gemm<T>(false, false, Bq, Dv, c.Bk, T(1), s, c.Bk, vc, Dv, T(1), acc, Dv);
+      }
+      T* obh = out + bh * N * Dv;
+      T* lbh = lse + bh * N;
+      for (int64_t r = 0; r < Bq; ++r) {
+        T* orow = obh + t.tok[r] * Dv;
+        if (l[r] > T(0)) {
+          const T inv = T(1) / l[r];
+          for (int64_t j = 0; j < Dv; ++j) orow[j] = acc[r * Dv + j] * inv;
+          lbh[t.tok[r]] = m[r] + std::log(l[r]);
+        } else {  // every key masked: zeros, not NaN
+          std::fill(orow, orow + Dv, T(0));
+          lbh[t.tok[r]] = neg_inf<T>();
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Backward. Tasks are (head, group of batch elements): each owns the d k/d v
+// rows of its (b, h) pairs and private d rel / d sigma accumulators, reduced
+// over groups at the end (no atomics).
+template <typename T>
+void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
+                     const T* qpos, const T* rel, const T* out, const T* lse, const T* gout,
+                     const T* glse, T* dq, T* dk, T* dv, T* dqpos, T* drel_part,
+                     double* dsig_part, int64_t ngroups) {
+  const int64_t D = p.D, Dv = p.Dv, N = p.N, G = p.g.ndim;
+  at::parallel_for(0, p.H * ngroups, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> sc;
+    TileGeom t;
+    ChunkGeom c;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / ngroups, grp = task % ngroups;
+      const int64_t b0 = grp * p.B / ngroups, b1 = (grp + 1) * p.B / ngroups;
+      T* drel_acc = p.has_pos ? drel_part + task * p.U * D : nullptr;
+      double* dsig_acc = dsig_part + task * G;
+      const T* relh = p.has_pos ? rel + h * p.U * D : nullptr;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t bh = b * p.H + h;
+        const T* kbh = k + bh * N * D;
+        const T* vbh = v + bh * N * Dv;
+        T* dkbh = dk + bh * N * D;
+        T* dvbh = dv + bh * N * Dv;
+        for (int64_t ti = 0; ti < p.ntiles; ++ti) {
+          build_tile(p, ti, t);
+          const int64_t Bq = t.Bq;
+          T* qt = Scratch<T>::get(sc.qt, Bq * D);
+          gather_rows(q + bh * N * D, t.tok, D, qt);
+          T* qpt = nullptr;
+          if (p.has_pos) {
+            qpt = Scratch<T>::get(sc.qpt, Bq * D);
+            gather_rows(qpos + bh * N * D, t.tok, D, qpt);
+          }
+          T* dot = Scratch<T>::get(sc.dot, Bq * Dv);
+          gather_rows(gout + bh * N * Dv, t.tok, Dv, dot);
+          // rowd = rowsum(dO * O) - dlse: the softmax backward's row term.
+          T* rowd = Scratch<T>::get(sc.rowd, Bq);
+          T* lser = Scratch<T>::get(sc.lser, Bq);
+          for (int64_t r = 0; r < Bq; ++r) {
+            const T* orow = out + (bh * N + t.tok[r]) * Dv;
+            T acc = T(0);
+            for (int64_t j = 0; j < Dv; ++j) acc += dot[r * Dv + j] * orow[j];
+            rowd[r] = acc - (glse != nullptr ? glse[bh * N + t.tok[r]] : T(0));
+            const T lv = lse[bh * N + t.tok[r]];
+            // A query with every key masked has lse = -inf and no gradient.
+            lser[r] = lv == neg_inf<T>() ? std::numeric_limits<T>::infinity() : lv;
+          }
+          T* dqt = Scratch<T>::get(sc.dqt, Bq * D);
+          std::fill(dqt, dqt + Bq * D, T(0));
+          T* dqpt = nullptr;
+          if (p.has_pos) {
+            dqpt = Scratch<T>::get(sc.dqpt, Bq * D);
+            std::fill(dqpt, dqpt + Bq * D, T(0));
+          }
+          const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
+          const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
+          for (int64_t ci = 0; ci < plan.count; ++ci) {
+            build_chunk(p, t, tiling::chunk_box(p.g, plan, ci), c);
+            if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
+            const int64_t Bk = c.Bk;
+            const T *kc, *vc;
+            chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
+            const T* relbox = p.has_pos ? chunk_relbox(p, c, relh, sc) : nullptr;
+            T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
+            // Probabilities.
+            T* pb = Scratch<T>::get(sc.pbuf, Bq * Bk);
+            for (int64_t r = 0; r < Bq; ++r) {
+              const T lr = lser[r];
+              const T* __restrict sr = s + r * Bk;
+              T* __restrict pr = pb + r * Bk;
+              for (int64_t j = 0; j < Bk; ++j) pr[j] = exp_vec(sr[j] - lr);
+            }
+            // dP = dO V^T, then dS = P (dP - rowd) and the chain through the span.
+            T* dc = Scratch<T>::get(sc.dc, Bq * Bk);
+            cpu::gemm<T>(false, true, Bq, Bk, Dv, T(1), dot, Dv, vc, Dv, T(0), dc, Bk);
+            const T scale = static_cast<T>(p.scale);
+            for (int64_t r = 0; r < Bq; ++r) {
+              const T rd = rowd[r];
+              const int64_t* qc = &t.coord[r * G];
+              for (int64_t l = 0; l < c.nlines; ++l) {
+                T* __restrict dl = dc + r * Bk + l * c.L;
+                const T* __restrict pl = pb + r * Bk + l * c.L;
+                const T* __restrict sl = s + r * Bk + l * c.L;
+                LineView<T> lv;
+                if (!line_view<T>(p, st, h, t, c, r, l, lv)) {
+                  std::fill(dl, dl + c.L, T(0));
+                  continue;
+                }
+                std::fill(dl, dl + lv.t0, T(0));
+                std::fill(dl + lv.t1, dl + c.L, T(0));
+                if (st == nullptr) {
+                  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rd);
+                  continue;
+                }
+                // dquad = -dS (add) or -dS * s (multiply); d sigma needs sum dquad * x_d^2.
+                const T* __restrict xl = st->xsq_at(static_cast<int>(G - 1)) + lv.dl0;
+                T sum_dq = T(0), sum_dq_x = T(0);
+                if (p.mode == SpanMode::kAdd) {
+                  for (int64_t i = lv.t0; i < lv.t1; ++i) {
+                    const T ds = pl[i] * (dl[i] - rd);
+                    sum_dq -= ds;
+                    sum_dq_x -= ds * xl[i];
+                    dl[i] = scale * ds;
+                  }
+                } else {
+                  const T* __restrict gd = st->gauss_at(h, static_cast<int>(G - 1)) + lv.dl0;
+                  const T gc = static_cast<T>(std::exp(-static_cast<double>(lv.cq)));
+                  for (int64_t i = lv.t0; i < lv.t1; ++i) {
+                    const T ds = pl[i] * (dl[i] - rd);
+                    const T dquad = -ds * sl[i];
+                    sum_dq += dquad;
+                    sum_dq_x += dquad * xl[i];
+                    dl[i] = scale * ds * gc * gd[i];
+                  }
+                }
+                const int64_t* lc = &c.line_coord[l * G];
+                for (int64_t d = 0; d < G - 1; ++d)
+                  dsig_acc[d] += static_cast<double>(sum_dq) *
+                                 static_cast<double>(st->xsq_at(static_cast<int>(d))[lc[d] - qc[d]]);
+                dsig_acc[G - 1] += static_cast<double>(sum_dq_x);
+              }
+            }
+            // dQ += dC K, dK += dC^T Q, dV += P^T dO.
+            cpu::gemm<T>(false, false, Bq, D, Bk, T(1), dc, Bk, kc, D, T(1), dqt, D);
+            if (c.contiguous) {
+              const int64_t k0 = c.line_tok[0];
+              cpu::gemm<T>(true, false, Bk, D, Bq, T(1), dc, Bk, qt, D, T(1), dkbh + k0 * D, D);
+              cpu::gemm<T>(true, false, Bk, Dv, Bq, T(1), pb, Bk, dot, Dv, T(1), dvbh + k0 * Dv,
+                           Dv);
+            } else {
+              T* dkc = Scratch<T>::get(sc.dkc, Bk * D);
+              T* dvc = Scratch<T>::get(sc.dvc, Bk * Dv);
+              cpu::gemm<T>(true, false, Bk, D, Bq, T(1), dc, Bk, qt, D, T(0), dkc, D);
+              cpu::gemm<T>(true, false, Bk, Dv, Bq, T(1), pb, Bk, dot, Dv, T(0), dvc, Dv);
+              for (int64_t l = 0; l < c.nlines; ++l) {
+                T* __restrict kd = dkbh + c.line_tok[l] * D;
+                const T* __restrict ks = dkc + l * c.L * D;
+                for (int64_t i = 0; i < c.L * D; ++i) kd[i] += ks[i];
+                T* __restrict vd = dvbh + c.line_tok[l] * Dv;
+                const T* __restrict vs = dvc + l * c.L * Dv;
+                for (int64_t i = 0; i < c.L * Dv; ++i) vd[i] += vs[i];
+              }
+            }
+            if (!p.has_pos) continue;
+            // Positional term: scatter dC into the offset box, then
+            // dQpos += dT relbox and d relbox += dT^T Qpos.
+            T* dtb = Scratch<T>::get(sc.dtb, Bq * c.R);
+            std::fill(dtb, dtb + Bq * c.R, T(0));
+            for (int64_t r = 0; r < Bq; ++r)
+              for (int64_t l = 0; l < c.nlines; ++l)
+                std::memcpy(dtb + r * c.R + c.base[r] + c.line_e[l], dc + r * Bk + l * c.L,
+                            c.L * sizeof(T));
+            cpu::gemm<T>(false, false, Bq, D, c.R, T(1), dtb, c.R, relbox, D, T(1), dqpt, D);
+            if (c.rel_contiguous) {
+              cpu::gemm<T>(true, false, c.R, D, Bq, T(1), dtb, c.R, qpt, D, T(1),
+                           drel_acc + c.rel_first_row * D, D);
+            } else {
+              T* drb = Scratch<T>::get(sc.drelbox, c.R * D);
+              cpu::gemm<T>(true, false, c.R, D, Bq, T(1), dtb, c.R, qpt, D, T(0), drb, D);
+              const int64_t wl = c.W[G - 1];
+              for_each_offset_line(p, c, [&](int64_t bl, int64_t row) {
+                T* __restrict dst = drel_acc + row * D;
+                const T* __restrict src = drb + bl * wl * D;
+                for (int64_t i = 0; i < wl * D; ++i) dst[i] += src[i];
+              });
+            }
+          }
+          for (int64_t r = 0; r < Bq; ++r) {
+            std::memcpy(dq + (bh * N + t.tok[r]) * D, dqt + r * D, D * sizeof(T));
+            if (p.has_pos)
+              std::memcpy(dqpos + (bh * N + t.tok[r]) * D, dqpt + r * D, D * sizeof(T));
+          }
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Operator entry points.
+at::Tensor opt_contig(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
+
+template <typename T>
+T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+void check_cpu(const at::Tensor& q) {
+  TORCH_CHECK_VALUE(q.device().is_cpu(), "relpos_attention: the CPU kernel got q on ", q.device());
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+                   "relpos_attention (CPU): dtype must be float32 or float64, got ",
+                   q.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
+    at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
+    c10::string_view span_mode, double scale, bool causal) {
+  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma,
+                                                threshold, std::string(span_mode), scale);
+  check_cpu(q_in);
+  if (shape.has_sigma) check_sigma_values_cpu(*sigma);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel);
+  at::Tensor out = at::empty({shape.B, shape.H, shape.N, shape.Dv}, q.options());
+  at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options());
+  if (shape.B == 0 || shape.H == 0) return {out, lse};
+  const Problem p = make_problem(shape, sigma, threshold, scale, causal);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_cpu", [&] {
+    SpanTables<scalar_t> st;
+    if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
+    forward_kernel<scalar_t>(p, p.has_sigma ? &st : nullptr, q.data_ptr<scalar_t>(),
+                             k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                             ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl),
+                             out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
+                              const c10::optional<at::Tensor>& grad_lse, const at::Tensor& q_in,
+                              const at::Tensor& k_in, const at::Tensor& v_in,
+                              const c10::optional<at::Tensor>& q_pos,
+                              const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
+                              const c10::optional<at::Tensor>& sigma, double threshold,
+                              c10::string_view span_mode, double scale, bool causal,
+                              const at::Tensor& out_in, const at::Tensor& lse_in) {
+  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma,
+                                                threshold, std::string(span_mode), scale);
+  check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
+  check_cpu(q_in);
+  if (shape.has_sigma) check_sigma_values_cpu(*sigma);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), gl = opt_contig(grad_lse);
+  const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(),
+                   lse = lse_in.contiguous();
+  at::Tensor dq = at::empty_like(q);
+  at::Tensor dk = at::zeros_like(k);
+  at::Tensor dv = at::zeros_like(v);
+  at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
+  at::Tensor drel = shape.has_pos ? at::zeros_like(rl) : at::empty({0}, q.options());
+  at::Tensor dsigma = shape.has_sigma ? at::zeros_like(*sigma) : at::empty({0}, q.options());
+  if (shape.B == 0 || shape.H == 0) return {dq, dk, dv, dqpos, drel, dsigma};
+  const Problem p = make_problem(shape, sigma, threshold, scale, causal);
+  // Enough (head, batch group) tasks to keep every thread busy; each group
+  // owns a private d rel accumulator.
+  const int64_t nthreads = at::get_num_threads();
+  const int64_t ngroups =
+      std::max<int64_t>(1, std::min<int64_t>(shape.B, (2 * nthreads + shape.H - 1) / shape.H));
+  const int64_t G = p.g.ndim;
+  at::Tensor drel_part = shape.has_pos ? at::zeros({shape.H * ngroups, p.U, shape.D}, q.options())
+                                       : at::Tensor();
+  at::Tensor dsig_part = at::zeros({shape.H * ngroups, G}, q.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_backward_cpu", [&] {
+    SpanTables<scalar_t> st;
+    if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
+    backward_kernel<scalar_t>(
+        p, p.has_sigma ? &st : nullptr, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+        v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl),
+        out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), gout.data_ptr<scalar_t>(),
+        ptr_or_null<scalar_t>(gl), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
+        dv.data_ptr<scalar_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
+        ptr_or_null<scalar_t>(drel_part), dsig_part.data_ptr<double>(), ngroups);
+  });
+  if (shape.has_pos) drel.copy_(drel_part.view({shape.H, ngroups, p.U, shape.D}).sum(1));
+  if (shape.has_sigma) {
+    // d sigma_{h,d} = sum_pairs dquad * d quad / d sigma = -(sum dquad x_d^2) / sigma^3.
+    const at::Tensor acc = dsig_part.view({shape.H, ngroups, G}).sum(1);
+    const at::Tensor sig = sigma->to(at::kDouble);
+    at::Tensor ds = at::zeros({shape.H, static_cast<int64_t>(grid.size())}, acc.options());
+    for (int64_t d = 0; d < G; ++d) {
+      const int64_t a = p.g.axis[d];
+      if (p.g.n[d] > 1) ds.select(1, a).copy_(-acc.select(1, d) / sig.select(1, a).pow(3));
+    }
+    dsigma.copy_(ds);
+  }
+  return {dq, dk, dv, dqpos, drel, dsigma};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posattn, CPU, m) {
+  m.impl("relpos_attention", &relpos_attention_cpu);
+  m.impl("relpos_attention_backward", &relpos_attention_backward_cpu);
+}
+
+}  // namespace posattn

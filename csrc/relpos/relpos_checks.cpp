@@ -1,0 +1,152 @@
+#include "relpos_checks.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "../common/grid_index.h"
+
+namespace posattn {
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ")";
+  return os.str();
+}
+
+void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()),
+                   "relpos_attention: ", name, " must be a floating-point tensor, got ",
+                   t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "relpos_attention: ", name,
+                   " has dtype ", t.scalar_type(), " but q has dtype ", q.scalar_type(),
+                   "; all tensor arguments must share one dtype");
+  TORCH_CHECK_VALUE(t.device() == q.device(), "relpos_attention: ", name, " is on ", t.device(),
+                    " but q is on ", q.device(), "; all tensors must be on one device");
+}
+
+}  // namespace
+
+SpanMode parse_span_mode(const std::string& span_mode) {
+  if (span_mode == "add") return SpanMode::kAdd;
+  if (span_mode == "multiply") return SpanMode::kMultiply;
+  TORCH_CHECK_VALUE(false, "relpos_attention: span_mode must be \"add\" or \"multiply\", got \"",
+                    span_mode, "\"");
+}
+
+RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const c10::optional<at::Tensor>& q_pos,
+                                const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
+                                const c10::optional<at::Tensor>& sigma, double threshold,
+                                const std::string& span_mode, double scale) {
+  RelposShape s;
+  TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()),
+                   "relpos_attention: q must be a floating-point tensor, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(q.dim() == 4, "relpos_attention: q must have shape (B, H, N, D), got ",
+                    shape_str(q.sizes()));
+  s.B = q.size(0);
+  s.H = q.size(1);
+  s.N = q.size(2);
+  s.D = q.size(3);
+  TORCH_CHECK_VALUE(s.N >= 1, "relpos_attention: q must hold at least one token (N >= 1)");
+  TORCH_CHECK_VALUE(s.D >= 1, "relpos_attention: q must have head dim D >= 1");
+  check_float_tensor(k, "k", q);
+  check_float_tensor(v, "v", q);
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "relpos_attention: k must have the shape of q ",
+                    shape_str(q.sizes()), ", got ", shape_str(k.sizes()));
+  TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == s.B && v.size(1) == s.H && v.size(2) == s.N,
+                    "relpos_attention: v must have shape (B, H, N, Dv) = (", s.B, ", ", s.H, ", ",
+                    s.N, ", Dv), got ", shape_str(v.sizes()));
+  s.Dv = v.size(3);
+  TORCH_CHECK_VALUE(s.Dv >= 1, "relpos_attention: v must have value dim Dv >= 1");
+
+  // Grid.
+  TORCH_CHECK_VALUE(!grid.empty(), "relpos_attention: grid must list at least one axis");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(grid.size()) <= kMaxGridDims,
+                    "relpos_attention: grid may have at most ", kMaxGridDims, " axes, got ",
+                    grid.size());
+  int64_t prod = 1;
+  for (size_t d = 0; d < grid.size(); ++d) {
+    TORCH_CHECK_VALUE(grid[d] >= 1, "relpos_attention: grid axis ", d, " must be >= 1, got ",
+                      grid[d]);
+    prod *= grid[d];
+  }
+  TORCH_CHECK_VALUE(prod == s.N, "relpos_attention: prod(grid) = ", prod,
+                    " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid),
+                    ")");
+  s.grid = grid.vec();
+  const int64_t U = num_offsets(grid.data(), static_cast<int>(grid.size()));
+
+  // Positional query and table.
+  TORCH_CHECK_VALUE(q_pos.has_value() == rel.has_value(),
+                    "relpos_attention: q_pos and rel must be given together (got q_pos ",
+                    q_pos.has_value() ? "set" : "None", ", rel ", rel.has_value() ? "set" : "None",
+                    ")");
+  if (q_pos.has_value()) {
+    s.has_pos = true;
+    check_float_tensor(*q_pos, "q_pos", q);
+    check_float_tensor(*rel, "rel", q);
+    TORCH_CHECK_VALUE(q_pos->sizes() == q.sizes(),
+                      "relpos_attention: q_pos must have the shape of q ", shape_str(q.sizes()),
+                      ", got ", shape_str(q_pos->sizes()));
+    TORCH_CHECK_VALUE(rel->dim() == 3 && rel->size(0) == s.H && rel->size(1) == U &&
+                          rel->size(2) == s.D,
+                      "relpos_attention: rel must have shape (H, U, D) = (", s.H, ", ", U, ", ",
+                      s.D, ") with U = prod(2 n_d - 1) for grid ", shape_str(grid), ", got ",
+                      shape_str(rel->sizes()));
+  }
+
+  // Span.
+  s.mode = parse_span_mode(span_mode);
+  if (sigma.has_value()) {
+    s.has_sigma = true;
+    check_float_tensor(*sigma, "sigma", q);
+    TORCH_CHECK_VALUE(sigma->dim() == 2 && sigma->size(0) == s.H &&
+                          sigma->size(1) == static_cast<int64_t>(grid.size()),
+                      "relpos_attention: sigma must have shape (H, G) = (", s.H, ", ",
+                      grid.size(), "), got ", shape_str(sigma->sizes()));
+  }
+  TORCH_CHECK_VALUE(std::isfinite(threshold) && threshold >= 0.0 && threshold < 1.0,
+                    "relpos_attention: threshold must be in [0, 1), got ", threshold);
+  TORCH_CHECK_VALUE(threshold == 0.0 || s.has_sigma,
+                    "relpos_attention: threshold > 0 requires sigma (the span widths)");
+  TORCH_CHECK_VALUE(std::isfinite(scale), "relpos_attention: scale must be finite, got ", scale);
+  return s;
+}
+
+void check_sigma_values_cpu(const at::Tensor& sigma) {
+  const at::Tensor s = sigma.to(at::kDouble);
+  const bool ok = (s > 0).logical_and(s.isfinite()).all().item<bool>();
+  TORCH_CHECK_VALUE(ok, "relpos_attention: sigma must be positive and finite everywhere, got ",
+                    "min ", s.min().item<double>(), " and max ", s.max().item<double>());
+}
+
+void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
+                                  const at::Tensor& grad_out,
+                                  const c10::optional<at::Tensor>& grad_lse,
+                                  const at::Tensor& out, const at::Tensor& lse) {
+  const std::vector<int64_t> out_shape{s.B, s.H, s.N, s.Dv};
+  const std::vector<int64_t> lse_shape{s.B, s.H, s.N};
+  check_float_tensor(grad_out, "grad_out", q);
+  check_float_tensor(out, "out", q);
+  check_float_tensor(lse, "lse", q);
+  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(out_shape),
+                    "relpos_attention_backward: grad_out must have shape ", shape_str(out_shape),
+                    ", got ", shape_str(grad_out.sizes()));
+  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(out_shape),
+                    "relpos_attention_backward: out must have shape ", shape_str(out_shape),
+                    ", got ", shape_str(out.sizes()));
+  TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape),
+                    "relpos_attention_backward: lse must have shape ", shape_str(lse_shape),
+                    ", got ", shape_str(lse.sizes()));
+  if (grad_lse.has_value()) {
+    check_float_tensor(*grad_lse, "grad_lse", q);
+    TORCH_CHECK_VALUE(grad_lse->sizes() == at::IntArrayRef(lse_shape),
+                      "relpos_attention_backward: grad_lse must have shape ",
+                      shape_str(lse_shape), ", got ", shape_str(grad_lse->sizes()));
+  }
+}
+
+}  // namespace posattn

@@ -1,0 +1,42 @@
+// Argument validation for relpos_attention, shared by every backend.
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+namespace posattn {
+
+enum class SpanMode { kAdd, kMultiply };
+
+// Sizes of a validated relpos_attention call.
+struct RelposShape {
+  int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
+  std::vector<int64_t> grid;  // as given, prod == N
+  bool has_pos = false;
+  bool has_sigma = false;
+  SpanMode mode = SpanMode::kAdd;
+};
+
+SpanMode parse_span_mode(const std::string& span_mode);
+
+// Checks shapes, dtypes, devices and scalar arguments; throws ValueError /
+// TypeError naming the argument. Does not read tensor values (see
+// check_sigma_values for that), so it is safe for every device.
+RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const c10::optional<at::Tensor>& q_pos,
+                                const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
+                                const c10::optional<at::Tensor>& sigma, double threshold,
+                                const std::string& span_mode, double scale);
+
+// Checks that a CPU sigma tensor holds only positive finite values.
+void check_sigma_values_cpu(const at::Tensor& sigma);
+
+// Extra checks for the backward's own tensors (grad_out, grad_lse, out, lse).
+void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
+                                  const at::Tensor& grad_out,
+                                  const c10::optional<at::Tensor>& grad_lse,
+                                  const at::Tensor& out, const at::Tensor& lse);
+
+}  // namespace posattn

@@ -1,0 +1,162 @@
+// How the relpos_attention kernels cut the work: query tiles are boxes on the
+// grid (so the offsets between a tile and a key chunk span a small box of the
+// relative-embedding table), and the keys a tile attends to (the whole grid,
+// or the span box around the tile) are cut into chunks of about `target` keys
+// that are boxes too: single coordinates on the outer axes, a piece of one
+// axis, and the full region on the inner axes (contiguous in memory whenever
+// the region covers the grid on those inner axes).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../common/grid_index.h"
+
+namespace posattn {
+namespace tiling {
+
+// A grid without its size-1 axes (they change neither token order, nor offset
+// rows, nor the span): the kernels only ever see axes with n_d >= 2, or a
+// single axis of size 1 when every axis has size 1.
+struct Grid {
+  int ndim = 0;
+  int64_t n[kMaxGridDims] = {};
+  int axis[kMaxGridDims] = {};  // index of each kept axis in the caller's grid
+};
+
+inline Grid squeeze_grid(const int64_t* shape, int ndim) {
+  Grid g;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] > 1) {
+      g.n[g.ndim] = shape[d];
+      g.axis[g.ndim] = d;
+      ++g.ndim;
+    }
+  }
+  if (g.ndim == 0) {
+    g.ndim = 1;
+    g.n[0] = 1;
+    g.axis[0] = 0;
+  }
+  return g;
+}
+
+// Half-open box [lo_d, hi_d) per axis.
+struct Box {
+  int64_t lo[kMaxGridDims] = {};
+  int64_t hi[kMaxGridDims] = {};
+};
+
+inline int64_t box_volume(const Box& b, int ndim) {
+  int64_t v = 1;
+  for (int d = 0; d < ndim; ++d) v *= std::max<int64_t>(b.hi[d] - b.lo[d], 0);
+  return v;
+}
+
+// Tile extents: a near-cubic box of at most `target` cells (powers of two per
+// axis, capped by the grid). Doubling the smallest extent first keeps the
+// offset box (extent + key extent - 1 per axis) small; ties go to the inner
+// axis, whose rows are contiguous in memory.
+inline void choose_tile(const Grid& g, int64_t target, int64_t* tile) {
+  for (int d = 0; d < g.ndim; ++d) tile[d] = 1;
+  int64_t vol = 1;
+  while (true) {
+    int best = -1;
+    for (int d = g.ndim - 1; d >= 0; --d) {
+      if (tile[d] >= g.n[d]) continue;
+      if (best < 0 || tile[d] < tile[best]) best = d;
+    }
+    if (best < 0) break;
+    const int64_t grown = std::min<int64_t>(tile[best] * 2, g.n[best]);
+    if (vol / tile[best] * grown > target) break;
+    vol = vol / tile[best] * grown;
+    tile[best] = grown;
+  }
+}
+
+inline int64_t num_tiles(const Grid& g, const int64_t* tile) {
+  int64_t t = 1;
+  for (int d = 0; d < g.ndim; ++d) t *= (g.n[d] + tile[d] - 1) / tile[d];
+  return t;
+}
+
+// The `index`-th tile in row-major order of tiles; edge tiles are clipped.
+inline Box tile_box(const Grid& g, const int64_t* tile, int64_t index) {
+  Box b;
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    const int64_t count = (g.n[d] + tile[d] - 1) / tile[d];
+    const int64_t i = index % count;
+    index /= count;
+    b.lo[d] = i * tile[d];
+    b.hi[d] = std::min(b.lo[d] + tile[d], g.n[d]);
+  }
+  return b;
+}
+
+// Keys that any query of `tile` may attend to: the tile grown by the span half
+// widths (or the whole grid without a span), and, for causal attention, no
+// outer-axis coordinate past the tile's last one (every such key comes later
+// in token order than every query of the tile).
+inline Box key_region(const Grid& g, const Box& tile, const int64_t* half, bool causal) {
+  Box r;
+  for (int d = 0; d < g.ndim; ++d) {
+    if (half != nullptr) {
+      r.lo[d] = std::max<int64_t>(0, tile.lo[d] - half[d]);
+      r.hi[d] = std::min<int64_t>(g.n[d], tile.hi[d] + half[d]);
+    } else {
+      r.lo[d] = 0;
+      r.hi[d] = g.n[d];
+    }
+  }
+  if (causal) r.hi[0] = std::min(r.hi[0], tile.hi[0]);
+  return r;
+}
+
+// Cutting a region into chunks: every axis before `split` takes one
+// coordinate per chunk, axis `split` a piece of `piece` coordinates, the axes
+// after it their full region extent.
+struct ChunkPlan {
+  Box region;
+  int split = 0;
+  int64_t piece = 1;
+  int64_t count = 0;
+};
+
+inline ChunkPlan plan_chunks(const Grid& g, const Box& region, int64_t target) {
+  ChunkPlan p;
+  p.region = region;
+  if (box_volume(region, g.ndim) == 0) return p;
+  int64_t inner = 1;  // volume of the axes after `split`
+  int split = g.ndim - 1;
+  while (split > 0 && inner * (region.hi[split] - region.lo[split]) <= target) {
+    inner *= region.hi[split] - region.lo[split];
+    --split;
+  }
+  p.split = split;
+  const int64_t ext = region.hi[split] - region.lo[split];
+  p.piece = std::max<int64_t>(1, std::min<int64_t>(ext, target / inner));
+  p.count = (ext + p.piece - 1) / p.piece;
+  for (int d = 0; d < split; ++d) p.count *= region.hi[d] - region.lo[d];
+  return p;
+}
+
+inline Box chunk_box(const Grid& g, const ChunkPlan& p, int64_t index) {
+  Box b = p.region;
+  const int s = p.split;
+  const int64_t ext = p.region.hi[s] - p.region.lo[s];
+  const int64_t pieces = (ext + p.piece - 1) / p.piece;
+  const int64_t piece_index = index % pieces;
+  index /= pieces;
+  b.lo[s] = p.region.lo[s] + piece_index * p.piece;
+  b.hi[s] = std::min(b.lo[s] + p.piece, p.region.hi[s]);
+  for (int d = s - 1; d >= 0; --d) {
+    const int64_t e = p.region.hi[d] - p.region.lo[d];
+    b.lo[d] = p.region.lo[d] + index % e;
+    b.hi[d] = b.lo[d] + 1;
+    index /= e;
+  }
+  return b;
+}
+
+}  // namespace tiling
+}  // namespace posattn

@@ -1,0 +1,12 @@
+"""posattn: fast positional self-attention operators for PyTorch.
+
+Importing the package loads the compiled extension, which registers the
+operators under ``torch.ops.posattn``; :mod:`posattn.ops` holds their documented
+Python wrappers and :mod:`posattn.reference` dense pure-PyTorch equivalents.
+"""
+from . import _C  # noqa: F401  (registers torch.ops.posattn.*)
+from . import ops, reference
+from .ops import relpos_attention
+
+__all__ = ["ops", "reference", "relpos_attention"]
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""Grid helpers shared by the operator wrappers and the reference."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+
+def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
+    """``grid`` as a list of ints (default ``[num_tokens]``); checks prod(grid) == N."""
+    if grid is None:
+        return [int(num_tokens)]
+    if isinstance(grid, int):
+        grid = [grid]
+    try:
+        sizes = [int(n) for n in grid]
+    except (TypeError, ValueError):
+        raise ValueError(f"grid must be a sequence of ints, got {grid!r}") from None
+    if not sizes:
+        raise ValueError("grid must list at least one axis")
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"every grid axis must be >= 1, got grid {sizes}")
+    if math.prod(sizes) != num_tokens:
+        raise ValueError(
+            f"prod(grid) = {math.prod(sizes)} must equal the number of tokens N = {num_tokens} "
+            f"(grid {sizes})"
+        )
+    return sizes
+
+
+def num_offsets(grid: Sequence[int]) -> int:
+    """U = prod(2 n_d - 1): the number of rows of a relative-embedding table."""
+    return math.prod(2 * n - 1 for n in grid)
+
+
+def grid_coords(grid: Sequence[int], device=None) -> torch.Tensor:
+    """(N, G) int64 row-major coordinates of every token of the grid."""
+    axes = [torch.arange(n, device=device) for n in grid]
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid))
+
+
+def offset_rows(delta: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Row in the (U, D) table of offsets ``delta`` (..., G): row-major index of
+    delta + (n - 1) over the shape (2 n_1 - 1, ..., 2 n_G - 1)."""
+    row = torch.zeros(delta.shape[:-1], dtype=torch.long, device=delta.device)
+    for d, n in enumerate(grid):
+        row = row * (2 * n - 1) + (delta[..., d] + n - 1)
+    return row
+
+
+def span_half_widths(sigma: torch.Tensor, threshold: float, grid: Sequence[int]) -> list[list[int]]:
+    """(H, G) span-box half widths: min(ceil(sigma * sqrt(-2 ln t) * (n - 1)), n - 1).
+
+    Computed in float64 on the host with the same operations as the kernels,
+    so that the box is identical.
+    """
+    radius = math.sqrt(-2.0 * math.log(threshold))
+    halves = []
+    for row in sigma.detach().to("cpu", torch.float64).tolist():
+        halves.append(
+            [0 if n <= 1 else min(math.ceil(s * radius * (n - 1)), n - 1) for s, n in zip(row, grid)]
+        )
+    return halves

@@ -1,0 +1,199 @@
+"""Documented Python wrappers of the ``torch.ops.posattn`` operators.
+
+Each operator has a fake (meta) kernel for ``torch.compile`` and autograd
+registered through ``torch.library.register_autograd``; backward passes are
+operators of their own (``torch.ops.posattn.<op>_backward``).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ._grid import normalise_grid, num_offsets
+
+__all__ = ["relpos_attention"]
+
+SPAN_MODES = ("add", "multiply")
+
+
+def relpos_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: Optional[torch.Tensor] = None,
+    rel: Optional[torch.Tensor] = None,
+    grid: Optional[Sequence[int]] = None,
+    sigma: Optional[torch.Tensor] = None,
+    threshold: float = 0.0,
+    span_mode: str = "add",
+    scale: Optional[float] = None,
+    causal: bool = False,
+    return_lse: bool = False,
+):
+    r"""Positional self-attention with relative embeddings on an n-D grid.
+
+    Shapes: B batch, H heads, N tokens, D head dim, Dv value dim, G grid axes.
+
+    Args:
+        q, k: (B, H, N, D) queries and keys.
+        v: (B, H, N, Dv) values.
+        q_pos: optional (B, H, N, D) positional query (Transformer-XL style callers
+            pass ``q + v_bias``); requires ``rel``.
+        rel: (H, U, D) relative embeddings, U = prod(2 n_d - 1). The offset of key j
+            seen from query i is ``delta = pos(j) - pos(i)``; its row is the
+            row-major index of ``delta + (n - 1)`` over (2 n_1 - 1, ..., 2 n_G - 1).
+        grid: G ints with prod == N (default ``[N]``); tokens are the grid cells in
+            row-major order.
+        sigma: optional (H, G) positive span widths in normalised units
+            (``x_d = delta_d / max(n_d - 1, 1)``, ``quad = 0.5 sum_d (x_d / sigma_d)^2``).
+        threshold: t in [0, 1). If t > 0 (requires ``sigma``) key j is kept only if
+            ``|delta_d| <= min(ceil(sigma_d sqrt(-2 ln t) (n_d - 1)), n_d - 1)`` on
+            every axis; the kernel then visits only the keys in that box.
+        span_mode: ``"add"`` (``s -= quad``, a Gaussian prior on the weights) or
+            ``"multiply"`` (``s *= exp(-quad)``, the thesis' form).
+        scale: logit scale, default ``D ** -0.5``.
+        causal: keep only keys j <= i (token order).
+        return_lse: also return the (B, H, N) log-sum-exp of the logits.
+
+    Math, per batch b and head h::
+
+        s_ij = scale * (q_i . k_j + q_pos_i . rel[h, row(delta_ij)])
+        s_ij -= quad_ij  |  s_ij *= exp(-quad_ij)          (with sigma)
+        s_ij = -inf where masked (threshold box, causal)
+        out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
+
+    A query always keeps itself under the box and causal masks. If a query had
+    every key masked anyway, its output row is zeros and its lse is -inf (no NaN).
+
+    Returns:
+        ``out`` (B, H, N, Dv), or ``(out, lse)`` if ``return_lse``.
+        Differentiable in q, k, v, q_pos, rel and sigma (the box is not).
+    """
+    _check_q(q)
+    grid_list = normalise_grid(grid, q.shape[2])
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, float(threshold), span_mode, float(scale))
+    out, lse = torch.ops.posattn.relpos_attention(
+        q, k, v, q_pos, rel, grid_list, sigma, float(threshold), span_mode, float(scale), bool(causal)
+    )
+    return (out, lse) if return_lse else out
+
+
+def _check_q(q) -> None:
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"relpos_attention: q must be a tensor, got {type(q).__name__}")
+    if q.dim() != 4 or q.shape[2] < 1 or q.shape[3] < 1:
+        raise ValueError(
+            f"relpos_attention: q must have shape (B, H, N, D) with N >= 1 and D >= 1, got {tuple(q.shape)}"
+        )
+
+
+def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale) -> None:
+    """Shape, dtype, device and argument checks (no tensor values are read, so this
+    also runs on fake tensors under torch.compile). Mirrors the C++ checks."""
+    tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma}
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
+    _check_q(q)
+    B, H, N, D = q.shape
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"relpos_attention: {name} must be a floating-point tensor, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise TypeError(
+                f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
+                "all tensor arguments must share one dtype"
+            )
+        if t.device != q.device:
+            raise ValueError(
+                f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
+                "all tensors must be on one device"
+            )
+    if k.shape != q.shape:
+        raise ValueError(f"relpos_attention: k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (B, H, N) or v.shape[3] < 1:
+        raise ValueError(f"relpos_attention: v must have shape (B, H, N, Dv) = ({B}, {H}, {N}, Dv >= 1), got {tuple(v.shape)}")
+    if (q_pos is None) != (rel is None):
+        raise ValueError("relpos_attention: q_pos and rel must be given together")
+    if q_pos is not None:
+        U = num_offsets(grid)
+        if q_pos.shape != q.shape:
+            raise ValueError(f"relpos_attention: q_pos must have the shape of q {tuple(q.shape)}, got {tuple(q_pos.shape)}")
+        if tuple(rel.shape) != (H, U, D):
+            raise ValueError(
+                f"relpos_attention: rel must have shape (H, U, D) = ({H}, {U}, {D}) with "
+                f"U = prod(2 n_d - 1) for grid {list(grid)}, got {tuple(rel.shape)}"
+            )
+    if span_mode not in SPAN_MODES:
+        raise ValueError(f'relpos_attention: span_mode must be "add" or "multiply", got {span_mode!r}')
+    if sigma is not None and tuple(sigma.shape) != (H, len(grid)):
+        raise ValueError(f"relpos_attention: sigma must have shape (H, G) = ({H}, {len(grid)}), got {tuple(sigma.shape)}")
+    if not (0.0 <= threshold < 1.0):
+        raise ValueError(f"relpos_attention: threshold must be in [0, 1), got {threshold}")
+    if threshold > 0 and sigma is None:
+        raise ValueError("relpos_attention: threshold > 0 requires sigma (the span widths)")
+    if scale != scale or scale in (float("inf"), float("-inf")):
+        raise ValueError(f"relpos_attention: scale must be finite, got {scale}")
+
+
+# --- torch.compile support -------------------------------------------------
+
+
+@torch.library.register_fake("posattn::relpos_attention")
+def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal):
+    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale)
+    B, H, N, _ = q.shape
+    return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
+
+
+@torch.library.register_fake("posattn::relpos_attention_backward")
+def _relpos_attention_backward_fake(
+    grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
+):
+    def like(t):
+        return torch.empty_like(t) if t is not None else q.new_empty(0)
+
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(q_pos), like(rel), like(sigma)
+
+
+# --- autograd ---------------------------------------------------------------
+
+
+def _relpos_setup_context(ctx, inputs, output):
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, q_pos, rel, sigma, out, lse)
+    ctx.args = (grid, threshold, span_mode, scale, causal)
+
+
+def _relpos_backward(ctx, grad_out, grad_lse):
+    q, k, v, q_pos, rel, sigma, out, lse = ctx.saved_tensors
+    grid, threshold, span_mode, scale, causal = ctx.args
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dq_pos, drel, dsigma = torch.ops.posattn.relpos_attention_backward(
+        grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
+    )
+    return (
+        dq,
+        dk,
+        dv,
+        dq_pos if q_pos is not None else None,
+        drel if rel is not None else None,
+        None,  # grid
+        dsigma if sigma is not None else None,
+        None,  # threshold
+        None,  # span_mode
+        None,  # scale
+        None,  # causal
+    )
+
+
+torch.library.register_autograd(
+    "posattn::relpos_attention", _relpos_backward, setup_context=_relpos_setup_context
+)

@@ -1,0 +1,66 @@
+"""Dense pure-PyTorch implementations of every posattn operator contract.
+
+They are literal and readable rather than fast (they build (B, H, N, N)
+score tensors), differentiable through ordinary autograd, and are what the
+tests compare the compiled kernels against. Users may call them to check
+results on small inputs.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ._grid import grid_coords, normalise_grid, offset_rows, span_half_widths
+
+
+def relpos_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: Optional[torch.Tensor] = None,
+    rel: Optional[torch.Tensor] = None,
+    grid: Optional[Sequence[int]] = None,
+    sigma: Optional[torch.Tensor] = None,
+    threshold: float = 0.0,
+    span_mode: str = "add",
+    scale: Optional[float] = None,
+    causal: bool = False,
+    return_lse: bool = False,
+):
+    """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
+    B, H, N, D = q.shape
+    grid = normalise_grid(grid, N)
+    if scale is None:
+        scale = D**-0.5
+    coords = grid_coords(grid, device=q.device)  # (N, G)
+    delta = coords[None, :, :] - coords[:, None, :]  # (N_query, N_key, G): pos(j) - pos(i)
+
+    scores = scale * (q @ k.transpose(-1, -2))  # (B, H, N, N)
+    if q_pos is not None:
+        pos_logits = q_pos @ rel.transpose(-1, -2)  # (B, H, N, U): q_pos_i . rel[u]
+        rows = offset_rows(delta, grid)  # (N, N)
+        scores = scores + scale * pos_logits.gather(-1, rows.expand(B, H, N, N))
+
+    keep = torch.ones(H, N, N, dtype=torch.bool, device=q.device)
+    if sigma is not None:
+        denom = torch.tensor([max(n - 1, 1) for n in grid], dtype=q.dtype, device=q.device)
+        x = delta.to(q.dtype) / denom  # normalised offsets, (N, N, G)
+        quad = 0.5 * ((x[None] / sigma[:, None, None, :]) ** 2).sum(-1)  # (H, N, N)
+        if span_mode == "add":
+            scores = scores - quad
+        elif span_mode == "multiply":
+            scores = scores * torch.exp(-quad)
+        else:
+            raise ValueError(f'span_mode must be "add" or "multiply", got {span_mode!r}')
+        if threshold > 0:
+            half = torch.tensor(span_half_widths(sigma, threshold, grid), device=q.device)  # (H, G)
+            keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
+    if causal:
+        keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+
+    scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
+    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    out = probs @ v
+    return (out, lse) if return_lse else out

@@ -1,0 +1,57 @@
+"""Build posattn and its C++/CUDA extension ``posattn._C`` against the installed torch.
+
+Install with ``pip install --no-build-isolation -e .`` after installing torch
+(see scripts/setup.sh): the extension must be compiled against the very torch
+that will load it, so pip must not build it in an isolated environment.
+
+Environment:
+  FORCE_CUDA=1        build the CUDA sources even if torch or nvcc look CPU-only
+  FORCE_CUDA=0        never build the CUDA sources
+  POSATTN_CPU_ARCH    value for -march (default "native"; "" for the compiler's default)
+"""
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError:  # pragma: no cover - build-time message
+    sys.exit(
+        "posattn builds against the installed PyTorch: install it first "
+        "(pip install torch==2.13.0), then `pip install --no-build-isolation -e .`"
+    )
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda() -> bool:
+    force = os.environ.get("FORCE_CUDA")
+    if force is not None:
+        return force == "1"
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension():
+    cpp = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+    cu = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
+    arch = os.environ.get("POSATTN_CPU_ARCH", "native")
+    cxx = ["-O3", "-fno-math-errno", "-Wall", "-Wno-unknown-pragmas"]
+    if arch:
+        cxx.append(f"-march={arch}")
+    if want_cuda() and cu:
+        return CUDAExtension(
+            "posattn._C",
+            cpp + cu,
+            extra_compile_args={"cxx": cxx + ["-DPOSATTN_WITH_CUDA"], "nvcc": ["-O3", "-lineinfo"]},
+        )
+    return CppExtension("posattn._C", cpp, extra_compile_args={"cxx": cxx})
+
+
+setup(
+    packages=find_packages(include=["posattn", "posattn.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension},
+)
