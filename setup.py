@@ -38,7 +38,9 @@ def extension():
     cpp = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
     cu = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
     arch = os.environ.get("POSATTN_CPU_ARCH", "native")
-    cxx = ["-O3", "-fno-math-errno", "-Wall", "-Wno-unknown-pragmas"]
+    # -fopenmp: at::parallel_for is a header template around `omp parallel`;
+    # without it the kernels would silently run on one thread.
+    cxx = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall"]
     if arch:
         cxx.append(f"-march={arch}")
     if want_cuda() and cu:
@@ -46,8 +48,9 @@ def extension():
             "posattn._C",
             cpp + cu,
             extra_compile_args={"cxx": cxx + ["-DPOSATTN_WITH_CUDA"], "nvcc": ["-O3", "-lineinfo"]},
+            extra_link_args=["-fopenmp"],
         )
-    return CppExtension("posattn._C", cpp, extra_compile_args={"cxx": cxx})
+    return CppExtension("posattn._C", cpp, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
 
 
 setup(

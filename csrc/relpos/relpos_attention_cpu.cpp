@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../common/cpu_blas.h"
+#include "../common/cpu_vec.h"
 #include "../common/grid_index.h"
 #include "relpos_checks.h"
 #include "relpos_tiling.h"
@@ -32,29 +33,6 @@ using tiling::Grid;
 // stays close to the chunk size.
 constexpr int64_t kTileTarget = 32;
 constexpr int64_t kChunkTarget = 1024;
-
-// exp for float that the compiler can vectorise (Cephes-style polynomial,
-// about 1 ulp); exact 0 for inputs below the float range, including -inf.
-inline float exp_vec(float x) {
-  constexpr float kHi = 88.3762626647949f;
-  constexpr float kLo = -87.3365447505531f;
-  const float xc = std::min(std::max(x, kLo), kHi);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float pow2;
-  std::memcpy(&pow2, &bits, sizeof(pow2));
-  return x < kLo ? 0.0f : y * pow2;
-}
-inline double exp_vec(double x) { return std::exp(x); }
 
 template <typename T>
 constexpr T neg_inf() {
@@ -73,6 +51,7 @@ struct Problem {
   double scale = 1.0;
   int64_t tile[kMaxGridDims] = {};
   int64_t ntiles = 0;
+  int64_t chunk_target = kChunkTarget;
   std::vector<int64_t> half;  // (H, G) span half widths of the kept axes
   const int64_t* half_of(int64_t h) const { return has_box ? half.data() + h * g.ndim : nullptr; }
 };
@@ -204,19 +183,27 @@ struct ChunkGeom {
   std::vector<int64_t> base;    // (Bq) query part of the offset-box index
 };
 
-void build_chunk(const Problem& p, const TileGeom& t, const Box& box, ChunkGeom& c) {
+void build_chunk(const Problem& p, int64_t h, const TileGeom& t, const Box& box, ChunkGeom& c) {
   const int G = p.g.ndim;
+  const int64_t* half = p.half_of(h);
   c.box = box;
   int64_t ext[kMaxGridDims];
   for (int d = 0; d < G; ++d) ext[d] = box.hi[d] - box.lo[d];
   c.Bk = tiling::box_volume(box, G);
   c.L = ext[G - 1];
   c.nlines = c.Bk / c.L;
-  // Offset box.
+  // Offset box: every offset between the tile and the chunk or, with a span
+  // box, only those inside it (the others are masked and never read).
   c.R = 1;
   for (int d = G - 1; d >= 0; --d) {
-    c.W[d] = ext[d] + (t.box.hi[d] - t.box.lo[d]) - 1;
-    c.olo[d] = box.lo[d] - (t.box.hi[d] - 1);
+    int64_t lo = box.lo[d] - (t.box.hi[d] - 1);
+    int64_t hi = box.hi[d] - 1 - t.box.lo[d];
+    if (half != nullptr) {
+      lo = std::max(lo, -half[d]);
+      hi = std::min(hi, half[d]);
+    }
+    c.olo[d] = lo;
+    c.W[d] = hi - lo + 1;
     c.Wstride[d] = c.R;
     c.R *= c.W[d];
   }
@@ -248,10 +235,13 @@ void build_chunk(const Problem& p, const TileGeom& t, const Box& box, ChunkGeom&
     c.rel_first_row = first;
     c.rel_contiguous = last - first + 1 == c.R;
   }
+  // Entry of (query r, key k) = sum_d (k_d - q_d - olo_d) Wstride_d, split into
+  // a key part (line_e, above) and this query part; it may be negative for
+  // pairs outside the box, which are masked and never looked up.
   c.base.resize(t.Bq);
   for (int64_t r = 0; r < t.Bq; ++r) {
     int64_t e = 0;
-    for (int d = 0; d < G; ++d) e += (t.box.hi[d] - 1 - t.coord[r * G + d]) * c.Wstride[d];
+    for (int d = 0; d < G; ++d) e += (box.lo[d] - t.coord[r * G + d] - c.olo[d]) * c.Wstride[d];
     c.base[r] = e;
   }
 }
@@ -323,8 +313,9 @@ void finish_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const T
       std::fill(sl, sl + v.t0, neg_inf<T>());
       std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
       if (Tb != nullptr) {
-        const T* __restrict tp = Tb + r * c.R + c.base[r] + c.line_e[l];
-        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * (sl[i] + tp[i]);
+        // Offset-box entries of the kept keys (those of masked keys may lie outside).
+        const T* __restrict tp = Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0);
+        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * (sl[i] + tp[i - v.t0]);
       } else {
         for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * sl[i];
       }
@@ -346,7 +337,7 @@ void finish_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const T
 template <typename T>
 struct Scratch {
   std::vector<T> qt, qpt, acc, s, tb, relbox, kbuf, vbuf;             // forward and backward
-  std::vector<T> dot, dqt, dqpt, pbuf, dc, dtb, dkc, dvc, drelbox;  // backward only
+  std::vector<T> dot, dqt, dqpt, pbuf, dc, dtb, dkc, dvc, drelbox, line;  // backward only
   std::vector<T> m, l, rowd, lser;
   static T* get(std::vector<T>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -443,9 +434,9 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
       std::fill(l, l + Bq, T(0));
 
       const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
-      const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
+      const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, p.chunk_target);
       for (int64_t ci = 0; ci < plan.count; ++ci) {
-        build_chunk(p, t, tiling::chunk_box(p.g, plan, ci), c);
+        build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
         if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
         const T *kc, *vc;
         chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
@@ -453,20 +444,14 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
         T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
         // Online softmax: rescale the running sums to the new row maximum.
         for (int64_t r = 0; r < Bq; ++r) {
-          T* __restrict sr = s + r * c.Bk;
-          T mx = neg_inf<T>();
-          for (int64_t j = 0; j < c.Bk; ++j) mx = std::max(mx, sr[j]);
-          const T mnew = std::max(m[r], mx);
+          T* sr = s + r * c.Bk;
+          const T mnew = std::max(m[r], cpu::row_max(sr, c.Bk));
           if (mnew == neg_inf<T>()) {  // nothing kept yet for this query
             std::fill(sr, sr + c.Bk, T(0));
             continue;
           }
-          T sum = T(0);
-          for (int64_t j = 0; j < c.Bk; ++j) {
-            sr[j] = exp_vec(sr[j] - mnew);
-            sum += sr[j];
-          }
-          const T alpha = exp_vec(m[r] - mnew);
+          const T sum = cpu::exp_shift_sum(sr, sr, c.Bk, mnew);
+          const T alpha = cpu::exp1(m[r] - mnew);
           if (alpha != T(1)) {
             T* ar = acc + r * Dv;
             for (int64_t j = 0; j < Dv; ++j) ar[j] *= alpha;
@@ -491,6 +476,37 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
       }
     }
   });
+}
+
+// Backward through the span for the kept keys t0 .. t1 - 1 of one (query,
+// line): on entry dl holds dP, on exit dC = scale * dA; accumulates
+// sum dquad * x_d^2 per axis into dsig_acc (d sigma = -that / sigma^3).
+template <typename T>
+void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
+                        const LineView<T>& lv, const T* pl, const T* sl, T rd, T scale,
+                        const int64_t* qc, const int64_t* lc, T* dl, double* dsig_acc,
+                        Scratch<T>& sc) {
+  const int G = p.g.ndim;
+  const T* xl = st.xsq_at(G - 1) + lv.dl0;
+  const int64_t n = lv.t1 - lv.t0;
+  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = pl[i] * (dl[i] - rd);  // dS
+  T sum_dq, sum_dq_x;
+  if (p.mode == SpanMode::kAdd) {  // dquad = -dS, dA = dS
+    sum_dq = -cpu::sum(dl + lv.t0, n);
+    sum_dq_x = -cpu::dot(dl + lv.t0, xl + lv.t0, n);
+    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] *= scale;
+  } else {  // dquad = -dS * s, dA = dS * exp(-quad)
+    T* dqd = Scratch<T>::get(sc.line, n);
+    for (int64_t i = 0; i < n; ++i) dqd[i] = -dl[lv.t0 + i] * sl[lv.t0 + i];
+    sum_dq = cpu::sum(dqd, n);
+    sum_dq_x = cpu::dot(dqd, xl + lv.t0, n);
+    const T* __restrict gd = st.gauss_at(h, G - 1) + lv.dl0;
+    const T gc = static_cast<T>(std::exp(-static_cast<double>(lv.cq)));
+    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] *= scale * gc * gd[i];
+  }
+  for (int d = 0; d < G - 1; ++d)
+    dsig_acc[d] += static_cast<double>(sum_dq) * static_cast<double>(st.xsq_at(d)[lc[d] - qc[d]]);
+  dsig_acc[G - 1] += static_cast<double>(sum_dq_x);
 }
 
 // ---------------------------------------------------------------------------
@@ -536,9 +552,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
           T* lser = Scratch<T>::get(sc.lser, Bq);
           for (int64_t r = 0; r < Bq; ++r) {
             const T* orow = out + (bh * N + t.tok[r]) * Dv;
-            T acc = T(0);
-            for (int64_t j = 0; j < Dv; ++j) acc += dot[r * Dv + j] * orow[j];
-            rowd[r] = acc - (glse != nullptr ? glse[bh * N + t.tok[r]] : T(0));
+            rowd[r] = cpu::dot(dot + r * Dv, orow, Dv) - (glse != nullptr ? glse[bh * N + t.tok[r]] : T(0));
             const T lv = lse[bh * N + t.tok[r]];
             // A query with every key masked has lse = -inf and no gradient.
             lser[r] = lv == neg_inf<T>() ? std::numeric_limits<T>::infinity() : lv;
@@ -551,9 +565,9 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             std::fill(dqpt, dqpt + Bq * D, T(0));
           }
           const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
-          const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
+          const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, p.chunk_target);
           for (int64_t ci = 0; ci < plan.count; ++ci) {
-            build_chunk(p, t, tiling::chunk_box(p.g, plan, ci), c);
+            build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
             if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
             const int64_t Bk = c.Bk;
             const T *kc, *vc;
@@ -562,23 +576,19 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
             // Probabilities.
             T* pb = Scratch<T>::get(sc.pbuf, Bq * Bk);
-            for (int64_t r = 0; r < Bq; ++r) {
-              const T lr = lser[r];
-              const T* __restrict sr = s + r * Bk;
-              T* __restrict pr = pb + r * Bk;
-              for (int64_t j = 0; j < Bk; ++j) pr[j] = exp_vec(sr[j] - lr);
-            }
+            for (int64_t r = 0; r < Bq; ++r) cpu::exp_shift_sum(s + r * Bk, pb + r * Bk, Bk, lser[r]);
             // dP = dO V^T, then dS = P (dP - rowd) and the chain through the span.
             T* dc = Scratch<T>::get(sc.dc, Bq * Bk);
             cpu::gemm<T>(false, true, Bq, Bk, Dv, T(1), dot, Dv, vc, Dv, T(0), dc, Bk);
             const T scale = static_cast<T>(p.scale);
+            T* dtb = nullptr;  // dC scattered into the offset box (positional term)
+            if (p.has_pos) {
+              dtb = Scratch<T>::get(sc.dtb, Bq * c.R);
+              std::fill(dtb, dtb + Bq * c.R, T(0));
+            }
             for (int64_t r = 0; r < Bq; ++r) {
-              const T rd = rowd[r];
-              const int64_t* qc = &t.coord[r * G];
               for (int64_t l = 0; l < c.nlines; ++l) {
-                T* __restrict dl = dc + r * Bk + l * c.L;
-                const T* __restrict pl = pb + r * Bk + l * c.L;
-                const T* __restrict sl = s + r * Bk + l * c.L;
+                T* dl = dc + r * Bk + l * c.L;  // dP on entry, dC on exit
                 LineView<T> lv;
                 if (!line_view<T>(p, st, h, t, c, r, l, lv)) {
                   std::fill(dl, dl + c.L, T(0));
@@ -586,36 +596,17 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
                 }
                 std::fill(dl, dl + lv.t0, T(0));
                 std::fill(dl + lv.t1, dl + c.L, T(0));
+                const T* pl = pb + r * Bk + l * c.L;
                 if (st == nullptr) {
-                  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rd);
-                  continue;
-                }
-                // dquad = -dS (add) or -dS * s (multiply); d sigma needs sum dquad * x_d^2.
-                const T* __restrict xl = st->xsq_at(static_cast<int>(G - 1)) + lv.dl0;
-                T sum_dq = T(0), sum_dq_x = T(0);
-                if (p.mode == SpanMode::kAdd) {
-                  for (int64_t i = lv.t0; i < lv.t1; ++i) {
-                    const T ds = pl[i] * (dl[i] - rd);
-                    sum_dq -= ds;
-                    sum_dq_x -= ds * xl[i];
-                    dl[i] = scale * ds;
-                  }
+                  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rowd[r]);
                 } else {
-                  const T* __restrict gd = st->gauss_at(h, static_cast<int>(G - 1)) + lv.dl0;
-                  const T gc = static_cast<T>(std::exp(-static_cast<double>(lv.cq)));
-                  for (int64_t i = lv.t0; i < lv.t1; ++i) {
-                    const T ds = pl[i] * (dl[i] - rd);
-                    const T dquad = -ds * sl[i];
-                    sum_dq += dquad;
-                    sum_dq_x += dquad * xl[i];
-                    dl[i] = scale * ds * gc * gd[i];
-                  }
+                  line_span_backward(p, *st, h, lv, pl, s + r * Bk + l * c.L, rowd[r], scale,
+                                     t.coord.data() + r * G, c.line_coord.data() + l * G, dl,
+                                     dsig_acc, sc);
                 }
-                const int64_t* lc = &c.line_coord[l * G];
-                for (int64_t d = 0; d < G - 1; ++d)
-                  dsig_acc[d] += static_cast<double>(sum_dq) *
-                                 static_cast<double>(st->xsq_at(static_cast<int>(d))[lc[d] - qc[d]]);
-                dsig_acc[G - 1] += static_cast<double>(sum_dq_x);
+                if (dtb != nullptr)
+                  std::memcpy(dtb + r * c.R + (c.base[r] + c.line_e[l] + lv.t0), dl + lv.t0,
+                              (lv.t1 - lv.t0) * sizeof(T));
               }
             }
             // dQ += dC K, dK += dC^T Q, dV += P^T dO.
@@ -640,14 +631,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
               }
             }
             if (!p.has_pos) continue;
-            // Positional term: scatter dC into the offset box, then
-            // dQpos += dT relbox and d relbox += dT^T Qpos.
-            T* dtb = Scratch<T>::get(sc.dtb, Bq * c.R);
-            std::fill(dtb, dtb + Bq * c.R, T(0));
-            for (int64_t r = 0; r < Bq; ++r)
-              for (int64_t l = 0; l < c.nlines; ++l)
-                std::memcpy(dtb + r * c.R + c.base[r] + c.line_e[l], dc + r * Bk + l * c.L,
-                            c.L * sizeof(T));
+            // Positional term: dQpos += dT relbox and d relbox += dT^T Qpos.
             cpu::gemm<T>(false, false, Bq, D, c.R, T(1), dtb, c.R, relbox, D, T(1), dqpt, D);
             if (c.rel_contiguous) {
               cpu::gemm<T>(true, false, c.R, D, Bq, T(1), dtb, c.R, qpt, D, T(1),

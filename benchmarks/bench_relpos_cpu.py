@@ -1,0 +1,286 @@
+"""CPU benchmark of posattn.ops.relpos_attention against the baselines of issue 2.
+
+For each grid it times forward and forward+backward (median of repeated runs
+after warm-up, in one process) and measures the peak extra resident memory of
+one forward+backward step (each method in a fresh subprocess: VmHWM is reset
+after the inputs exist, so the figure is what the step itself adds):
+
+  eager     the composition a user would write today: q_pos @ rel^T, gathered
+            into a (B, H, N, N) bias, then scaled_dot_product_attention with it
+  sdpa      scaled_dot_product_attention without positional term (the floor)
+  posattn   the fused operator with q_pos and rel (dense)
+  span      the operator with q_pos, rel and a Gaussian span (dense)
+  span_thr  the same with threshold 0.1 and sigma chosen so that the span box
+            holds about --keep of the keys
+
+Usage:
+  python benchmarks/bench_relpos_cpu.py                      # 32x32 (B=8) and 64x64 (B=1)
+  python benchmarks/bench_relpos_cpu.py --grid 32x32 --batch 8 --repeats 15
+  python benchmarks/bench_relpos_cpu.py --markdown results.md  # also write the table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+
+import torch
+import torch.nn.functional as F
+
+import posattn
+from posattn import ops
+from posattn._grid import grid_coords, num_offsets, offset_rows
+
+METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
+THRESHOLD = 0.1
+
+
+# --- problem set-up ---------------------------------------------------------
+
+
+def box_keep_fraction(grid: list[int], half: list[int]) -> float:
+    """Mean fraction of keys inside the span box of a query (edges clipped)."""
+    frac = 1.0
+    for n, h in zip(grid, half):
+        mean_len = sum(min(i + h, n - 1) - max(i - h, 0) + 1 for i in range(n)) / n
+        frac *= mean_len / n
+    return frac
+
+
+def sigma_for_fraction(grid: list[int], target: float) -> tuple[float, list[int], float]:
+    """A sigma (same on every axis) whose threshold box keeps about `target` of the keys."""
+    radius = math.sqrt(-2.0 * math.log(THRESHOLD))
+    best = None
+    for h in range(0, max(grid)):
+        half = [min(h, n - 1) for n in grid]
+        frac = box_keep_fraction(grid, half)
+        if best is None or abs(frac - target) < abs(best[2] - target):
+            best = (h, half, frac)
+    h, half, frac = best
+    n_max = max(grid)
+    # ceil(sigma * radius * (n - 1)) == h on the largest axis; a midpoint avoids rounding at h.
+    sigma = (h - 0.5) / (radius * (n_max - 1)) if h > 0 else 1e-3
+    return sigma, half, frac
+
+
+def make_inputs(grid, batch, heads, dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N = math.prod(grid)
+    U = num_offsets(grid)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).requires_grad_()
+
+    return dict(
+        q=rand(batch, heads, N, dim),
+        k=rand(batch, heads, N, dim),
+        v=rand(batch, heads, N, dim),
+        q_pos=rand(batch, heads, N, dim),
+        rel=rand(heads, U, dim) * 0.1,
+    )
+
+
+def make_method(name, grid, x, keep):
+    """A closure computing the method's output from the inputs in x."""
+    q, k, v, q_pos, rel = x["q"], x["k"], x["v"], x["q_pos"], x["rel"]
+    B, H, N, D = q.shape
+    scale = D**-0.5
+    if name == "eager":
+        coords = grid_coords(grid)
+        rows = offset_rows(coords[None] - coords[:, None], grid).expand(B, H, N, N)
+
+        def run():
+            bias = (q_pos @ rel.transpose(-1, -2)).gather(-1, rows)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=scale * bias)
+
+        return run, (q, k, v, q_pos, rel)
+    if name == "sdpa":
+        return (lambda: F.scaled_dot_product_attention(q, k, v)), (q, k, v)
+    if name == "posattn":
+        return (lambda: ops.relpos_attention(q, k, v, q_pos, rel, grid=grid)), (q, k, v, q_pos, rel)
+    sigma_value, _, _ = sigma_for_fraction(grid, keep)
+    sigma = torch.full((H, len(grid)), sigma_value, requires_grad=True)
+    threshold = THRESHOLD if name == "span_thr" else 0.0
+    return (
+        lambda: ops.relpos_attention(q, k, v, q_pos, rel, grid=grid, sigma=sigma, threshold=threshold),
+        (q, k, v, q_pos, rel, sigma),
+    )
+
+
+def fwd_bwd(run, params):
+    out = run()
+    grads = torch.autograd.grad(out.sum(), params)
+    return grads
+
+
+def median_time(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# --- peak memory (child process) --------------------------------------------
+
+
+def _rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def child_peak_memory(args):
+    torch.set_num_threads(args.threads)
+    grid = parse_grid(args.grid[0])
+    x = make_inputs(grid, args.batch, args.heads, args.dim)
+    run, params = make_method(args.child, grid, x, args.keep)
+    before = _rss_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark VmHWM
+        f.write("5")
+    fwd_bwd(run, params)
+    peak = _rss_kib("VmHWM")
+    print(json.dumps({"peak_extra_mib": max(peak - before, 0) / 1024}))
+
+
+def peak_memory(method, grid_str, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--grid", grid_str,
+           "--batch", str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim),
+           "--keep", str(args.keep), "--threads", str(args.threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        return float("nan"), res.stderr.strip().splitlines()[-1] if res.stderr else "failed"
+    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"], None
+
+
+# --- main ---------------------------------------------------------------------
+
+
+def parse_grid(s: str) -> list[int]:
+    try:
+        grid = [int(t) for t in s.lower().split("x")]
+    except ValueError:
+        raise SystemExit(f"--grid must look like 32x32, got {s!r}")
+    if not grid or any(n < 1 for n in grid):
+        raise SystemExit(f"--grid must list positive sizes, got {s!r}")
+    return grid
+
+
+def eager_bytes(grid, batch, heads):
+    N, U = math.prod(grid), num_offsets(grid)
+    return 4 * batch * heads * (3 * N * U + 4 * N * N)  # logits, grads, bias, probabilities
+
+
+def bench_grid(grid_str, args):
+    grid = parse_grid(grid_str)
+    x = make_inputs(grid, args.batch, args.heads, args.dim)
+    sigma, half, frac = sigma_for_fraction(grid, args.keep)
+    rows = {}
+    for name in METHODS:
+        if name == "eager" and eager_bytes(grid, args.batch, args.heads) > args.eager_limit_gib * 2**30:
+            print(f"  {name:9s} skipped: would need about "
+                  f"{eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB (--eager-limit-gib)")
+            continue
+        run, params = make_method(name, grid, x, args.keep)
+
+        def fwd():
+            with torch.no_grad():
+                run()
+
+        t_fwd = median_time(fwd, args.warmup, args.repeats)
+        t_fb = median_time(lambda: fwd_bwd(run, params), args.warmup, args.repeats)
+        mem, err = (float("nan"), "off") if args.no_memory else peak_memory(name, grid_str, args)
+        rows[name] = dict(fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem)
+        extra = f"  (memory: {err})" if err and not args.no_memory else ""
+        print(f"  {name:9s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   "
+              f"peak +{mem:8.1f} MiB{extra}", flush=True)
+    return dict(grid=grid_str, batch=args.batch, sigma=sigma, half=half, keep=frac, rows=rows)
+
+
+def ratio(a, b):
+    return a / b if a and b and not math.isnan(a) and not math.isnan(b) and b > 0 else float("nan")
+
+
+def summary_lines(res, args):
+    r = res["rows"]
+    lines = []
+    N = math.prod(parse_grid(res["grid"]))
+    head = (f"grid {res['grid']} (N={N}), B={res['batch']}, H={args.heads}, D={args.dim}, float32, "
+            f"{args.threads} threads")
+    lines.append(head)
+    if "eager" in r:
+        lines.append(f"  (a) eager / posattn, fwd+bwd time: {ratio(r['eager']['fwd_bwd_ms'], r['posattn']['fwd_bwd_ms']):.2f}x "
+                     f"(target >= 1.5x); peak memory posattn / eager: "
+                     f"{ratio(r['posattn']['peak_mib'], r['eager']['peak_mib']):.3f} (target <= 0.25)")
+    lines.append(f"  (b) posattn / sdpa, fwd+bwd time: {ratio(r['posattn']['fwd_bwd_ms'], r['sdpa']['fwd_bwd_ms']):.2f}x "
+                 f"(target <= 2x); forward only: {ratio(r['posattn']['fwd_ms'], r['sdpa']['fwd_ms']):.2f}x")
+    lines.append(f"  (c) span dense / span threshold {THRESHOLD} (box keeps {100 * res['keep']:.1f}% of keys, "
+                 f"half widths {res['half']}), fwd+bwd: {ratio(r['span']['fwd_bwd_ms'], r['span_thr']['fwd_bwd_ms']):.2f}x "
+                 f"(target >= 4x); forward only: {ratio(r['span']['fwd_ms'], r['span_thr']['fwd_ms']):.2f}x")
+    return lines
+
+
+def markdown(results, args):
+    out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+           f"torch {torch.__version__}, posattn {posattn.__version__}, {args.threads} threads, "
+           f"{date.today().isoformat()}", "",
+           "| grid | B | method | fwd ms | fwd+bwd ms | peak extra MiB |", "|---|---|---|---|---|---|"]
+    for res in results:
+        for name, row in res["rows"].items():
+            out.append(f"| {res['grid']} | {res['batch']} | {name} | "
+                       f"{row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | {row['peak_mib']:.1f} |")
+    out.append("")
+    for res in results:
+        out.extend(summary_lines(res, args))
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", action="append", help="grid such as 32x32 (repeatable)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 8 for 32x32, 1 for larger)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--keep", type=float, default=0.1, help="fraction of keys the span box should keep")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--eager-limit-gib", type=float, default=12.0)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--markdown", help="also write the results table to this file")
+    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        args.batch = args.batch or 8
+        return child_peak_memory(args)
+    torch.set_num_threads(args.threads)
+    grids = args.grid or ["32x32", "64x64"]
+    results = []
+    batch_arg = args.batch
+    for grid_str in grids:
+        args.batch = batch_arg or (8 if math.prod(parse_grid(grid_str)) <= 1024 else 1)
+        print(f"grid {grid_str}, B={args.batch}, H={args.heads}, D={args.dim}", flush=True)
+        res = bench_grid(grid_str, args)
+        results.append(res)
+        for line in summary_lines(res, args):
+            print(line)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, args) + "\n")
+        print(f"wrote {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+// Row primitives of the CPU attention kernels, written with GCC/Clang vector
+// extensions so that they vectorise whatever the -march (the float
+// reductions below do not auto-vectorise without -ffast-math, and -ffast-math
+// would break the -inf masking the kernels rely on).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace posattn {
+namespace cpu {
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+inline v8f select8(v8i mask, v8f a, v8f b) {  // mask lanes are 0 or -1
+  return reinterpret_cast<v8f>((mask & reinterpret_cast<v8i>(a)) |
+                               (~mask & reinterpret_cast<v8i>(b)));
+}
+inline float hsum8(v8f v) {
+  float s = 0.0f;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+inline float hmax8(v8f v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// exp on 8 floats (Cephes polynomial on [-ln2/2, ln2/2], about 1 ulp).
+// Inputs below the float range (and -inf) give exactly 0; NaN stays NaN.
+inline v8f exp8(v8f x) {
+  const v8f lo = splat8(-87.3365447505531f), hi = splat8(88.3762626647949f);
+  const v8f magic = splat8(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  v8f xc = select8(x < lo, lo, x);
+  xc = select8(xc > hi, hi, xc);
+  const v8f t = xc * 1.44269504088896341f + magic;
+  const v8f n = t - magic;
+  const v8i ni = reinterpret_cast<v8i>(t) - reinterpret_cast<v8i>(magic);
+  v8f r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  v8f p = splat8(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const v8f y = p * r * r + r + 1.0f;
+  const v8f pow2 = reinterpret_cast<v8f>((ni + 127) << 23);
+  return select8(x < lo, splat8(0.0f), y * pow2);
+}
+
+inline float exp1(float x) {
+  float buf[8] = {x, x, x, x, x, x, x, x};
+  return exp8(load8(buf))[0];
+}
+inline double exp1(double x) { return std::exp(x); }
+
+// max_i x[i] (-inf for n == 0).
+inline float row_max(const float* x, int64_t n) {
+  v8f m = splat8(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f v = load8(x + i);
+    m = select8(v > m, v, m);
+  }
+  float r = hmax8(m);
+  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+  return r;
+}
+inline double row_max(const double* x, int64_t n) {
+  double r = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) r = x[i] > r ? x[i] : r;
+  return r;
+}
+
+// y[i] = exp(x[i] - shift); returns sum_i y[i]. x and y may alias.
+inline float exp_shift_sum(const float* x, float* y, int64_t n, float shift) {
+  const v8f s = splat8(shift);
+  v8f acc = splat8(0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f e = exp8(load8(x + i) - s);
+    store8(y + i, e);
+    acc += e;
+  }
+  float total = hsum8(acc);
+  for (; i < n; ++i) {
+    y[i] = exp1(x[i] - shift);
+    total += y[i];
+  }
+  return total;
+}
+inline double exp_shift_sum(const double* x, double* y, int64_t n, double shift) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - shift);
+    total += y[i];
+  }
+  return total;
+}
+
+// sum_i a[i] * b[i].
+inline float dot(const float* a, const float* b, int64_t n) {
+  v8f acc = splat8(0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += load8(a + i) * load8(b + i);
+  float total = hsum8(acc);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+inline double dot(const double* a, const double* b, int64_t n) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// sum_i a[i].
+inline float sum(const float* a, int64_t n) {
+  v8f acc = splat8(0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += load8(a + i);
+  float total = hsum8(acc);
+  for (; i < n; ++i) total += a[i];
+  return total;
+}
+inline double sum(const double* a, int64_t n) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += a[i];
+  return total;
+}
+
+}  // namespace cpu
+}  // namespace posattn
