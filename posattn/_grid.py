@@ -18,12 +18,16 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
     except (TypeError, ValueError):
         raise ValueError(f"grid must be a sequence of ints, got {grid!r}") from None
     if not sizes:
-        raise ValueError("grid must list at least one axis")
-    if any(n < 1 for n in sizes):
-        raise ValueError(f"every grid axis must be >= 1, got grid {sizes}")
-    if math.prod(sizes) != num_tokens:
+        raise ValueError("relpos_attention: grid must list at least one axis")
+    # Plain loops (no generator expressions): torch.compile traces this code.
+    prod = 1
+    for n in sizes:
+        if n < 1:
+            raise ValueError(f"relpos_attention: every grid axis must be >= 1, got grid {sizes}")
+        prod *= n
+    if prod != num_tokens:
         raise ValueError(
-            f"prod(grid) = {math.prod(sizes)} must equal the number of tokens N = {num_tokens} "
+            f"relpos_attention: prod(grid) = {prod} must equal the number of tokens N = {num_tokens} "
             f"(grid {sizes})"
         )
     return sizes
@@ -31,7 +35,10 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
 
 def num_offsets(grid: Sequence[int]) -> int:
     """U = prod(2 n_d - 1): the number of rows of a relative-embedding table."""
-    return math.prod(2 * n - 1 for n in grid)
+    u = 1
+    for n in grid:
+        u *= 2 * n - 1
+    return u
 
 
 def grid_coords(grid: Sequence[int], device=None) -> torch.Tensor:

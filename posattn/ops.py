@@ -99,6 +99,7 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
             raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
     _check_q(q)
     B, H, N, D = q.shape
+    normalise_grid(grid, N)
     for name, t in tensors.items():
         if t is None:
             continue

@@ -39,7 +39,8 @@ inline float hmax8(v8f v) {
 }
 
 // exp on 8 floats (Cephes polynomial on [-ln2/2, ln2/2], about 1 ulp).
-// Inputs below the float range (and -inf) give exactly 0; NaN stays NaN.
+// Inputs below the float range (and -inf) give exactly 0; NaN stays NaN;
+// inputs above 88.37 are clamped (the kernels only pass x - max <= 0).
 inline v8f exp8(v8f x) {
   const v8f lo = splat8(-87.3365447505531f), hi = splat8(88.3762626647949f);
   const v8f magic = splat8(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer

@@ -187,7 +187,7 @@ void build_chunk(const Problem& p, int64_t h, const TileGeom& t, const Box& box,
   const int G = p.g.ndim;
   const int64_t* half = p.half_of(h);
   c.box = box;
-  int64_t ext[kMaxGridDims];
+  int64_t ext[kMaxGridDims] = {};
   for (int d = 0; d < G; ++d) ext[d] = box.hi[d] - box.lo[d];
   c.Bk = tiling::box_volume(box, G);
   c.L = ext[G - 1];

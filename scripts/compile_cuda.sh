@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Compiles every CUDA source (csrc/**/*.cu) to an object file with nvcc, so the
+# CUDA kernels never rot on machines without a GPU. Nothing is linked or run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+mapfile -t sources < <(find csrc -name '*.cu' | sort)
+if [ ${#sources[@]} -eq 0 ]; then
+  echo "compile_cuda: no CUDA sources under csrc/ yet; nothing to compile"
+  exit 0
+fi
+if ! command -v nvcc >/dev/null; then
+  echo "compile_cuda: nvcc not found but there are CUDA sources" >&2
+  exit 1
+fi
+includes=$("$PY" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-I" + p for p in include_paths()))')
+pyinc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+out=build/cuda_objects
+mkdir -p "$out"
+for src in "${sources[@]}"; do
+  echo "nvcc -c $src"
+  nvcc -std=c++17 -O2 -c "$src" -o "$out/$(basename "$src").o" $includes -I"$pyinc" -Icsrc \
+    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+    -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1
+done
+echo "compile_cuda: ${#sources[@]} CUDA source(s) compiled"

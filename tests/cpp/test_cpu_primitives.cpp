@@ -1,0 +1,108 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/cpu_blas.h"
+#include "common/cpu_vec.h"
+
+using namespace posattn::cpu;
+
+TEST_CASE("vectorised exp is accurate, exact 0 at -inf, NaN stays NaN", "[vec]") {
+  std::vector<float> x, y(2001);
+  for (int i = 0; i <= 2000; ++i) x.push_back(-90.0f + 0.085f * static_cast<float>(i));  // up to 80: the sum stays finite
+  const float total = exp_shift_sum(x.data(), y.data(), static_cast<int64_t>(x.size()), 0.0f);
+  double ref_total = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = std::exp(static_cast<double>(x[i]));
+    ref_total += ref;
+    if (x[i] >= -87.3365f) {  // normal float range: about 1 ulp
+      REQUIRE(std::abs(y[i] - ref) <= 4e-7 * ref);
+    } else {  // below it: exactly 0 (no denormals)
+      REQUIRE(y[i] == 0.0f);
+    }
+  }
+  CHECK(total == Approx(ref_total).epsilon(1e-5));
+  float special[8] = {-std::numeric_limits<float>::infinity(), 0.0f, 1.0f, -1.0f,
+                      std::numeric_limits<float>::quiet_NaN(), 88.0f, -87.0f, -100.0f};
+  float out[8];
+  exp_shift_sum(special, out, 8, 0.0f);
+  CHECK(out[0] == 0.0f);
+  CHECK(out[1] == 1.0f);
+  CHECK(out[2] == Approx(std::exp(1.0)).epsilon(1e-6));
+  CHECK(std::isnan(out[4]));
+  CHECK(out[7] == 0.0f);
+}
+
+TEST_CASE("row_max, sum and dot match plain loops (odd lengths)", "[vec]") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  for (int64_t n : {1, 7, 8, 9, 31, 100}) {
+    std::vector<float> a(n), b(n);
+    for (auto& v : a) v = dist(rng);
+    for (auto& v : b) v = dist(rng);
+    float m = -std::numeric_limits<float>::infinity(), s = 0, d = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      m = std::max(m, a[i]);
+      s += a[i];
+      d += a[i] * b[i];
+    }
+    CHECK(row_max(a.data(), n) == m);
+    CHECK(sum(a.data(), n) == Approx(s).margin(1e-5));
+    CHECK(dot(a.data(), b.data(), n) == Approx(d).margin(1e-5));
+  }
+  CHECK(row_max(static_cast<const float*>(nullptr), 0) == -std::numeric_limits<float>::infinity());
+}
+
+template <typename T>
+void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
+  std::mt19937 rng(static_cast<unsigned>(m * 131 + n * 7 + k));
+  std::normal_distribution<double> dist;
+  const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+  std::vector<T> a((ta ? k : m) * lda), b((tb ? n : k) * ldb), c(m * ldc), c2;
+  for (auto& v : a) v = static_cast<T>(dist(rng));
+  for (auto& v : b) v = static_cast<T>(dist(rng));
+  for (auto& v : c) v = static_cast<T>(dist(rng));
+  c2 = c;
+  const std::vector<T> c0 = c;
+  const T alpha = static_cast<T>(0.75);
+  gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  gemm_portable<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c2.data(), ldc);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = static_cast<double>(beta) * static_cast<double>(c0[i * ldc + j]);
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[p * lda + i] : a[i * lda + p];
+        const double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+        ref += static_cast<double>(alpha) * av * bv;
+      }
+      REQUIRE(static_cast<double>(c[i * ldc + j]) == Approx(ref).margin(1e-4));
+      REQUIRE(static_cast<double>(c2[i * ldc + j]) == Approx(ref).margin(1e-4));
+    }
+}
+
+TEST_CASE("gemm (BLAS when torch exports it) agrees with the portable loops", "[blas]") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm<float>(ta, tb, 5, 7, 3, 0.0f);
+      check_gemm<float>(ta, tb, 33, 17, 32, 1.0f);
+      check_gemm<double>(ta, tb, 4, 9, 6, 0.5);
+      check_gemm<double>(ta, tb, 1, 1, 1, 1.0);
+    }
+}
+
+TEST_CASE("portable gemm against a naive triple loop", "[blas]") {
+  const int64_t m = 3, n = 4, k = 5;
+  std::vector<double> a(m * k), b(k * n), c(m * n, 1.0);
+  for (int64_t i = 0; i < m * k; ++i) a[i] = 0.5 * static_cast<double>(i) - 2.0;
+  for (int64_t i = 0; i < k * n; ++i) b[i] = 1.0 / (1.0 + static_cast<double>(i));
+  gemm_portable<double>(false, false, m, n, k, 2.0, a.data(), k, b.data(), n, 3.0, c.data(), n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 3.0;
+      for (int64_t p = 0; p < k; ++p) ref += 2.0 * a[i * k + p] * b[p * n + j];
+      CHECK(c[i * n + j] == Approx(ref));
+    }
+}

@@ -1,0 +1,111 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "common/grid_index.h"
+
+using namespace posattn;
+
+TEST_CASE("unravel and ravel are inverse on odd and size-1 grids", "[index]") {
+  const std::vector<std::vector<int64_t>> grids = {{7}, {3, 5}, {4, 1, 3}, {1, 1}, {2, 3, 4, 5}};
+  for (const auto& g : grids) {
+    const int nd = static_cast<int>(g.size());
+    int64_t n = 1;
+    for (auto s : g) n *= s;
+    int64_t c[kMaxGridDims];
+    for (int64_t i = 0; i < n; ++i) {
+      unravel_index(i, g.data(), nd, c);
+      for (int d = 0; d < nd; ++d) {
+        REQUIRE(c[d] >= 0);
+        REQUIRE(c[d] < g[d]);
+      }
+      REQUIRE(ravel_index(c, g.data(), nd) == i);
+    }
+  }
+}
+
+TEST_CASE("unravel is row-major (last axis fastest)", "[index]") {
+  const int64_t g[] = {3, 5};
+  int64_t c[2];
+  unravel_index(7, g, 2, c);
+  CHECK(c[0] == 1);
+  CHECK(c[1] == 2);
+  unravel_index(14, g, 2, c);
+  CHECK(c[0] == 2);
+  CHECK(c[1] == 4);
+}
+
+TEST_CASE("num_offsets is prod(2n - 1)", "[index]") {
+  const int64_t g1[] = {7};
+  const int64_t g2[] = {3, 5};
+  const int64_t g3[] = {4, 1, 3};
+  CHECK(num_offsets(g1, 1) == 13);
+  CHECK(num_offsets(g2, 2) == 5 * 9);
+  CHECK(num_offsets(g3, 3) == 7 * 1 * 5);
+}
+
+TEST_CASE("offset rows: extremes, zero offset, and a bijection", "[index]") {
+  const int64_t g[] = {3, 5};
+  const int64_t most_negative[] = {-2, -4};
+  const int64_t zero[] = {0, 0};
+  const int64_t most_positive[] = {2, 4};
+  const int64_t one_right[] = {0, 1};
+  const int64_t one_down[] = {1, 0};
+  CHECK(offset_row(most_negative, g, 2) == 0);
+  CHECK(offset_row(most_positive, g, 2) == 5 * 9 - 1);
+  CHECK(offset_row(zero, g, 2) == 2 * 9 + 4);  // the centre of the (5, 9) table
+  CHECK(offset_row(one_right, g, 2) - offset_row(zero, g, 2) == 1);
+  CHECK(offset_row(one_down, g, 2) - offset_row(zero, g, 2) == 9);
+  std::set<int64_t> rows;
+  int64_t delta[2], back[2];
+  for (delta[0] = -2; delta[0] <= 2; ++delta[0])
+    for (delta[1] = -4; delta[1] <= 4; ++delta[1]) {
+      const int64_t r = offset_row(delta, g, 2);
+      rows.insert(r);
+      offset_of_row(r, g, 2, back);
+      CHECK(back[0] == delta[0]);
+      CHECK(back[1] == delta[1]);
+    }
+  CHECK(rows.size() == 45);
+  CHECK(*rows.begin() == 0);
+  CHECK(*rows.rbegin() == 44);
+}
+
+TEST_CASE("offset row of a size-1 axis contributes nothing", "[index]") {
+  const int64_t with_unit[] = {4, 1, 3};
+  const int64_t without[] = {4, 3};
+  const int64_t d3[] = {-2, 0, 1};
+  const int64_t d2[] = {-2, 1};
+  CHECK(offset_row(d3, with_unit, 3) == offset_row(d2, without, 2));
+}
+
+TEST_CASE("normalised offsets span [-1, 1]", "[index]") {
+  CHECK(normalised_offset(4, 5) == Approx(1.0));
+  CHECK(normalised_offset(-4, 5) == Approx(-1.0));
+  CHECK(normalised_offset(2, 5) == Approx(0.5));
+  CHECK(normalised_offset(0, 1) == 0.0);  // size-1 axis: no division by zero
+}
+
+TEST_CASE("span half widths", "[index][span]") {
+  const double t = 0.1;
+  const double radius = std::sqrt(-2.0 * std::log(t));
+  CHECK(threshold_radius(t) == Approx(2.145966026));
+  // ceil(sigma * radius * (n - 1)), capped at n - 1.
+  CHECK(span_half_width(0.1, t, 32) == static_cast<int64_t>(std::ceil(0.1 * radius * 31)));
+  CHECK(span_half_width(0.1, t, 32) == 7);
+  CHECK(span_half_width(0.3, t, 28) == 18);
+  CHECK(span_half_width(10.0, t, 28) == 27);    // cap
+  CHECK(span_half_width(1e300, t, 28) == 27);   // no overflow
+  CHECK(span_half_width(1e-9, t, 28) == 1);     // ceil of a tiny positive extent
+  CHECK(span_half_width(0.3, t, 1) == 0);       // size-1 axis
+  CHECK(span_half_width(0.3, 0.999999, 50) == 1);  // threshold close to 1: tiny box
+  // Monotone in sigma.
+  int64_t last = 0;
+  for (double s = 0.01; s < 1.0; s += 0.01) {
+    const int64_t h = span_half_width(s, t, 64);
+    CHECK(h >= last);
+    last = h;
+  }
+}

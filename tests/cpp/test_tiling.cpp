@@ -1,0 +1,123 @@
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "relpos/relpos_tiling.h"
+
+using namespace posattn;
+using namespace posattn::tiling;
+
+namespace {
+Grid make_grid(std::vector<int64_t> shape) {
+  return squeeze_grid(shape.data(), static_cast<int>(shape.size()));
+}
+}  // namespace
+
+TEST_CASE("squeeze_grid drops size-1 axes and remembers the caller's axes", "[tiling]") {
+  const Grid g = make_grid({4, 1, 3});
+  REQUIRE(g.ndim == 2);
+  CHECK(g.n[0] == 4);
+  CHECK(g.n[1] == 3);
+  CHECK(g.axis[0] == 0);
+  CHECK(g.axis[1] == 2);
+  const Grid ones = make_grid({1, 1});
+  REQUIRE(ones.ndim == 1);
+  CHECK(ones.n[0] == 1);
+}
+
+TEST_CASE("tiles are near-cubic, within target, and cover the grid exactly once", "[tiling]") {
+  const std::vector<std::vector<int64_t>> shapes = {{7}, {1000}, {32, 32}, {5, 9}, {3, 4, 5}, {16, 16, 16}};
+  for (const auto& shape : shapes) {
+    const Grid g = make_grid(shape);
+    int64_t tile[kMaxGridDims];
+    choose_tile(g, 32, tile);
+    int64_t vol = 1;
+    for (int d = 0; d < g.ndim; ++d) {
+      REQUIRE(tile[d] >= 1);
+      REQUIRE(tile[d] <= g.n[d]);
+      vol *= tile[d];
+    }
+    REQUIRE(vol <= 32);
+    int64_t N = 1;
+    for (int d = 0; d < g.ndim; ++d) N *= g.n[d];
+    std::vector<int> hits(N, 0);
+    const int64_t count = num_tiles(g, tile);
+    for (int64_t i = 0; i < count; ++i) {
+      const Box b = tile_box(g, tile, i);
+      REQUIRE(box_volume(b, g.ndim) >= 1);
+      int64_t ext[kMaxGridDims], c[kMaxGridDims];
+      for (int d = 0; d < g.ndim; ++d) ext[d] = b.hi[d] - b.lo[d];
+      for (int64_t r = 0; r < box_volume(b, g.ndim); ++r) {
+        unravel_index(r, ext, g.ndim, c);
+        for (int d = 0; d < g.ndim; ++d) c[d] += b.lo[d];
+        hits[ravel_index(c, g.n, g.ndim)] += 1;
+      }
+    }
+    for (int h : hits) REQUIRE(h == 1);
+  }
+  const Grid g = make_grid({32, 32});
+  int64_t tile[kMaxGridDims];
+  choose_tile(g, 32, tile);
+  CHECK(tile[0] * tile[1] == 32);
+  CHECK((tile[0] == 4 || tile[0] == 8));
+}
+
+TEST_CASE("key region: span box around the tile, clipped; causal stops at the tile", "[tiling]") {
+  const Grid g = make_grid({10, 12});
+  Box tile;
+  tile.lo[0] = 4;
+  tile.hi[0] = 6;
+  tile.lo[1] = 0;
+  tile.hi[1] = 4;
+  const int64_t half[] = {2, 3};
+  const Box r = key_region(g, tile, half, false);
+  CHECK(r.lo[0] == 2);
+  CHECK(r.hi[0] == 8);
+  CHECK(r.lo[1] == 0);
+  CHECK(r.hi[1] == 7);
+  const Box all = key_region(g, tile, nullptr, false);
+  CHECK(box_volume(all, 2) == 120);
+  const Box causal = key_region(g, tile, nullptr, true);
+  CHECK(causal.hi[0] == 6);
+  CHECK(causal.hi[1] == 12);
+}
+
+TEST_CASE("chunks partition the region and stay near the target size", "[tiling]") {
+  const std::vector<std::vector<int64_t>> shapes = {{3000}, {40, 40}, {7, 9, 11}, {2, 300}};
+  for (const auto& shape : shapes) {
+    const Grid g = make_grid(shape);
+    Box region;
+    for (int d = 0; d < g.ndim; ++d) {
+      region.lo[d] = g.n[d] > 2 ? 1 : 0;
+      region.hi[d] = g.n[d];
+    }
+    for (int64_t target : {1, 64, 1024}) {
+      const ChunkPlan plan = plan_chunks(g, region, target);
+      int64_t N = 1;
+      for (int d = 0; d < g.ndim; ++d) N *= g.n[d];
+      std::vector<int> hits(N, 0);
+      int64_t covered = 0;
+      for (int64_t i = 0; i < plan.count; ++i) {
+        const Box b = chunk_box(g, plan, i);
+        const int64_t vol = box_volume(b, g.ndim);
+        REQUIRE(vol >= 1);
+        // Only the last axis alone may exceed the target.
+        if (g.ndim > 1 || target >= 1) REQUIRE((vol <= target || plan.split == g.ndim - 1));
+        int64_t ext[kMaxGridDims], c[kMaxGridDims];
+        for (int d = 0; d < g.ndim; ++d) ext[d] = b.hi[d] - b.lo[d];
+        for (int64_t r = 0; r < vol; ++r) {
+          unravel_index(r, ext, g.ndim, c);
+          for (int d = 0; d < g.ndim; ++d) {
+            c[d] += b.lo[d];
+            REQUIRE(c[d] >= region.lo[d]);
+            REQUIRE(c[d] < region.hi[d]);
+          }
+          hits[ravel_index(c, g.n, g.ndim)] += 1;
+        }
+        covered += vol;
+      }
+      CHECK(covered == box_volume(region, g.ndim));
+      for (int h : hits) REQUIRE(h <= 1);
+    }
+  }
+}

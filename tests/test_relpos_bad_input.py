@@ -1,0 +1,103 @@
+"""Bad input gets a clear error naming the argument, through the wrapper and the raw op."""
+import pytest
+import torch
+
+from posattn import ops
+from conftest import make_relpos_inputs
+
+GRID = [3, 4]
+
+
+def base():
+    return make_relpos_inputs(GRID, sigma=True)
+
+
+def case(name, change, exc, match, **kw):
+    return pytest.param(change, exc, match, kw, id=name)
+
+
+def _set(key, value):
+    def f(x):
+        x[key] = value(x) if callable(value) else value
+        return x
+
+    return f
+
+
+BAD = [
+    case("q 3-D", _set("q", lambda x: x["q"][0]), ValueError, "q must have shape"),
+    case("k shape", _set("k", lambda x: x["k"][:, :, :-1]), ValueError, "k must have the shape of q"),
+    case("v tokens", _set("v", lambda x: x["v"][:, :, :-1]), ValueError, "v must have shape"),
+    case("grid prod", lambda x: x, ValueError, r"prod\(grid\) = 15", grid=[3, 5]),
+    case("grid zero", lambda x: x, ValueError, "grid axis .*must be >= 1", grid=[0, 12]),
+    case("rel shape", _set("rel", lambda x: x["rel"][:, :-1]), ValueError, r"rel must have shape \(H, U, D\) = \(3, 35, 5\)"),
+    case("q_pos without rel", _set("rel", None), ValueError, "q_pos and rel must be given together"),
+    case("q_pos shape", _set("q_pos", lambda x: x["q_pos"][..., :-1]), ValueError, "q_pos must have the shape of q"),
+    case("sigma shape", _set("sigma", lambda x: x["sigma"][:, :1]), ValueError, r"sigma must have shape \(H, G\)"),
+    case("sigma zero", _set("sigma", lambda x: x["sigma"] * 0), ValueError, "sigma must be positive and finite"),
+    case("sigma negative", _set("sigma", lambda x: -x["sigma"]), ValueError, "sigma must be positive and finite"),
+    case("sigma nan", _set("sigma", lambda x: x["sigma"] * float("nan")), ValueError, "sigma must be positive and finite"),
+    case("sigma inf", _set("sigma", lambda x: x["sigma"] * float("inf")), ValueError, "sigma must be positive and finite"),
+    case("threshold 1", lambda x: x, ValueError, r"threshold must be in \[0, 1\)", threshold=1.0),
+    case("threshold negative", lambda x: x, ValueError, r"threshold must be in \[0, 1\)", threshold=-0.1),
+    case("threshold without sigma", _set("sigma", None), ValueError, "threshold > 0 requires sigma", threshold=0.1),
+    case("span mode", lambda x: x, ValueError, "span_mode must be", span_mode="gauss"),
+    case("dtype mix", _set("k", lambda x: x["k"].float()), TypeError, "k has dtype .*(float32|Float) but q has dtype .*(float64|Double)"),
+    case("sigma dtype", _set("sigma", lambda x: x["sigma"].float()), TypeError, "sigma has dtype"),
+    case("int tensors", lambda x: {k: (v * 10).long() for k, v in x.items()}, TypeError, "must be a floating-point tensor"),
+    case("scale nan", lambda x: x, ValueError, "scale must be finite", scale=float("nan")),
+]
+
+
+@pytest.mark.parametrize("change,exc,match,kw", BAD)
+def test_wrapper_rejects(change, exc, match, kw):
+    x = change(base())
+    args = dict(grid=GRID)
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ops.relpos_attention(**x, **args)
+
+
+@pytest.mark.parametrize("change,exc,match,kw", BAD)
+def test_raw_op_rejects(change, exc, match, kw):
+    """The C++ operator checks its inputs too (for callers of torch.ops.posattn directly)."""
+    x = change(base())
+    args = dict(grid=GRID, threshold=0.0, span_mode="add", scale=0.5)
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        torch.ops.posattn.relpos_attention(
+            x["q"], x["k"], x["v"], x.get("q_pos"), x.get("rel"), args["grid"], x.get("sigma"),
+            args["threshold"], args["span_mode"], args["scale"], False,
+        )
+
+
+def test_not_a_tensor():
+    x = base()
+    with pytest.raises(TypeError, match="q must be a tensor"):
+        ops.relpos_attention(x["q"].tolist(), x["k"], x["v"])
+
+
+def test_device_mismatch_is_reported():
+    x = base()
+    meta_k = x["k"].to("meta")
+    with pytest.raises(ValueError, match="k is on meta but q is on cpu"):
+        ops.relpos_attention(x["q"], meta_k, x["v"], grid=GRID)
+
+
+def test_unsupported_cpu_dtype():
+    x = {k: v.half() for k, v in base().items()}
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ops.relpos_attention(**x, grid=GRID)
+
+
+def test_backward_checks_its_tensors():
+    x = base()
+    out, lse = torch.ops.posattn.relpos_attention(x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False)
+    with pytest.raises(ValueError, match="grad_out must have shape"):
+        torch.ops.posattn.relpos_attention_backward(
+            out[:, :, :-1], None, x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False, out, lse
+        )
+    with pytest.raises(ValueError, match="lse must have shape"):
+        torch.ops.posattn.relpos_attention_backward(
+            out, None, x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False, out, lse[..., :-1]
+        )
