@@ -4,6 +4,8 @@ Importing the package loads the compiled extension, which registers the
 operators under ``torch.ops.posattn``; :mod:`posattn.ops` holds their documented
 Python wrappers and :mod:`posattn.reference` dense pure-PyTorch equivalents.
 """
+import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
+
 from . import _C  # noqa: F401  (registers torch.ops.posattn.*)
 from . import ops, reference
 from .ops import relpos_attention
