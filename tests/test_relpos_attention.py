@@ -205,3 +205,20 @@ def test_only_lse_used_in_loss():
     assert (g1[2] == 0).all()  # v does not enter lse
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_backward_split_over_query_tiles(threads):
+    """Few (batch, head) pairs and many threads: the backward splits a pair's tiles over tasks."""
+    grid = [9, 11]
+    x = make_relpos_inputs(grid, B=1, H=1, D=6, Dv=3, sigma=True, requires_grad=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        (o1, l1), (o2, l2) = run_both(x, grid, "multiply", 0.0, False)
+        g1 = grads((o1, l1), list(x.values()))
+    finally:
+        torch.set_num_threads(previous)
+    g2 = grads((o2, l2), list(x.values()))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

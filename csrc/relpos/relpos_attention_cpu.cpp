@@ -510,22 +510,46 @@ void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
 }
 
 // ---------------------------------------------------------------------------
-// Backward. Tasks are (head, group of batch elements): each owns the d k/d v
-// rows of its (b, h) pairs and private d rel / d sigma accumulators, reduced
-// over groups at the end (no atomics).
+// Backward. A task is (head, group of batch elements, part of the query
+// tiles). It owns private d rel / d sigma accumulators (reduced over tasks
+// afterwards, no atomics) and accumulates d k / d v of its (b, h) pairs into
+// dk_acc / dv_acc at slot (b h, part): the outputs themselves when there is
+// one part, per-part buffers summed afterwards when a (b, h) pair is split
+// over several tasks (few pairs, many threads).
+struct BackwardSplit {
+  int64_t ngroups = 1;  // groups of batch elements per head
+  int64_t nparts = 1;   // parts of the query tiles per (b, h); > 1 only if ngroups == B
+  int64_t tasks(int64_t H) const { return H * ngroups * nparts; }
+};
+
+BackwardSplit choose_split(int64_t B, int64_t H, int64_t ntiles, int64_t nthreads) {
+  BackwardSplit s;
+  const int64_t target = 2 * nthreads;
+  if (B * H >= target) {
+    s.ngroups = std::max<int64_t>(1, std::min<int64_t>(B, (target + H - 1) / H));
+  } else {
+    s.ngroups = B;
+    s.nparts = std::max<int64_t>(1, std::min<int64_t>(ntiles, (target + B * H - 1) / (B * H)));
+  }
+  return s;
+}
+
 template <typename T>
 void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
                      const T* qpos, const T* rel, const T* out, const T* lse, const T* gout,
-                     const T* glse, T* dq, T* dk, T* dv, T* dqpos, T* drel_part,
-                     double* dsig_part, int64_t ngroups) {
+                     const T* glse, T* dq, T* dk_acc, T* dv_acc, T* dqpos, T* drel_part,
+                     double* dsig_part, BackwardSplit split) {
   const int64_t D = p.D, Dv = p.Dv, N = p.N, G = p.g.ndim;
-  at::parallel_for(0, p.H * ngroups, 1, [&](int64_t begin, int64_t end) {
+  const int64_t ngroups = split.ngroups, nparts = split.nparts;
+  at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
     Scratch<T> sc;
     TileGeom t;
     ChunkGeom c;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t h = task / ngroups, grp = task % ngroups;
+      const int64_t part = task % nparts;
+      const int64_t h = task / nparts / ngroups, grp = task / nparts % ngroups;
       const int64_t b0 = grp * p.B / ngroups, b1 = (grp + 1) * p.B / ngroups;
+      const int64_t tile0 = part * p.ntiles / nparts, tile1 = (part + 1) * p.ntiles / nparts;
       T* drel_acc = p.has_pos ? drel_part + task * p.U * D : nullptr;
       double* dsig_acc = dsig_part + task * G;
       const T* relh = p.has_pos ? rel + h * p.U * D : nullptr;
@@ -533,9 +557,9 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
         const int64_t bh = b * p.H + h;
         const T* kbh = k + bh * N * D;
         const T* vbh = v + bh * N * Dv;
-        T* dkbh = dk + bh * N * D;
-        T* dvbh = dv + bh * N * Dv;
-        for (int64_t ti = 0; ti < p.ntiles; ++ti) {
+        T* dkbh = dk_acc + (bh * nparts + part) * N * D;
+        T* dvbh = dv_acc + (bh * nparts + part) * N * Dv;
+        for (int64_t ti = tile0; ti < tile1; ++ti) {
           build_tile(p, ti, t);
           const int64_t Bq = t.Bq;
           T* qt = Scratch<T>::get(sc.qt, Bq * D);
@@ -728,15 +752,18 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
   at::Tensor dsigma = shape.has_sigma ? at::zeros_like(*sigma) : at::empty({0}, q.options());
   if (shape.B == 0 || shape.H == 0) return {dq, dk, dv, dqpos, drel, dsigma};
   const Problem p = make_problem(shape, sigma, threshold, scale, causal);
-  // Enough (head, batch group) tasks to keep every thread busy; each group
-  // owns a private d rel accumulator.
-  const int64_t nthreads = at::get_num_threads();
-  const int64_t ngroups =
-      std::max<int64_t>(1, std::min<int64_t>(shape.B, (2 * nthreads + shape.H - 1) / shape.H));
+  // Enough tasks to keep every thread busy (see BackwardSplit).
+  const BackwardSplit split = choose_split(shape.B, shape.H, p.ntiles, at::get_num_threads());
+  const int64_t ntasks = split.tasks(shape.H);
   const int64_t G = p.g.ndim;
-  at::Tensor drel_part = shape.has_pos ? at::zeros({shape.H * ngroups, p.U, shape.D}, q.options())
-                                       : at::Tensor();
-  at::Tensor dsig_part = at::zeros({shape.H * ngroups, G}, q.options().dtype(at::kDouble));
+  at::Tensor drel_part =
+      shape.has_pos ? at::zeros({ntasks, p.U, shape.D}, q.options()) : at::Tensor();
+  at::Tensor dsig_part = at::zeros({ntasks, G}, q.options().dtype(at::kDouble));
+  at::Tensor dk_acc = dk, dv_acc = dv;
+  if (split.nparts > 1) {
+    dk_acc = at::zeros({shape.B, shape.H, split.nparts, shape.N, shape.D}, q.options());
+    dv_acc = at::zeros({shape.B, shape.H, split.nparts, shape.N, shape.Dv}, q.options());
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_backward_cpu", [&] {
     SpanTables<scalar_t> st;
     if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
@@ -744,14 +771,18 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
         p, p.has_sigma ? &st : nullptr, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
         v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl),
         out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), gout.data_ptr<scalar_t>(),
-        ptr_or_null<scalar_t>(gl), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-        dv.data_ptr<scalar_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
-        ptr_or_null<scalar_t>(drel_part), dsig_part.data_ptr<double>(), ngroups);
+        ptr_or_null<scalar_t>(gl), dq.data_ptr<scalar_t>(), dk_acc.data_ptr<scalar_t>(),
+        dv_acc.data_ptr<scalar_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
+        ptr_or_null<scalar_t>(drel_part), dsig_part.data_ptr<double>(), split);
   });
-  if (shape.has_pos) drel.copy_(drel_part.view({shape.H, ngroups, p.U, shape.D}).sum(1));
+  if (split.nparts > 1) {
+    dk.copy_(dk_acc.sum(2));
+    dv.copy_(dv_acc.sum(2));
+  }
+  if (shape.has_pos) drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
   if (shape.has_sigma) {
     // d sigma_{h,d} = sum_pairs dquad * d quad / d sigma = -(sum dquad x_d^2) / sigma^3.
-    const at::Tensor acc = dsig_part.view({shape.H, ngroups, G}).sum(1);
+    const at::Tensor acc = dsig_part.view({shape.H, ntasks / shape.H, G}).sum(1);
     const at::Tensor sig = sigma->to(at::kDouble);
     at::Tensor ds = at::zeros({shape.H, static_cast<int64_t>(grid.size())}, acc.options());
     for (int64_t d = 0; d < G; ++d) {
