@@ -25,10 +25,8 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from datetime import date
 
 import torch
@@ -36,7 +34,8 @@ import torch.nn.functional as F
 
 import posattn
 from posattn import ops
-from posattn._grid import grid_coords, num_offsets, offset_rows
+from posattn._grid import grid_coords, num_offsets, offset_rows, span_keep_fraction
+from posattn._timing import median_seconds
 
 METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
 THRESHOLD = 0.1
@@ -45,22 +44,13 @@ THRESHOLD = 0.1
 # --- problem set-up ---------------------------------------------------------
 
 
-def box_keep_fraction(grid: list[int], half: list[int]) -> float:
-    """Mean fraction of keys inside the span box of a query (edges clipped)."""
-    frac = 1.0
-    for n, h in zip(grid, half):
-        mean_len = sum(min(i + h, n - 1) - max(i - h, 0) + 1 for i in range(n)) / n
-        frac *= mean_len / n
-    return frac
-
-
 def sigma_for_fraction(grid: list[int], target: float) -> tuple[float, list[int], float]:
     """A sigma (same on every axis) whose threshold box keeps about `target` of the keys."""
     radius = math.sqrt(-2.0 * math.log(THRESHOLD))
     best = None
     for h in range(0, max(grid)):
         half = [min(h, n - 1) for n in grid]
-        frac = box_keep_fraction(grid, half)
+        frac = span_keep_fraction(grid, half)
         if best is None or abs(frac - target) < abs(best[2] - target):
             best = (h, half, frac)
     h, half, frac = best
@@ -118,17 +108,6 @@ def fwd_bwd(run, params):
     out = run()
     grads = torch.autograd.grad(out.sum(), params)
     return grads
-
-
-def median_time(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 # --- peak memory (child process) --------------------------------------------
@@ -199,8 +178,8 @@ def bench_grid(grid_str, args):
             with torch.no_grad():
                 run()
 
-        t_fwd = median_time(fwd, args.warmup, args.repeats)
-        t_fb = median_time(lambda: fwd_bwd(run, params), args.warmup, args.repeats)
+        t_fwd = median_seconds(fwd, args.warmup, args.repeats)
+        t_fb = median_seconds(lambda: fwd_bwd(run, params), args.warmup, args.repeats)
         mem, err = (float("nan"), "off") if args.no_memory else peak_memory(name, grid_str, args)
         rows[name] = dict(fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem)
         extra = f"  (memory: {err})" if err and not args.no_memory else ""

@@ -20,14 +20,14 @@ import argparse
 import gzip
 import math
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 import posattn
 from posattn import ops, reference
+from posattn._grid import num_offsets, span_half_widths, span_keep_fraction
+from posattn._timing import median_seconds
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -54,16 +54,6 @@ def load_fashion_mnist(count: int, directory: str = FASHION_DIR) -> tuple[torch.
     return images.float() / 255.0, labels
 
 
-def median_ms(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=16, help="batch of test images")
@@ -84,7 +74,7 @@ def main(argv=None) -> int:
     B, H, D = images.shape[0], args.heads, args.dim
     grid = list(images.shape[1:])
     N = math.prod(grid)
-    U = math.prod(2 * n - 1 for n in grid)
+    U = num_offsets(grid)
     print(f"posattn {posattn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{B} Fashion-MNIST images (labels {labels.tolist()}), grid {grid} -> N={N} tokens, "
           f"H={H}, D={D}, U={U} relative offsets")
@@ -112,18 +102,18 @@ def main(argv=None) -> int:
         return 1
 
     # 2. Cost: dense vs span-limited.
-    radius = math.sqrt(-2 * math.log(args.threshold)) if args.threshold > 0 else float("inf")
-    half = [min(math.ceil(args.sigma * radius * (n - 1)), n - 1) for n in grid]
-    kept = 1.0
-    for n, h in zip(grid, half):
-        kept *= sum(min(i + h, n - 1) - max(i - h, 0) + 1 for i in range(n)) / (n * n)
+    if args.threshold > 0:
+        half = span_half_widths(sigma[:1], args.threshold, grid)[0]
+    else:  # no threshold: the span only reweights, every key is visited
+        half = [n - 1 for n in grid]
+    kept = span_keep_fraction(grid, half)
 
     def step(threshold):
         o = ops.relpos_attention(q, k, v, q_pos, rel, threshold=threshold, **kw)
         torch.autograd.grad(o.sum(), leaves)
 
-    t_dense = median_ms(lambda: step(0.0))
-    t_span = median_ms(lambda: step(args.threshold))
+    t_dense = 1e3 * median_seconds(lambda: step(0.0))
+    t_span = 1e3 * median_seconds(lambda: step(args.threshold))
     print(f"2. forward+backward: dense {t_dense:.1f} ms, span threshold {args.threshold} "
           f"(box half widths {half}, keeps {100 * kept:.1f}% of keys) {t_span:.1f} ms "
           f"-> {t_dense / t_span:.1f}x faster")

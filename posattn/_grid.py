@@ -56,6 +56,16 @@ def offset_rows(delta: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
     return row
 
 
+def span_keep_fraction(grid: Sequence[int], half: Sequence[int]) -> float:
+    """Mean fraction of the keys inside a query's span box with half widths `half`
+    (the box is clipped at the grid's edges)."""
+    frac = 1.0
+    for n, h in zip(grid, half):
+        mean_len = sum(min(i + h, n - 1) - max(i - h, 0) + 1 for i in range(n)) / n
+        frac *= mean_len / n
+    return frac
+
+
 def span_half_widths(sigma: torch.Tensor, threshold: float, grid: Sequence[int]) -> list[list[int]]:
     """(H, G) span-box half widths: min(ceil(sigma * sqrt(-2 ln t) * (n - 1)), n - 1).
 

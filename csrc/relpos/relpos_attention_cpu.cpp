@@ -51,7 +51,6 @@ struct Problem {
   double scale = 1.0;
   int64_t tile[kMaxGridDims] = {};
   int64_t ntiles = 0;
-  int64_t chunk_target = kChunkTarget;
   std::vector<int64_t> half;  // (H, G) span half widths of the kept axes
   const int64_t* half_of(int64_t h) const { return has_box ? half.data() + h * g.ndim : nullptr; }
 };
@@ -434,7 +433,7 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
       std::fill(l, l + Bq, T(0));
 
       const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
-      const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, p.chunk_target);
+      const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
       for (int64_t ci = 0; ci < plan.count; ++ci) {
         build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
         if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
@@ -589,7 +588,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             std::fill(dqpt, dqpt + Bq * D, T(0));
           }
           const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
-          const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, p.chunk_target);
+          const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
           for (int64_t ci = 0; ci < plan.count; ++ci) {
             build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
             if (p.causal && c.line_tok[0] > t.tok[Bq - 1]) continue;
