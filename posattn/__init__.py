@@ -7,8 +7,8 @@ Python wrappers and :mod:`posattn.reference` dense pure-PyTorch equivalents.
 import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
 
 from . import _C  # noqa: F401  (registers torch.ops.posattn.*)
-from . import ops, reference
+from . import nn, ops, reference
 from .ops import relpos_attention
 
-__all__ = ["ops", "reference", "relpos_attention"]
+__all__ = ["nn", "ops", "reference", "relpos_attention"]
 __version__ = "0.1.0"

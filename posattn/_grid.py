@@ -79,3 +79,11 @@ def span_half_widths(sigma: torch.Tensor, threshold: float, grid: Sequence[int])
             [0 if n <= 1 else min(math.ceil(s * radius * (n - 1)), n - 1) for s, n in zip(row, grid)]
         )
     return halves
+
+
+def relative_offsets(grid: Sequence[int], device=None) -> torch.Tensor:
+    """(U, G) int64 offsets ``delta`` of every row of a relative-embedding table,
+    in the row order :func:`offset_rows` (and the operators) use: row-major over
+    ``delta_d`` in ``-(n_d - 1) .. n_d - 1``."""
+    axes = [torch.arange(-(n - 1), n, device=device) for n in grid]
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid))

@@ -156,10 +156,11 @@ def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mod
 def _relpos_attention_backward_fake(
     grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
 ):
+    # The kernels return contiguous gradients whatever the inputs' strides.
     def like(t):
-        return torch.empty_like(t) if t is not None else q.new_empty(0)
+        return t.new_empty(t.shape) if t is not None else q.new_empty(0)
 
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(q_pos), like(rel), like(sigma)
+    return like(q), like(k), like(v), like(q_pos), like(rel), like(sigma)
 
 
 # --- autograd ---------------------------------------------------------------

@@ -14,10 +14,9 @@ import torch
 from ._grid import grid_coords, normalise_grid, offset_rows, span_half_widths
 
 
-def relpos_attention(
+def relpos_scores(
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
     q_pos: Optional[torch.Tensor] = None,
     rel: Optional[torch.Tensor] = None,
     grid: Optional[Sequence[int]] = None,
@@ -26,9 +25,9 @@ def relpos_attention(
     span_mode: str = "add",
     scale: Optional[float] = None,
     causal: bool = False,
-    return_lse: bool = False,
-):
-    """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
+) -> torch.Tensor:
+    """The (B, H, N, N) logits ``s_ij`` of :func:`relpos_attention`, after the span,
+    with -inf at masked pairs (same arguments as the operator, without ``v``)."""
     B, H, N, D = q.shape
     grid = normalise_grid(grid, N)
     if scale is None:
@@ -58,8 +57,25 @@ def relpos_attention(
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
     if causal:
         keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~keep, float("-inf"))
 
-    scores = scores.masked_fill(~keep, float("-inf"))
+
+def relpos_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: Optional[torch.Tensor] = None,
+    rel: Optional[torch.Tensor] = None,
+    grid: Optional[Sequence[int]] = None,
+    sigma: Optional[torch.Tensor] = None,
+    threshold: float = 0.0,
+    span_mode: str = "add",
+    scale: Optional[float] = None,
+    causal: bool = False,
+    return_lse: bool = False,
+):
+    """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
+    scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
     out = probs @ v

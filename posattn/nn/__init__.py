@@ -1,0 +1,32 @@
+"""posattn.nn: positional encoders, attention modules and models.
+
+- Relative encoders (tables for ``relpos_attention``): :class:`SirenRelativeEncoder`,
+  :class:`SinusoidalRelativeEncoder`, :class:`LookupRelativeEncoder`.
+- Absolute encodings: :class:`SinusoidalAbsoluteEncoding`, :class:`LearnedAbsoluteEncoding`,
+  :class:`LearnableSinusoidEncoding`.
+- :class:`DifferentiableSpan`, :class:`PositionalSelfAttention` (fused operator).
+- Kernelizable attention: :class:`FavorAttention`, :class:`RelativeFavorAttention`,
+  :class:`ClippedRelativeAttention`.
+- :class:`EncoderBlock`, :class:`TransformerClassifier` (+ :class:`ModelConfig`), and the
+  Performer family (:class:`Performer`, :class:`NoPosPerformer`, :class:`RelativePerformer`,
+  :class:`ClippedRelativePerformer`).
+"""
+from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
+from .attention import PositionalSelfAttention
+from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
+from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
+from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
+from .registry import POSITIONAL_ENCODINGS, build_absolute_encoding, build_relative_encoder, encoding_kind
+from .relative import LookupRelativeEncoder, RelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
+from .span import DifferentiableSpan
+from .transformer import EncoderBlock, TransformerClassifier
+
+__all__ = [
+    "AbsoluteEncoding", "LearnableSinusoidEncoding", "LearnedAbsoluteEncoding", "SinusoidalAbsoluteEncoding",
+    "PositionalSelfAttention", "ModelConfig", "PerformerConfig", "PositionalEncodingConfig", "SpanConfig",
+    "ClippedRelativeAttention", "FavorAttention", "RelativeFavorAttention",
+    "ClippedRelativePerformer", "NoPosPerformer", "Performer", "RelativePerformer", "performer_config",
+    "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",
+    "LookupRelativeEncoder", "RelativeEncoder", "SinusoidalRelativeEncoder", "SirenRelativeEncoder",
+    "DifferentiableSpan", "EncoderBlock", "TransformerClassifier",
+]

@@ -1,0 +1,255 @@
+"""Kernelizable (FAVOR+) attention and the translation-equivariant variants of
+Horn et al. (2021), background.md section 3.
+
+FAVOR+ replaces ``exp(q . k / sqrt(D))`` by ``phi(q) . phi(k)`` with positive
+orthogonal random features, so attention costs O(N m D) time and O(N m) memory
+(no N x N matrix).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._grid import grid_coords
+from .absolute import LearnableSinusoidEncoding
+from .attention import check_tokens, class_token_attention, merge_heads, split_heads
+
+__all__ = [
+    "orthogonal_gaussian",
+    "favor_features",
+    "linear_attention",
+    "FavorAttention",
+    "RelativeFavorAttention",
+    "ClippedRelativeAttention",
+    "KERNELS",
+]
+
+KERNELS = ("favor", "softmax")
+
+
+def orthogonal_gaussian(num_features: int, dim: int, *, dtype=torch.float32, device=None, generator=None) -> torch.Tensor:
+    """(num_features, dim) random features: stacked blocks of orthogonal rows (QR of
+    Gaussian matrices), each row rescaled to the norm of a Gaussian vector so the
+    rows are marginally N(0, I) (Choromanski et al., 'positive orthogonal random features')."""
+    blocks = []
+    for start in range(0, num_features, dim):
+        g = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        qmat, _ = torch.linalg.qr(g)
+        blocks.append(qmat.T[: min(dim, num_features - start)])
+    rows = torch.cat(blocks, dim=0)
+    norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return (rows * norms).to(dtype=dtype, device=device)
+
+
+def favor_features(x: torch.Tensor, projection: torch.Tensor, is_query: bool, eps: float = 1e-4) -> torch.Tensor:
+    """Positive random features of the softmax kernel: x (..., N, D), projection
+    (m, D) -> (..., N, m) with ``E[phi(q) . phi(k)] ~ exp(q . k / sqrt(D))``.
+
+    A max is subtracted for stability (per query row, or per (batch, head) for
+    keys); it cancels in the attention's normalisation.
+    """
+    x = x * x.shape[-1] ** -0.25
+    wx = x @ projection.T
+    sq = 0.5 * (x * x).sum(-1, keepdim=True)
+    if is_query:
+        stab = wx.amax(dim=-1, keepdim=True)
+    else:
+        stab = wx.amax(dim=(-1, -2), keepdim=True)
+    return projection.shape[0] ** -0.5 * (torch.exp(wx - sq - stab.detach()) + eps)
+
+
+def linear_attention(q_feat: torch.Tensor, k_feat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Non-causal kernelized attention: (B, H, N, m) features, v (B, H, N, Dv) ->
+    ``phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1)``, O(N) memory."""
+    kv = k_feat.transpose(-1, -2) @ v  # (B, H, m, Dv)
+    norm = q_feat @ k_feat.sum(dim=-2).unsqueeze(-1)  # (B, H, N, 1)
+    return (q_feat @ kv) / norm
+
+
+class _FavorKernel(nn.Module):
+    """Holds the random projection (a persistent buffer, saved in checkpoints)
+    and redraws it every ``feature_redraw_interval`` training forwards."""
+
+    def __init__(self, feature_dim: int, num_features: Optional[int], feature_redraw_interval: int, kernel: str):
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if num_features is None:
+            num_features = max(1, int(feature_dim * math.log(feature_dim)))
+        if num_features < 1 or feature_redraw_interval < 0:
+            raise ValueError(
+                f"num_features must be >= 1 and feature_redraw_interval >= 0, got {num_features}, {feature_redraw_interval}"
+            )
+        self.kernel, self.feature_dim, self.num_features = kernel, feature_dim, num_features
+        self.feature_redraw_interval = feature_redraw_interval
+        self.register_buffer("projection", orthogonal_gaussian(num_features, feature_dim))
+        self.register_buffer("calls_since_redraw", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        p = self.projection
+        self.projection.copy_(orthogonal_gaussian(self.num_features, self.feature_dim, dtype=p.dtype, device=p.device))
+        self.calls_since_redraw.zero_()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "softmax":
+            return F.scaled_dot_product_attention(q, k, v)
+        if self.training and self.feature_redraw_interval > 0:
+            if int(self.calls_since_redraw) >= self.feature_redraw_interval:
+                self.redraw()
+            self.calls_since_redraw += 1
+        proj = self.projection.to(q.dtype)
+        return linear_attention(favor_features(q, proj, True), favor_features(k, proj, False), v)
+
+
+class FavorAttention(nn.Module):
+    """Multi-head FAVOR+ self-attention (the Performer's), no positional term.
+
+    Args:
+        dim, heads: model dimension and heads (heads divide dim).
+        num_features: random features m (default ``D log D``, D the head dim).
+        feature_redraw_interval: redraw the features every this many training
+            forwards (0: never).
+        kernel: ``"favor"`` (random features) or ``"softmax"`` (exact attention,
+            for checks).
+
+    ``forward(x, grid, has_cls=False)``: x (B, T, dim); all T tokens attend to all.
+    """
+
+    def __init__(self, dim: int, heads: int, num_features: Optional[int] = None,
+                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+        super().__init__()
+        if heads < 1 or dim < 1 or dim % heads:
+            raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of heads ({heads})")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attend = _FavorKernel(self._feature_dim(), num_features, feature_redraw_interval, kernel)
+
+    def _feature_dim(self) -> int:
+        return self.head_dim
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+        check_tokens(self, x, grid, has_cls, self.dim)
+        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.proj(merge_heads(self.attend(q, k, v)))
+
+
+class RelativeFavorAttention(FavorAttention):
+    """Strategy 1 of Horn et al.: positional features appended to queries and keys,
+
+        q_i = [W_q x_i ; p_i M_h],   k_j = [W_k x_j ; p_j],
+
+    with p the sin/cos features of the coordinates (learnable frequencies, per
+    axis) and M_h block diagonal with one 2x2 block [[a, b], [-b, a]] per head,
+    axis and frequency, so ``(p_i M_h) . p_j = sum a cos(f (x_j - x_i)) + b sin(f (x_j - x_i))``
+    depends only on the offset: with the softmax kernel the attention is exactly
+    translation equivariant. The class token has zero positional features.
+
+    Args (beyond FavorAttention's): ``ndim`` grid rank, ``num_frequencies`` F per axis.
+    """
+
+    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 16, num_features: Optional[int] = None,
+                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+        if ndim < 1 or num_frequencies < 1:
+            raise ValueError(f"RelativeFavorAttention: ndim and num_frequencies must be >= 1, got {ndim}, {num_frequencies}")
+        self.ndim, self.num_frequencies = ndim, num_frequencies
+        super().__init__(dim, heads, num_features, feature_redraw_interval, kernel)
+        self.positions = LearnableSinusoidEncoding(2 * ndim * num_frequencies, ndim)
+        scale = (ndim * num_frequencies) ** -0.5
+        self.rot_a = nn.Parameter(torch.randn(heads, ndim, num_frequencies) * scale)
+        self.rot_b = nn.Parameter(torch.randn(heads, ndim, num_frequencies) * scale)
+
+    def _feature_dim(self) -> int:
+        return self.head_dim + 2 * self.ndim * self.num_frequencies
+
+    def positional_features(self, grid: Sequence[int], device=None, dtype=torch.float32):
+        """(H, N, P) query features ``p_i M_h`` and (N, P) key features ``p_j``, P = 2 G F."""
+        theta = self.positions.angles(grid, device, dtype)  # (N, G, F)
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        a, b = self.rot_a.to(dtype)[:, None], self.rot_b.to(dtype)[:, None]  # (H, 1, G, F)
+        q_pos = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(2)
+        k_pos = torch.cat([cos, sin], dim=-1).flatten(1)
+        return q_pos, k_pos
+
+    def queries_keys_values(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False):
+        """(B, H, T, D + P) queries ``[q ; p M]``, keys ``[k ; p]`` and (B, H, T, D) values."""
+        grid = check_tokens(self, x, grid, has_cls, self.dim)
+        B = x.shape[0]
+        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        q_pos, k_pos = self.positional_features(grid, x.device, x.dtype)
+        q_pos = q_pos.expand(B, -1, -1, -1)
+        k_pos = k_pos.expand(B, self.heads, -1, -1)
+        if has_cls:
+            q_pos, k_pos = F.pad(q_pos, (0, 0, 1, 0)), F.pad(k_pos, (0, 0, 1, 0))
+        return torch.cat([q, q_pos], dim=-1), torch.cat([k, k_pos], dim=-1), v
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+        return self.proj(merge_heads(self.attend(*self.queries_keys_values(x, grid, has_cls))))
+
+
+class ClippedRelativeAttention(nn.Module):
+    """Strategy 2 of Horn et al.: half the heads (``heads // 2``) use learned
+    relative embeddings by Manhattan distance, clipped at ``clip``, over the
+    window ``|delta_d| <= clip - 1`` ((2 clip - 1)^G keys); the other heads are
+    FAVOR+ without positions. For a relative head (Shaw et al.'s form)::
+
+        logit_ij = (q_i . (k_j + r[min(|pos_j - pos_i|_1, clip)])) / sqrt(D),  j in window(i)
+
+    The window is gathered (memory O(N (2 clip - 1)^G D), linear in N). The class
+    token attends content-only to all tokens in the relative heads.
+    """
+
+    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
+                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+        super().__init__()
+        if heads < 2 or dim < 1 or dim % heads:
+            raise ValueError(f"ClippedRelativeAttention: dim ({dim}) must be a multiple of heads ({heads}) and heads >= 2")
+        if clip < 1 or ndim < 1:
+            raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.ndim, self.clip = ndim, clip
+        self.rel_heads = heads // 2
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.rel = nn.Parameter(torch.randn(self.rel_heads, clip + 1, self.head_dim) * 0.02)
+        self.attend = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
+
+    def window(self, grid: Sequence[int], device=None):
+        """Neighbour indices (N, W), validity (N, W) and Manhattan rows (W,) of the window."""
+        c = self.clip
+        offsets = grid_coords([2 * c - 1] * len(grid), device=device) - (c - 1)  # (W, G)
+        coords = grid_coords(grid, device=device)  # (N, G)
+        nb = coords[:, None, :] + offsets[None]  # (N, W, G)
+        sizes = torch.tensor(grid, device=device)
+        valid = ((nb >= 0) & (nb < sizes)).all(-1)
+        nb = torch.minimum(nb.clamp(min=0), sizes - 1)
+        index = torch.zeros(nb.shape[:2], dtype=torch.long, device=device)
+        for d, n in enumerate(grid):
+            index = index * n + nb[..., d]
+        dist = offsets.abs().sum(-1).clamp(max=c)
+        return index, valid, dist
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+        grid = check_tokens(self, x, grid, has_cls, self.dim)
+        if len(grid) != self.ndim:
+            raise ValueError(f"ClippedRelativeAttention was built for {self.ndim}-D grids, got grid {grid}")
+        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        hr, start = self.rel_heads, int(has_cls)
+        out_favor = self.attend(q[:, hr:], k[:, hr:], v[:, hr:])
+
+        qr, kr, vr = q[:, :hr, start:], k[:, :hr, start:], v[:, :hr, start:]  # (B, Hr, N, D)
+        index, valid, dist = self.window(grid, x.device)
+        k_nb, v_nb = kr[:, :, index], vr[:, :, index]  # (B, Hr, N, W, D)
+        r = self.rel.to(x.dtype)[:, dist]  # (Hr, W, D)
+        logits = (qr.unsqueeze(-2) * (k_nb + r[None, :, None])).sum(-1) * self.head_dim**-0.5
+        weights = logits.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+        out_rel = (weights.unsqueeze(-1) * v_nb).sum(-2)
+        if has_cls:
+            cls = class_token_attention(q[:, :hr, :1], k[:, :hr], v[:, :hr])
+            out_rel = torch.cat([cls, out_rel], dim=2)
+        return self.proj(merge_heads(torch.cat([out_rel, out_favor], dim=1)))

@@ -1,0 +1,64 @@
+"""Positional encodings by name, for configs and the CLI.
+
+Every name has a kind: ``relative`` (an encoder producing the (H, U, D) table
+of ``relpos_attention``), ``absolute`` (added to the token embeddings) or
+``none``. New families (e.g. algebraic encodings) register here with a kind of
+their own.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from torch import nn
+
+from .absolute import LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
+from .config import PositionalEncodingConfig
+from .relative import LookupRelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
+
+__all__ = [
+    "RELATIVE_ENCODERS",
+    "ABSOLUTE_ENCODINGS",
+    "POSITIONAL_ENCODINGS",
+    "encoding_kind",
+    "build_relative_encoder",
+    "build_absolute_encoding",
+]
+
+# name -> builder(dim, heads, ndim, pe_config)
+RELATIVE_ENCODERS: dict[str, Callable[..., nn.Module]] = {
+    "siren": lambda dim, heads, ndim, pe: SirenRelativeEncoder(dim, heads, ndim, pe.hidden_dim, pe.hidden_layers, pe.w0),
+    "sinusoidal": lambda dim, heads, ndim, pe: SinusoidalRelativeEncoder(dim, heads, ndim, pe.num_features),
+    "lookup": lambda dim, heads, ndim, pe: LookupRelativeEncoder(dim, heads, ndim, pe.max_distance),
+}
+
+# name -> builder(dim, grid, pe_config)
+ABSOLUTE_ENCODINGS: dict[str, Callable[..., nn.Module]] = {
+    "abs_sinusoidal": lambda dim, grid, pe: SinusoidalAbsoluteEncoding(dim, len(grid)),
+    "abs_learned": lambda dim, grid, pe: LearnedAbsoluteEncoding(dim, grid),
+    "abs_learnable_sinusoid": lambda dim, grid, pe: LearnableSinusoidEncoding(dim, len(grid)),
+}
+
+POSITIONAL_ENCODINGS = ("none",) + tuple(RELATIVE_ENCODERS) + tuple(ABSOLUTE_ENCODINGS)
+
+
+def encoding_kind(name: str) -> str:
+    """``"relative"``, ``"absolute"`` or ``"none"``; ValueError listing the valid names."""
+    if name == "none":
+        return "none"
+    if name in RELATIVE_ENCODERS:
+        return "relative"
+    if name in ABSOLUTE_ENCODINGS:
+        return "absolute"
+    raise ValueError(f"unknown positional encoding {name!r}; valid: {', '.join(POSITIONAL_ENCODINGS)}")
+
+
+def build_relative_encoder(pe: PositionalEncodingConfig, dim: int, heads: int, ndim: int) -> nn.Module:
+    if encoding_kind(pe.name) != "relative":
+        raise ValueError(f"{pe.name!r} is not a relative encoder; relative encoders: {', '.join(RELATIVE_ENCODERS)}")
+    return RELATIVE_ENCODERS[pe.name](dim, heads, ndim, pe)
+
+
+def build_absolute_encoding(pe: PositionalEncodingConfig, dim: int, grid: Sequence[int]) -> nn.Module:
+    if encoding_kind(pe.name) != "absolute":
+        raise ValueError(f"{pe.name!r} is not an absolute encoding; absolute encodings: {', '.join(ABSOLUTE_ENCODINGS)}")
+    return ABSOLUTE_ENCODINGS[pe.name](dim, list(grid), pe)

@@ -1,0 +1,175 @@
+"""Transformer encoder block and the classifier for grid-shaped inputs."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from .attention import PositionalSelfAttention
+from .config import ModelConfig
+from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
+from .registry import build_absolute_encoding, build_relative_encoder, encoding_kind
+from .span import DifferentiableSpan
+
+__all__ = ["EncoderBlock", "TransformerClassifier", "build_attention"]
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention + feed-forward with residuals and LayerNorm.
+
+    ``norm="post"`` (the thesis, Vaswani): ``x = LN(x + attn(x)); x = LN(x + ffn(x))``;
+    ``"pre"``: ``x = x + attn(LN(x)); x = x + ffn(LN(x))``; ``"none"``: no LayerNorm.
+    ``residual=False`` drops the skip connections (for the depth study).
+    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim).
+    """
+
+    def __init__(self, dim: int, attention: nn.Module, ffn_dim: int, dropout: float = 0.1,
+                 norm: str = "post", residual: bool = True, activation: str = "relu"):
+        super().__init__()
+        self.attention, self.norm, self.residual = attention, norm, residual
+        act = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), act, nn.Dropout(dropout), nn.Linear(ffn_dim, dim))
+        self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        use_norm = norm != "none"
+        self.norm1 = nn.LayerNorm(dim) if use_norm else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim) if use_norm else nn.Identity()
+
+    def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y if self.residual else y
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False,
+                rel: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.norm == "pre":
+            x = self._add(x, self.drop1(self.attention(self.norm1(x), grid, has_cls, rel)))
+            return self._add(x, self.drop2(self.ffn(self.norm2(x))))
+        x = self.norm1(self._add(x, self.drop1(self.attention(x, grid, has_cls, rel))))
+        return self.norm2(self._add(x, self.drop2(self.ffn(x))))
+
+
+def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], shared_table: bool) -> nn.Module:
+    """One layer's attention module for ``cfg.attention``."""
+    ndim, p = cfg.attention_grid_rank, cfg.performer
+    if cfg.attention == "relpos":
+        span = None
+        if cfg.span.enabled:
+            s = cfg.span
+            span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma)
+        return PositionalSelfAttention(
+            cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
+            relative=relative_encoder is not None or shared_table, backend=cfg.backend,
+        )
+    favor = dict(num_features=p.num_features, feature_redraw_interval=p.feature_redraw_interval, kernel=p.kernel)
+    if cfg.attention == "favor":
+        return FavorAttention(cfg.dim, cfg.heads, **favor)
+    if cfg.attention == "relative_favor":
+        return RelativeFavorAttention(cfg.dim, cfg.heads, ndim, p.num_frequencies, **favor)
+    return ClippedRelativeAttention(cfg.dim, cfg.heads, ndim, p.clip, **favor)
+
+
+class TransformerClassifier(nn.Module):
+    """Transformer classifier for grid-shaped inputs (B, *grid, C).
+
+    Pipeline (the thesis): Dropout -> Linear(C -> dim) -> [+ absolute encoding]
+    -> [class token] -> ``depth`` encoder blocks -> pooling (last token, mean,
+    max or class token) -> head (``mlp``: Linear -> LayerNorm -> ReLU -> Dropout ->
+    Linear, the thesis'; ``linear``: one Linear).
+
+    ``positions="grid"`` gives attention the n-D positions of the cells;
+    ``"sequence"`` flattens the same data to a 1-D sequence (row-major).
+
+    Build with a :class:`ModelConfig` or keyword arguments for one
+    (``TransformerClassifier(grid=[8, 8], dim=32, pe={"name": "lookup"})``).
+    """
+
+    def __init__(self, config: Optional[ModelConfig] = None, **kwargs):
+        super().__init__()
+        if config is None:
+            config = ModelConfig.from_dict(kwargs)
+        elif kwargs:
+            raise ValueError("TransformerClassifier: pass either a ModelConfig or keyword arguments, not both")
+        else:
+            config.validate()
+        self.config = cfg = config
+        self.input = nn.Sequential(nn.Dropout(cfg.input_dropout), nn.Linear(cfg.in_channels, cfg.dim))
+
+        kind = encoding_kind(cfg.pe.name)
+        attn_grid = list(cfg.grid) if cfg.positions == "grid" else [math.prod(cfg.grid)]
+        self.absolute = build_absolute_encoding(cfg.pe, cfg.dim, attn_grid) if kind == "absolute" else None
+        relative = kind == "relative"
+        self.shared_encoder = (
+            build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid)) if relative and cfg.pe.shared else None
+        )
+        self.cls_token = nn.Parameter(torch.randn(1, 1, cfg.dim) * 0.02) if cfg.pooling == "cls" else None
+
+        blocks = []
+        for _ in range(cfg.depth):
+            encoder = None
+            if relative and not cfg.pe.shared:
+                encoder = build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid))
+            attention = build_attention(cfg, encoder, shared_table=self.shared_encoder is not None)
+            blocks.append(EncoderBlock(cfg.dim, attention, cfg.ffn_dim, cfg.dropout, cfg.norm, cfg.residual, cfg.activation))
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = nn.LayerNorm(cfg.dim) if cfg.norm == "pre" else nn.Identity()
+        if cfg.head == "mlp":
+            self.head = nn.Sequential(
+                nn.Linear(cfg.dim, cfg.dim), nn.LayerNorm(cfg.dim), nn.ReLU(), nn.Dropout(cfg.dropout),
+                nn.Linear(cfg.dim, cfg.num_classes),
+            )
+        else:
+            self.head = nn.Linear(cfg.dim, cfg.num_classes)
+
+    def attention_grid(self, grid: Sequence[int]) -> list[int]:
+        """The positions attention sees for an input grid: the grid, or [N]."""
+        grid = [int(n) for n in grid]
+        return grid if self.config.positions == "grid" else [math.prod(grid)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, *grid, C) -> logits (B, num_classes). The grid must have the
+        configured rank; its sizes may differ (within a learned table's size)."""
+        cfg = self.config
+        if x.dim() != len(cfg.grid) + 2 or x.shape[-1] != cfg.in_channels:
+            raise ValueError(
+                f"TransformerClassifier: input must have shape (B, *grid, C) with {len(cfg.grid)} grid axes "
+                f"and C = {cfg.in_channels}, got {tuple(x.shape)}"
+            )
+        B = x.shape[0]
+        grid = self.attention_grid(x.shape[1:-1])
+        h = self.input(x.reshape(B, -1, cfg.in_channels))
+        if self.absolute is not None:
+            h = self.absolute(h, grid)
+        has_cls = self.cls_token is not None
+        if has_cls:
+            h = torch.cat([self.cls_token.expand(B, -1, -1).to(h.dtype), h], dim=1)
+        rel = self.shared_encoder(grid) if self.shared_encoder is not None else None
+        for block in self.blocks:
+            h = block(h, grid, has_cls, rel)
+        h = self.final_norm(h)
+        if cfg.pooling == "cls":
+            pooled = h[:, 0]
+        elif cfg.pooling == "last":
+            pooled = h[:, -1]
+        elif cfg.pooling == "mean":
+            pooled = h.mean(dim=1)
+        else:
+            pooled = h.amax(dim=1)
+        return self.head(pooled)
+
+    def spans(self) -> list[Optional[DifferentiableSpan]]:
+        """Each layer's span module (None where a layer has none)."""
+        return [getattr(b.attention, "span", None) for b in self.blocks]
+
+    def span_stats(self, grid: Optional[Sequence[int]] = None) -> dict:
+        """Per-layer sigma, box sizes and kept-key fraction, flat keys for logging
+        (``layer{i}/sigma``, ``layer{i}/box``, ``layer{i}/keep_fraction``)."""
+        grid = self.attention_grid(grid if grid is not None else self.config.grid)
+        stats = {}
+        for i, span in enumerate(self.spans()):
+            if span is not None:
+                for key, value in span.stats(grid).items():
+                    stats[f"layer{i}/{key}"] = value
+        return stats
+
+    def num_parameters(self, trainable_only: bool = True) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,188 @@
+"""FAVOR+ attention and the Performer family of Horn et al."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nn_helpers import LargestTensor
+from posattn.nn import (
+    ClippedRelativeAttention,
+    ClippedRelativePerformer,
+    FavorAttention,
+    NoPosPerformer,
+    Performer,
+    RelativeFavorAttention,
+    RelativePerformer,
+)
+from posattn.nn.attention import split_heads
+from posattn.nn.favor import favor_features, linear_attention, orthogonal_gaussian
+
+
+def test_orthogonal_gaussian_blocks_are_orthogonal():
+    torch.manual_seed(0)
+    w = orthogonal_gaussian(20, 8, dtype=torch.float64)
+    assert w.shape == (20, 8)
+    for start in (0, 8):
+        block = w[start : start + 8]
+        gram = block @ block.T
+        off = gram - torch.diag(torch.diagonal(gram))
+        assert off.abs().max() < 1e-10
+    norms = w.norm(dim=1)
+    assert (norms > 0.5).all() and not torch.allclose(norms, norms[0].expand(20))
+
+
+def test_linear_attention_is_normalised_kernel_attention():
+    torch.manual_seed(0)
+    qf, kf = torch.rand(2, 3, 9, 5, dtype=torch.float64) + 0.1, torch.rand(2, 3, 9, 5, dtype=torch.float64) + 0.1
+    v = torch.randn(2, 3, 9, 4, dtype=torch.float64)
+    a = qf @ kf.transpose(-1, -2)
+    torch.testing.assert_close(linear_attention(qf, kf, v), (a / a.sum(-1, keepdim=True)) @ v)
+
+
+def test_favor_approximates_softmax_attention_better_with_more_features():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 64, 16, dtype=torch.float64) * 0.5, torch.randn(1, 2, 64, 16, dtype=torch.float64) * 0.5
+    v = torch.randn(1, 2, 64, 16, dtype=torch.float64)
+    exact = F.scaled_dot_product_attention(q, k, v)
+    errors = []
+    for m in (16, 256, 4096):
+        proj = orthogonal_gaussian(m, 16, dtype=torch.float64)
+        approx = linear_attention(favor_features(q, proj, True), favor_features(k, proj, False), v)
+        errors.append((approx - exact).norm() / exact.norm())
+    assert errors[2] < 0.05 and errors[2] < errors[1] < errors[0]
+    assert (favor_features(q, proj, True) > 0).all()
+
+
+def test_feature_redraw_interval_and_checkpoint():
+    torch.manual_seed(0)
+    attn = FavorAttention(16, 2, num_features=12, feature_redraw_interval=3)
+    x = torch.randn(2, 10, 16)
+    p0 = attn.attend.projection.clone()
+    for _ in range(3):
+        attn(x, [10])
+    assert torch.equal(attn.attend.projection, p0)
+    attn(x, [10])  # the 4th training forward redraws
+    assert not torch.equal(attn.attend.projection, p0)
+    attn.eval()
+    p1 = attn.attend.projection.clone()
+    for _ in range(5):
+        attn(x, [10])
+    assert torch.equal(attn.attend.projection, p1)  # never in eval
+    state = attn.state_dict()
+    assert "attend.projection" in state and "attend.calls_since_redraw" in state
+    other = FavorAttention(16, 2, num_features=12, feature_redraw_interval=3)
+    other.load_state_dict(state)
+    other.eval()
+    torch.testing.assert_close(other(x, [10]), attn(x, [10]))
+
+
+@pytest.mark.parametrize("grid", [[5, 6], [7], [2, 3, 2]])
+def test_relative_favor_positional_dot_product_depends_only_on_offset(grid):
+    torch.manual_seed(0)
+    attn = RelativeFavorAttention(16, 2, len(grid), num_frequencies=4).double()
+    q_pos, k_pos = attn.positional_features(grid, dtype=torch.float64)
+    N = math.prod(grid)
+    dots = (q_pos @ k_pos.T).view(2, *grid, *grid)  # (H, *grid_i, *grid_j)
+    G = len(grid)
+    shift = [min(1, n - 1) for n in grid]
+    lo = tuple(slice(0, n - s) for n, s in zip(grid, shift))
+    hi = tuple(slice(s, n) for n, s in zip(grid, shift))
+    torch.testing.assert_close(dots[(slice(None), *lo, *lo)], dots[(slice(None), *hi, *hi)], rtol=1e-10, atol=1e-10)
+    # the closed form: sum over axes and frequencies of a cos(f delta) + b sin(f delta)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in grid], indexing="ij"), -1).reshape(N, G).double()
+    f = attn.positions.inv_freq.double()
+    i, j = 0, N - 1
+    theta = (coords[j] - coords[i])[:, None] * f  # (G, F)
+    expected = (attn.rot_a.double() * torch.cos(theta) + attn.rot_b.double() * torch.sin(theta)).sum((-1, -2))
+    torch.testing.assert_close(dots.view(2, N, N)[:, i, j], expected)
+
+
+def test_relative_favor_logits_are_translation_equivariant():
+    """Translate the content: the softmax-kernel logit of every translated pair
+    equals the original pair's (content and offset are unchanged)."""
+    torch.manual_seed(0)
+    attn = RelativeFavorAttention(16, 2, 2, num_frequencies=4).double()
+    x = torch.randn(1, 6, 9, 16, dtype=torch.float64)
+    shifted = torch.roll(x, shifts=(1, 3), dims=(1, 2))
+    q, k, _ = attn.queries_keys_values(x.reshape(1, 54, 16), [6, 9])
+    qs, ks, _ = attn.queries_keys_values(shifted.reshape(1, 54, 16), [6, 9])
+    logits = (q @ k.transpose(-1, -2)).view(2, 6, 9, 6, 9)
+    logits_s = (qs @ ks.transpose(-1, -2)).view(2, 6, 9, 6, 9)
+    torch.testing.assert_close(logits_s[:, 1:, 3:, 1:, 3:], logits[:, :5, :6, :5, :6], rtol=1e-10, atol=1e-10)
+    # control: the absolute-encoding Performer's logits are not equivariant
+    attn_abs = FavorAttention(16, 2).double()
+    from posattn.nn import LearnableSinusoidEncoding
+
+    enc = LearnableSinusoidEncoding(16, 2).double()
+    qa, ka, _ = (split_heads(t, 2) for t in attn_abs.qkv(enc(x.reshape(1, 54, 16), [6, 9])).chunk(3, -1))
+    qa_s, ka_s, _ = (split_heads(t, 2) for t in attn_abs.qkv(enc(shifted.reshape(1, 54, 16), [6, 9])).chunk(3, -1))
+    la = (qa @ ka.transpose(-1, -2)).view(2, 6, 9, 6, 9)
+    la_s = (qa_s @ ka_s.transpose(-1, -2)).view(2, 6, 9, 6, 9)
+    assert not torch.allclose(la_s[:, 1:, 3:, 1:, 3:], la[:, :5, :6, :5, :6])
+
+
+def dense_clipped_reference(attn, x, grid):
+    """The relative heads of ClippedRelativeAttention computed with N x N matrices."""
+    hr = attn.rel_heads
+    q, k, v = (split_heads(t, attn.heads)[:, :hr] for t in attn.qkv(x).chunk(3, dim=-1))
+    N = math.prod(grid)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in grid], indexing="ij"), -1).reshape(N, -1)
+    delta = coords[None] - coords[:, None]
+    inside = (delta.abs() <= attn.clip - 1).all(-1)
+    dist = delta.abs().sum(-1).clamp(max=attn.clip)
+    r = attn.rel[:, dist]  # (Hr, N, N, D)
+    logits = (torch.einsum("bhid,bhjd->bhij", q, k) + torch.einsum("bhid,hijd->bhij", q, r)) / math.sqrt(attn.head_dim)
+    return logits.masked_fill(~inside, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("grid", [[9], [5, 6], [3, 1, 4]])
+def test_clipped_relative_heads_match_dense_reference(grid):
+    torch.manual_seed(0)
+    attn = ClippedRelativeAttention(16, 4, len(grid), clip=2).double()
+    with torch.no_grad():
+        attn.rel.normal_()
+    x = torch.randn(2, math.prod(grid), 16, dtype=torch.float64)
+    captured = {}
+    attn.proj.register_forward_hook(lambda m, inp, out: captured.setdefault("merged", inp[0]))
+    attn(x, grid)
+    rel_part = captured["merged"].view(2, -1, 4, 4)[:, :, :2].transpose(1, 2)
+    torch.testing.assert_close(rel_part, dense_clipped_reference(attn, x, grid), rtol=1e-10, atol=1e-10)
+
+
+def test_clipped_relative_gradients_and_class_token():
+    torch.manual_seed(0)
+    attn = ClippedRelativeAttention(16, 4, 2, clip=3)
+    x = torch.randn(2, 1 + 20, 16, requires_grad=True)
+    attn(x, [4, 5], has_cls=True).square().sum().backward()
+    assert attn.rel.grad.abs().max() > 0 and x.grad[:, 0].abs().max() > 0
+
+
+@pytest.mark.parametrize("module", ["favor", "relative_favor"])
+def test_favor_attentions_keep_memory_linear_in_n(module):
+    torch.manual_seed(0)
+    grid = [48, 48]
+    N = 48 * 48
+    attn = FavorAttention(16, 2) if module == "favor" else RelativeFavorAttention(16, 2, 2, num_frequencies=4)
+    x = torch.randn(1, N, 16, requires_grad=True)
+    with LargestTensor() as mode:
+        attn(x, grid).sum().backward()
+    m = attn.attend.num_features
+    assert mode.numel <= N * max(3 * 16, 2 * m) < N * N // 8, mode.numel  # qkv or features: linear in N
+
+
+@pytest.mark.parametrize("model", [Performer, NoPosPerformer, RelativePerformer, ClippedRelativePerformer])
+def test_performer_models_train_step(model):
+    torch.manual_seed(0)
+    m = model(in_channels=1, num_classes=10, grid=(6, 6), dim=32, depth=2, heads=4, ffn_dim=64)
+    x = torch.randn(3, 6, 6, 1)
+    loss = F.cross_entropy(m(x), torch.tensor([1, 2, 3]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+
+
+def test_performer_parameter_count_matches_the_paper():
+    # The published model summary (dim 128, depth 4, heads 4, MNIST) lists 794 K parameters.
+    m = Performer(in_channels=1, num_classes=10, grid=(28, 28))
+    assert 0.790e6 < m.num_parameters() < 0.800e6
