@@ -164,3 +164,17 @@ def test_config_round_trips_through_dicts():
     cfg = ModelConfig.from_dict({"dim": 32, "pe": {"name": "lookup", "max_distance": 3}, "span": {"enabled": True}})
     assert cfg.pe.max_distance == 3 and cfg.pe.hidden_dim == 64 and cfg.span.enabled
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("attention, pe", [("relpos", "siren"), ("favor", "abs_learnable_sinusoid"),
+                                           ("relative_favor", "none"), ("clipped_relative", "none")])
+def test_classifier_on_cuda_matches_cpu(attention, pe):
+    torch.manual_seed(0)
+    kw = dict(SMALL, attention=attention, pe={"name": pe}, dropout=0.0, input_dropout=0.0)
+    if attention == "relpos":
+        kw["span"] = {"enabled": True}
+    model = TransformerClassifier(**kw).double().eval()
+    x = torch.rand(2, 5, 4, 1, dtype=torch.float64)
+    expected = model(x)
+    torch.testing.assert_close(model.cuda()(x.cuda()).cpu(), expected, rtol=1e-8, atol=1e-8)

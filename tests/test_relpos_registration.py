@@ -99,3 +99,17 @@ def test_torch_compile_inductor():
 def test_reference_is_exported():
     assert posattn.reference.relpos_attention is reference.relpos_attention
     assert posattn.relpos_attention is ops.relpos_attention
+
+
+def test_opcheck_backward_on_strided_inputs():
+    """Heads split from (B, N, H, D) projections are strided views: the fake
+    kernels must report the strides the CPU kernels return (contiguous)."""
+    grid = [3, 4]
+    x = make_relpos_inputs(grid, sigma=True)
+    strided = {k: (t.transpose(1, 2).contiguous().transpose(1, 2) if t.dim() == 4 else t) for k, t in x.items()}
+    sigma = x["sigma"][:1].expand(3, 2)  # a shared sigma row, expanded to the heads
+    strided["sigma"] = sigma
+    assert not strided["q"].is_contiguous()
+    out, lse = torch.ops.posattn.relpos_attention(*op_args(strided, grid, threshold=0.3))
+    args = (torch.randn_like(out), None) + op_args(strided, grid, threshold=0.3) + (out, lse)
+    torch.library.opcheck(torch.ops.posattn.relpos_attention_backward.default, args)
