@@ -162,3 +162,20 @@ def test_span_shared_fixed_and_stats():
 def test_bad_arguments(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_span_in_cells_keeps_the_same_width_on_every_grid():
+    cells = DifferentiableSpan(1, heads=1, init=2.0, threshold=0.1, units="cells")
+    normalised = DifferentiableSpan(1, heads=1, init=0.25, threshold=0.1)
+    half = math.ceil(2.0 * math.sqrt(-2 * math.log(0.1)))
+    for n in (9, 17, 33):
+        assert cells.half_widths([n]) == [[half]]
+        assert cells.sigma([n]).item() == pytest.approx(2.0 / (n - 1))
+    assert normalised.half_widths([9]) != normalised.half_widths([33])  # normalised units scale with the grid
+    # the attention gives the operator sigma in normalised units
+    attn = PositionalSelfAttention(8, 1, encoder=SirenRelativeEncoder(8, 1, 1), span=cells, backend="fused").double()
+    x = torch.randn(1, 17, 8, dtype=torch.float64)
+    logits = attn.logits(x, [17])
+    assert torch.isinf(logits[0, 0, 0, half + 1]) and torch.isfinite(logits[0, 0, 0, half])
+    with pytest.raises(ValueError, match="units must be one of"):
+        DifferentiableSpan(1, units="pixels")

@@ -125,7 +125,7 @@ class PositionalSelfAttention(nn.Module):
             args["q_pos"] = q[:, :, start:] + self.v_bias[:, None, :]
             args["rel"] = rel.to(q.dtype)
         if self.span is not None:
-            args.update(sigma=self.span.sigma().to(q.dtype), threshold=self.span.threshold, span_mode=self.span.mode)
+            args.update(sigma=self.span.sigma(grid).to(q.dtype), threshold=self.span.threshold, span_mode=self.span.mode)
         return args, (q_content, k, v)
 
     def _use_fused(self, x: torch.Tensor) -> bool:

@@ -71,6 +71,7 @@ class SpanConfig:
     mode: str = "add"
     threshold: float = 0.0
     min_sigma: float = 1e-3
+    units: str = "normalised"
 
 
 @dataclass
@@ -149,6 +150,7 @@ class ModelConfig:
         _choice("backend", self.backend, ("auto", "fused", "reference"))
         _choice("pe.name", self.pe.name, POSITIONAL_ENCODINGS)
         _choice("span.mode", self.span.mode, ("add", "multiply"))
+        _choice("span.units", self.span.units, ("normalised", "cells"))
         _choice("performer.kernel", self.performer.kernel, ("favor", "softmax"))
         kind = encoding_kind(self.pe.name)
         if kind == "relative" and self.attention != "relpos":

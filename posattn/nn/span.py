@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -10,9 +10,10 @@ from torch import nn
 
 from .._grid import span_half_widths, span_keep_fraction
 
-__all__ = ["DifferentiableSpan", "SPAN_MODES"]
+__all__ = ["DifferentiableSpan", "SPAN_MODES", "SPAN_UNITS"]
 
 SPAN_MODES = ("add", "multiply")
+SPAN_UNITS = ("normalised", "cells")
 
 
 def _inverse_softplus(y: float) -> float:
@@ -39,6 +40,9 @@ class DifferentiableSpan(nn.Module):
         threshold: t in [0, 1): keep only keys in the box where G >= t (per axis);
             0 keeps every key.
         min_sigma: lower bound of sigma.
+        units: ``"normalised"`` (sigma in units of the grid's extent, the thesis'
+            and the operator's: the same sigma is wider in cells on a larger grid)
+            or ``"cells"`` (sigma in grid cells, the same width on every grid).
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class DifferentiableSpan(nn.Module):
         mode: str = "add",
         threshold: float = 0.0,
         min_sigma: float = 1e-3,
+        units: str = "normalised",
     ):
         super().__init__()
         if ndim < 1 or heads < 1:
@@ -61,10 +66,12 @@ class DifferentiableSpan(nn.Module):
             raise ValueError(f"DifferentiableSpan: init (sigma) must be a finite number > min_sigma = {min_sigma}, got {init}")
         if mode not in SPAN_MODES:
             raise ValueError(f"DifferentiableSpan: mode must be one of {SPAN_MODES}, got {mode!r}")
+        if units not in SPAN_UNITS:
+            raise ValueError(f"DifferentiableSpan: units must be one of {SPAN_UNITS}, got {units!r}")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"DifferentiableSpan: threshold must be in [0, 1), got {threshold}")
         self.ndim, self.heads, self.per_head = ndim, heads, per_head
-        self.mode, self.threshold, self.min_sigma = mode, float(threshold), float(min_sigma)
+        self.mode, self.threshold, self.min_sigma, self.units = mode, float(threshold), float(min_sigma), units
         raw = torch.full((heads if per_head else 1, ndim), _inverse_softplus(init - min_sigma))
         if learnable:
             self.raw_sigma = nn.Parameter(raw)
@@ -75,17 +82,28 @@ class DifferentiableSpan(nn.Module):
     def learnable(self) -> bool:
         return isinstance(self.raw_sigma, nn.Parameter)
 
-    def sigma(self) -> torch.Tensor:
-        """(H, G) current sigma, differentiable (rows repeat when shared)."""
-        s = self.min_sigma + F.softplus(self.raw_sigma)
-        return s.expand(self.heads, self.ndim)
+    def sigma(self, grid: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """(H, G) current sigma, differentiable (rows repeat when shared).
+
+        Without ``grid``: in the module's own units. With ``grid``: in the
+        operator's normalised units for that grid (what ``relpos_attention``
+        takes); for ``units="cells"`` that divides by ``max(n_d - 1, 1)``.
+        """
+        s = (self.min_sigma + F.softplus(self.raw_sigma)).expand(self.heads, self.ndim)
+        if grid is None or self.units == "normalised":
+            return s
+        grid = [int(n) for n in grid]
+        if len(grid) != self.ndim:
+            raise ValueError(f"DifferentiableSpan was built for {self.ndim}-D grids, got grid {grid}")
+        extent = torch.tensor([max(n - 1, 1) for n in grid], dtype=s.dtype, device=s.device)
+        return s / extent
 
     def half_widths(self, grid: Sequence[int]) -> list[list[int]]:
         """(H, G) half widths of the kept box per head and axis (the full grid
         without a threshold). Reads sigma on the host: for logging, not forward."""
         grid = [int(n) for n in grid]
         if self.threshold > 0:
-            return span_half_widths(self.sigma(), self.threshold, grid)
+            return span_half_widths(self.sigma(grid), self.threshold, grid)
         return [[n - 1 for n in grid] for _ in range(self.heads)]
 
     def box_sizes(self, grid: Sequence[int]) -> list[list[int]]:
@@ -94,8 +112,8 @@ class DifferentiableSpan(nn.Module):
         return [[min(2 * h + 1, 2 * n - 1) for h, n in zip(row, grid)] for row in self.half_widths(grid)]
 
     def stats(self, grid: Sequence[int]) -> dict:
-        """Loggable summary: sigma and box sizes per head and axis, and the mean
-        fraction of keys a query keeps."""
+        """Loggable summary: sigma (in the module's units) and box sizes per head
+        and axis, and the mean fraction of keys a query keeps."""
         halves = self.half_widths(grid)
         keep = sum(span_keep_fraction(grid, row) for row in halves) / len(halves)
         return {
@@ -107,5 +125,5 @@ class DifferentiableSpan(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"ndim={self.ndim}, heads={self.heads}, per_head={self.per_head}, mode={self.mode!r}, "
-            f"threshold={self.threshold}, learnable={self.learnable}"
+            f"threshold={self.threshold}, learnable={self.learnable}, units={self.units!r}"
         )

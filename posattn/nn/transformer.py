@@ -55,7 +55,7 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
         span = None
         if cfg.span.enabled:
             s = cfg.span
-            span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma)
+            span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma, s.units)
         return PositionalSelfAttention(
             cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
             relative=relative_encoder is not None or shared_table, backend=cfg.backend,
