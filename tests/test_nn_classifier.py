@@ -178,3 +178,21 @@ def test_classifier_on_cuda_matches_cpu(attention, pe):
     x = torch.rand(2, 5, 4, 1, dtype=torch.float64)
     expected = model(x)
     torch.testing.assert_close(model.cuda()(x.cuda()).cpu(), expected, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("grid, p", [([4, 6], 2), ([6, 3, 3], 3), ([8], 4)])
+def test_patches_become_tokens(grid, p):
+    torch.manual_seed(0)
+    model = TransformerClassifier(grid=grid, patch_size=p, in_channels=2, dim=8, depth=1, heads=2, ffn_dim=8)
+    assert model.config.token_grid == [n // p for n in grid]
+    x = torch.randn(3, *grid, 2)
+    tokens = model.patchify(x)
+    assert tokens.shape == (3, *[n // p for n in grid], p ** len(grid) * 2)
+    # token at patch index (1, 0, ...) holds the input block starting at (p, 0, ...)
+    idx = tuple([1] + [0] * (len(grid) - 1))
+    block = x[(slice(None), *[slice(i * p, (i + 1) * p) for i in idx])]
+    torch.testing.assert_close(tokens[(slice(None), *idx)], block.reshape(3, -1))
+    assert model(x).shape == (3, 10)
+    assert model.blocks[0].attention.encoder(model.config.token_grid).shape[1] == math.prod(2 * n // p - 1 for n in grid)
+    with pytest.raises(ValueError, match="patch_size"):
+        TransformerClassifier(grid=grid, patch_size=5)

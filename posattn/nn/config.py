@@ -81,7 +81,7 @@ class PerformerConfig:
     num_features: Optional[int] = None
     feature_redraw_interval: int = 1000
     kernel: str = "favor"
-    num_frequencies: int = 16
+    num_frequencies: int = 8
     clip: int = 4
 
 
@@ -93,6 +93,7 @@ class ModelConfig:
     in_channels: int = 1
     num_classes: int = 10
     grid: list = field(default_factory=lambda: [28, 28])
+    patch_size: int = 1
     dim: int = 64
     depth: int = 6
     heads: int = 8
@@ -124,6 +125,11 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @property
+    def token_grid(self) -> list:
+        """The grid of tokens: the input grid divided by ``patch_size`` per axis."""
+        return [int(n) // self.patch_size for n in self.grid]
+
+    @property
     def attention_grid_rank(self) -> int:
         return len(self.grid) if self.positions == "grid" else 1
 
@@ -136,6 +142,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.grid or any(int(n) < 1 for n in self.grid):
             raise ValueError(f"grid must be a non-empty list of sizes >= 1, got {self.grid}")
+        if int(self.patch_size) < 1 or any(int(n) % self.patch_size for n in self.grid):
+            raise ValueError(f"patch_size ({self.patch_size}) must be >= 1 and divide every grid axis {self.grid}")
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         for name in ("dropout", "input_dropout"):

@@ -153,7 +153,7 @@ class RelativeFavorAttention(FavorAttention):
     Args (beyond FavorAttention's): ``ndim`` grid rank, ``num_frequencies`` F per axis.
     """
 
-    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 16, num_features: Optional[int] = None,
+    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 8, num_features: Optional[int] = None,
                  feature_redraw_interval: int = 1000, kernel: str = "favor"):
         if ndim < 1 or num_frequencies < 1:
             raise ValueError(f"RelativeFavorAttention: ndim and num_frequencies must be >= 1, got {ndim}, {num_frequencies}")

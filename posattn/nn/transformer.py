@@ -71,12 +71,14 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
 class TransformerClassifier(nn.Module):
     """Transformer classifier for grid-shaped inputs (B, *grid, C).
 
-    Pipeline (the thesis): Dropout -> Linear(C -> dim) -> [+ absolute encoding]
+    Pipeline (the thesis): [patches] -> Dropout -> Linear(C -> dim) -> [+ absolute encoding]
     -> [class token] -> ``depth`` encoder blocks -> pooling (last token, mean,
     max or class token) -> head (``mlp``: Linear -> LayerNorm -> ReLU -> Dropout ->
     Linear, the thesis'; ``linear``: one Linear).
 
-    ``positions="grid"`` gives attention the n-D positions of the cells;
+    ``patch_size=p`` > 1 makes each token a p x ... x p patch (p^G C values) and
+    the token grid the input grid divided by p (the thesis uses p = 1, a token
+    per pixel). ``positions="grid"`` gives attention the n-D positions of the cells;
     ``"sequence"`` flattens the same data to a 1-D sequence (row-major).
 
     Build with a :class:`ModelConfig` or keyword arguments for one
@@ -92,10 +94,11 @@ class TransformerClassifier(nn.Module):
         else:
             config.validate()
         self.config = cfg = config
-        self.input = nn.Sequential(nn.Dropout(cfg.input_dropout), nn.Linear(cfg.in_channels, cfg.dim))
+        token_channels = cfg.in_channels * cfg.patch_size ** len(cfg.grid)
+        self.input = nn.Sequential(nn.Dropout(cfg.input_dropout), nn.Linear(token_channels, cfg.dim))
 
         kind = encoding_kind(cfg.pe.name)
-        attn_grid = list(cfg.grid) if cfg.positions == "grid" else [math.prod(cfg.grid)]
+        attn_grid = cfg.token_grid if cfg.positions == "grid" else [math.prod(cfg.token_grid)]
         self.absolute = build_absolute_encoding(cfg.pe, cfg.dim, attn_grid) if kind == "absolute" else None
         relative = kind == "relative"
         self.shared_encoder = (
@@ -121,9 +124,22 @@ class TransformerClassifier(nn.Module):
             self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     def attention_grid(self, grid: Sequence[int]) -> list[int]:
-        """The positions attention sees for an input grid: the grid, or [N]."""
+        """The positions attention sees for a token grid: the grid, or [N]."""
         grid = [int(n) for n in grid]
         return grid if self.config.positions == "grid" else [math.prod(grid)]
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, *grid, C) -> (B, *grid / p, p^G C): each token holds one patch."""
+        p, G = self.config.patch_size, x.dim() - 2
+        if p == 1:
+            return x
+        B, sizes, C = x.shape[0], list(x.shape[1:-1]), x.shape[-1]
+        if any(n % p for n in sizes):
+            raise ValueError(f"TransformerClassifier: patch_size {p} must divide every grid axis, got grid {sizes}")
+        split = [B] + [s for n in sizes for s in (n // p, p)] + [C]
+        x = x.reshape(split)
+        order = [0] + [1 + 2 * d for d in range(G)] + [2 + 2 * d for d in range(G)] + [2 * G + 1]
+        return x.permute(order).reshape(B, *[n // p for n in sizes], p**G * C)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, *grid, C) -> logits (B, num_classes). The grid must have the
@@ -134,9 +150,10 @@ class TransformerClassifier(nn.Module):
                 f"TransformerClassifier: input must have shape (B, *grid, C) with {len(cfg.grid)} grid axes "
                 f"and C = {cfg.in_channels}, got {tuple(x.shape)}"
             )
+        x = self.patchify(x)
         B = x.shape[0]
         grid = self.attention_grid(x.shape[1:-1])
-        h = self.input(x.reshape(B, -1, cfg.in_channels))
+        h = self.input(x.reshape(B, -1, x.shape[-1]))
         if self.absolute is not None:
             h = self.absolute(h, grid)
         has_cls = self.cls_token is not None
@@ -162,8 +179,9 @@ class TransformerClassifier(nn.Module):
 
     def span_stats(self, grid: Optional[Sequence[int]] = None) -> dict:
         """Per-layer sigma, box sizes and kept-key fraction, flat keys for logging
-        (``layer{i}/sigma``, ``layer{i}/box``, ``layer{i}/keep_fraction``)."""
-        grid = self.attention_grid(grid if grid is not None else self.config.grid)
+        (``layer{i}/sigma``, ``layer{i}/box``, ``layer{i}/keep_fraction``), for
+        the token ``grid`` (default: the configured input grid / patch_size)."""
+        grid = self.attention_grid(grid if grid is not None else self.config.token_grid)
         stats = {}
         for i, span in enumerate(self.spans()):
             if span is not None:
