@@ -1,0 +1,89 @@
+"""Weights & Biases logging with an offline fallback, plus a local metrics file.
+
+- ``no_wandb``: W&B is not imported or started; metrics still go to
+  ``<run_dir>/metrics.jsonl`` and the terminal.
+- Otherwise ``wandb.init`` with project/entity from ``WANDB_PROJECT`` /
+  ``WANDB_ENTITY`` (default project "posattn"). ``WANDB_MODE`` is respected; with
+  no credentials (no ``WANDB_API_KEY``, no login) the run is offline, said once,
+  and can be uploaded later with ``wandb sync``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import netrc
+import os
+from typing import Any, Optional
+
+__all__ = ["Tracker", "wandb_credentials"]
+
+
+def wandb_credentials() -> bool:
+    """Whether a W&B API key is configured (environment or ~/.netrc)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        auth = netrc.netrc().authenticators(os.environ.get("WANDB_BASE_URL", "api.wandb.ai").split("//")[-1])
+        return bool(auth and auth[2])
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class Tracker:
+    """Logs metrics to W&B (online, offline or not at all) and to metrics.jsonl."""
+
+    def __init__(self, run_dir: str, enabled: bool = True, is_main: bool = True):
+        self.run_dir, self.is_main = run_dir, is_main
+        self.enabled = enabled and is_main
+        self.run = None
+        self.mode = "disabled"
+        self._metrics_path = os.path.join(run_dir, "metrics.jsonl")
+
+    def start(self, config: dict, name: str, group: Optional[str] = None, reuse_run=None) -> None:
+        """Starts a run (or adopts ``reuse_run``, the run a sweep agent opened)."""
+        if not self.enabled:
+            return
+        import wandb
+
+        if reuse_run is not None:
+            self.run = reuse_run
+            self.mode = "online" if not getattr(reuse_run, "offline", False) else "offline"
+            self.run.config.update({"posattn": config}, allow_val_change=True)
+            return
+        mode = os.environ.get("WANDB_MODE")
+        if not mode:
+            if wandb_credentials():
+                mode = "online"
+            else:
+                mode = "offline"
+                print("W&B: no credentials found (WANDB_API_KEY or `wandb login`): logging offline to "
+                      f"{os.path.join(self.run_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`")
+        self.mode = mode
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY"),
+            name=name, group=group, config=config, dir=self.run_dir, mode=mode, reinit="finish_previous",
+        )
+
+    def log(self, metrics: dict, step: Optional[int] = None) -> None:
+        if not self.is_main:
+            return
+        with open(self._metrics_path, "a") as f:
+            f.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def summary(self, metrics: dict) -> None:
+        if self.run is not None:
+            for k, v in metrics.items():
+                self.run.summary[k] = v
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

@@ -1,0 +1,307 @@
+"""Training, evaluation and checkpoints for the experiment CLI."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..nn import ModelConfig, TransformerClassifier
+from ..nn.performer import PERFORMER_DEFAULTS, PERFORMER_VARIANTS
+from .data import Splits, batches
+from .tracking import Tracker
+
+__all__ = ["build_model", "model_config", "Trainer", "resolve_device", "set_seed", "save_atomic", "Distributed"]
+
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "warmup_cosine", "noam")
+# structural settings a Horn et al. variant brings (sizes stay the config's)
+VARIANT_KEYS = ("norm", "activation", "pooling", "head")
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available (use -Ddevice=auto or cpu)")
+    return device
+
+
+def model_config(cfg: dict, splits: Splits) -> ModelConfig:
+    """The ModelConfig of an experiment config for the loaded data."""
+    m = dict(cfg["model"])
+    variant = m.pop("variant", None)
+    values = dict(m, grid=list(splits.grid), in_channels=splits.channels, num_classes=splits.num_classes,
+                  pe=dict(cfg["pe"], name=cfg["positional_encoding"]), span=dict(cfg["span"]),
+                  performer=dict(cfg["performer"]))
+    if variant:
+        if variant not in PERFORMER_VARIANTS:
+            raise ValueError(f"model.variant must be null or one of {', '.join(PERFORMER_VARIANTS)}; got {variant!r}")
+        spec = PERFORMER_VARIANTS[variant]
+        values["attention"] = spec["attention"]
+        values["pe"]["name"] = spec["pe"]["name"]
+        values.update({k: PERFORMER_DEFAULTS[k] for k in VARIANT_KEYS})
+    return ModelConfig.from_dict(values)
+
+
+def build_model(cfg: dict, splits: Splits) -> TransformerClassifier:
+    return TransformerClassifier(model_config(cfg, splits))
+
+
+def save_atomic(obj, path: str) -> None:
+    """torch.save to a temporary file in the same folder, fsync, then rename: a
+    crash leaves the previous file intact, never a half-written one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class Distributed:
+    """torchrun's process group (DistributedDataParallel), or a single process."""
+
+    def __init__(self):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.active = self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def init(self, device: torch.device) -> None:
+        if self.active and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    def device(self, requested: torch.device) -> torch.device:
+        if self.active and requested.type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return requested
+
+    def sum(self, values: list[float], device) -> list[float]:
+        if not self.active:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+
+def lr_factor(schedule: str, step: int, warmup: int, total: int) -> float:
+    """Multiplier of the base lr after ``step`` optimizer steps.
+
+    constant: 1 (linear warmup first if warmup > 0); warmup_cosine: linear warmup,
+    then cosine decay to 0 at ``total``; noam: min(step / warmup, sqrt(warmup / step))
+    (Vaswani et al.'s schedule, scaled so that its peak is the base lr).
+    """
+    s = step + 1
+    if schedule == "noam":
+        w = max(warmup, 1)
+        return min(s / w, math.sqrt(w / s))
+    if warmup > 0 and s <= warmup:
+        return s / warmup
+    if schedule == "warmup_cosine":
+        progress = (s - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return 1.0
+
+
+class Trainer:
+    """Trains a classifier on in-memory splits; checkpoints every epoch.
+
+    Files in ``run_dir``: ``last.pt`` (every epoch, atomically), ``best.pt`` (best
+    validation accuracy), ``metrics.jsonl``.
+    """
+
+    def __init__(self, cfg: dict, splits: Splits, model: TransformerClassifier, device: torch.device,
+                 run_dir: str, tracker: Tracker, dist: Optional[Distributed] = None, progress: bool = True):
+        t = cfg["train"]
+        if t["optimizer"] not in OPTIMIZERS:
+            raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {t['optimizer']!r}")
+        if t["schedule"] not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {t['schedule']!r}")
+        for key in ("epochs", "batch_size", "accumulation_steps", "eval_batch_size"):
+            if int(t[key]) < 1:
+                raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
+        self.cfg, self.t, self.splits, self.device, self.run_dir = cfg, t, splits, device, run_dir
+        self.tracker, self.dist, self.progress = tracker, dist or Distributed(), progress
+        self.model = model.to(device)
+        self.module = self.model  # unwrapped (for checkpoints and stats)
+        if self.dist.active:
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
+        self.optimizer = opt_cls(self.module.parameters(), lr=float(t["lr"]), betas=tuple(t["betas"]),
+                                 weight_decay=float(t["weight_decay"]))
+        n_train = len(splits.train[1])
+        per_rank = math.ceil(n_train / self.dist.world_size)
+        self.steps_per_epoch = math.ceil(math.ceil(per_rank / t["batch_size"]) / t["accumulation_steps"])
+        total = self.steps_per_epoch * t["epochs"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(t["schedule"], step, int(t["warmup_steps"]), total))
+        self.shuffle = torch.Generator().manual_seed(int(cfg["seed"]))
+        self.epoch, self.step, self.best_val_acc = 0, 0, -1.0
+
+    # --- checkpoints -----------------------------------------------------
+
+    def state(self) -> dict:
+        return {
+            "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step,
+            "best_val_acc": self.best_val_acc, "shuffle_rng": self.shuffle.get_state(),
+            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "config": self.cfg, "model_config": self.module.config.to_dict(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step, self.best_val_acc = state["epoch"], state["step"], state["best_val_acc"]
+        self.shuffle.set_state(state["shuffle_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    def checkpoint_path(self, tag: str) -> str:
+        return os.path.join(self.run_dir, f"{tag}.pt")
+
+    # --- evaluation ------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """Mean loss and accuracy over (x, y) (sharded over ranks under torchrun)."""
+        self.module.eval()
+        loss_sum, correct, count = 0.0, 0.0, 0.0
+        for xb, yb in batches(x, y, self.t["eval_batch_size"], rank=self.dist.rank, world_size=self.dist.world_size):
+            xb, yb = xb.to(self.device), yb.to(self.device)
+            logits = self.module(xb)
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+            correct += (logits.argmax(-1) == yb).sum().item()
+            count += len(yb)
+        loss_sum, correct, count = self.dist.sum([loss_sum, correct, count], self.device)
+        return {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1)}
+
+    # --- training --------------------------------------------------------
+
+    def _epoch_groups(self):
+        """The epoch's micro-batches in groups of accumulation_steps."""
+        x, y = self.splits.train
+        micro = list(batches(x, y, self.t["batch_size"], shuffle=True, generator=self.shuffle,
+                             rank=self.dist.rank, world_size=self.dist.world_size))
+        k = self.t["accumulation_steps"]
+        return [micro[i : i + k] for i in range(0, len(micro), k)]
+
+    def train_epoch(self) -> dict:
+        self.model.train()
+        groups = self._epoch_groups()
+        n_samples = sum(len(yb) for g in groups for _, yb in g)
+        bar = tqdm(total=n_samples, desc=f"epoch {self.epoch + 1}/{self.t['epochs']}", unit="img",
+                   disable=None if (self.progress and self.dist.is_main) else True, leave=False,
+                   mininterval=1.0)
+        loss_sum, correct, seen = 0.0, 0, 0
+        start = time.perf_counter()
+        for group in groups:
+            # Each micro-batch's summed loss is divided by the group's sample count, so the
+            # accumulated gradient is that of the mean over the whole group (also for a
+            # short last group).
+            group_size = sum(len(yb) for _, yb in group)
+            self.optimizer.zero_grad(set_to_none=True)
+            for xb, yb in group:
+                xb, yb = xb.to(self.device), yb.to(self.device)
+                logits = self.model(xb)
+                loss = F.cross_entropy(logits, yb, reduction="sum")
+                (loss / group_size).backward()
+                loss_sum += loss.item()
+                correct += (logits.argmax(-1) == yb).sum().item()
+                seen += len(yb)
+                elapsed = time.perf_counter() - start
+                bar.update(len(yb))
+                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+            if self.t["grad_clip"] and self.t["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), float(self.t["grad_clip"]))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+        bar.close()
+        seconds = time.perf_counter() - start
+        loss_sum, correct, seen = self.dist.sum([loss_sum, float(correct), float(seen)], self.device)
+        return {"loss": loss_sum / max(seen, 1), "acc": correct / max(seen, 1), "seconds": seconds,
+                "per_sample_ms": 1e3 * seconds * self.dist.world_size / max(seen, 1)}
+
+    def span_metrics(self) -> dict:
+        """Per-layer mean sigma and box size per axis, and kept-key fraction."""
+        out = {}
+        for key, value in self.module.span_stats().items():
+            layer, name = key.split("/")
+            if name == "keep_fraction":
+                out[f"span/{layer}/keep_fraction"] = value
+                continue
+            columns = list(zip(*value))  # per axis, over heads
+            for d, col in enumerate(columns):
+                out[f"span/{layer}/{name}_axis{d}"] = float(sum(col) / len(col))
+        return out
+
+    def fit(self, epoch_callback: Optional[Callable[[int, dict], bool]] = None) -> dict:
+        """Trains the remaining epochs. ``epoch_callback(epoch, metrics)`` returning
+        True stops early (used by hyperband in local sweeps)."""
+        history = []
+        while self.epoch < self.t["epochs"]:
+            train = self.train_epoch()
+            val = self.evaluate(*self.splits.val)
+            self.epoch += 1
+            metrics = {
+                "epoch": self.epoch, "train/loss": train["loss"], "train/acc": train["acc"],
+                "val/loss": val["loss"], "val/acc": val["acc"], "lr": self.scheduler.get_last_lr()[0],
+                "time/per_sample_ms": train["per_sample_ms"], "time/epoch_s": train["seconds"],
+                **self.span_metrics(),
+            }
+            improved = val["acc"] > self.best_val_acc
+            if improved:
+                self.best_val_acc = val["acc"]
+            metrics["val/best_acc"] = self.best_val_acc
+            if self.dist.is_main:
+                save_atomic(self.state(), self.checkpoint_path("last"))
+                if improved:
+                    save_atomic(self.state(), self.checkpoint_path("best"))
+                self.tracker.log(metrics, step=self.epoch)
+                print(f"epoch {self.epoch}/{self.t['epochs']}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
+                      f"val loss {val['loss']:.4f} acc {val['acc']:.4f} | {train['per_sample_ms']:.2f} ms/sample"
+                      f"{' (best)' if improved else ''}", flush=True)
+            self.dist.barrier()
+            history.append(metrics)
+            if epoch_callback is not None and epoch_callback(self.epoch, metrics):
+                print(f"stopped early after epoch {self.epoch}", flush=True)
+                break
+        return {"history": history, "best_val_acc": self.best_val_acc}

@@ -1,0 +1,168 @@
+"""cmd/main.py end to end on a tiny Fashion-MNIST subset (offline data)."""
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from posattn.experiment import cli
+from posattn.experiment.data import DEBIAN_FASHION
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(os.path.join(DEBIAN_FASHION, "train-images-idx3-ubyte.gz")),
+    reason="needs the Debian package dataset-fashion-mnist (installed by scripts/setup.sh)",
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+    "-Ddata.small_dataset=192", "-Dmodel.depth=1", "-Dmodel.dim=16", "-Dmodel.heads=2", "-Dmodel.ffn_dim=16",
+    "-Dpe.hidden_dim=8", "-Dtrain.batch_size=64", "-Dtrain.warmup_steps=2", "-Dtrain.epochs=2",
+]
+
+
+def run(tmp_path, *args):
+    return cli.main([*TINY, f"-Dout_dir={tmp_path}", "-no_wandb=T", *args])
+
+
+def test_train_writes_checkpoints_metrics_and_summary(tmp_path, capsys):
+    assert run(tmp_path, "-Dname=a") == 0
+    out = capsys.readouterr().out
+    assert "resolved config:" in out and "final metrics (a)" in out and "test accuracy (best checkpoint)" in out
+    d = tmp_path / "a"
+    for name in ("config.yml", "last.pt", "best.pt", "metrics.jsonl", "summary.json"):
+        assert (d / name).exists(), name
+    lines = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in lines if "epoch" in m] == [1, 2]
+    for key in ("train/loss", "val/loss", "val/acc", "lr", "time/per_sample_ms"):
+        assert key in lines[0]
+    summary = json.loads((d / "summary.json").read_text())
+    assert 0.0 <= summary["test/acc"] <= 1.0 and summary["num_parameters"] > 0
+    assert not glob.glob(str(d / ".tmp-*"))  # atomic writes leave no temporaries
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = tmp_path / "straight"
+    assert run(straight, "-Dname=r") == 0
+    # the same run interrupted after epoch 1, then resumed
+    cfg = cli.load_config(None, [*[a[2:] for a in TINY], f"out_dir={tmp_path / 'split'}", "no_wandb=true", "name=r"])
+    cli.train(cfg, epoch_callback=lambda epoch, metrics: epoch == 1, progress=False)
+    assert torch.load(tmp_path / "split" / "r" / "last.pt", weights_only=False)["epoch"] == 1
+    assert cli.main([f"-Dout_dir={tmp_path / 'split'}", "-Dname=r", "--resume"]) == 0
+    a = torch.load(straight / "r" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "split" / "r" / "last.pt", weights_only=False)
+    assert a["epoch"] == b["epoch"] == 2
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_test_mode_evaluates_the_checkpoint(tmp_path, capsys):
+    assert run(tmp_path, "-Dname=t") == 0
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    capsys.readouterr()
+    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=t", "-mode=test"]) == 0
+    out = capsys.readouterr().out
+    assert f"{summary['test/acc']:.4f}" in out  # same checkpoint (best), same test split
+    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=missing", "-mode=test"]) == 2
+
+
+def test_gradient_accumulation_matches_one_large_batch(tmp_path, monkeypatch):
+    """batch 32 x 2 accumulation steps gives the gradient of batch 64 (same samples)."""
+    grads = {}  # run -> the gradients at its first optimizer step
+    original = torch.optim.Adam.step
+
+    def spy(self, *args, **kwargs):
+        grads.setdefault(current[0], [p.grad.clone() for p in self.param_groups[0]["params"]])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    common = ["-Dtrain.epochs=1", "-Dtrain.grad_clip=0", "-Dmodel.dropout=0.0"]
+    current = ["big"]
+    assert run(tmp_path / "big", "-Dname=x", "-Dtrain.batch_size=64", *common) == 0
+    current = ["acc"]
+    assert run(tmp_path / "acc", "-Dname=x", "-Dtrain.batch_size=32", "-Dtrain.accumulation_steps=2", *common) == 0
+    big, acc = grads["big"], grads["acc"]
+    assert len(big) == len(acc) > 0
+    for a, b in zip(big, acc):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    assert max(g.abs().max() for g in big) > 0
+
+
+def test_offline_wandb_run_writes_its_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert cli.main([*TINY, f"-Dout_dir={tmp_path}", "-Dname=w", "-Dtrain.epochs=1", "-no_wandb=F"]) == 0
+    runs = glob.glob(str(tmp_path / "w" / "wandb" / "offline-run-*"))
+    assert len(runs) == 1
+    assert glob.glob(os.path.join(runs[0], "*.wandb")) and os.path.exists(os.path.join(runs[0], "files"))
+
+
+def test_local_sweep_with_the_wandb_sweep_engine(tmp_path):
+    sweep = tmp_path / "tiny.yml"
+    sweep.write_text(
+        "name: tiny\nmethod: grid\nmetric: {name: val/best_acc, goal: maximize}\n"
+        "parameters:\n  positional_encoding: {values: [siren, none]}\n  span.enabled: {values: [false, true]}\n"
+        "  train.epochs: {value: 1}\n"
+    )
+    assert run(tmp_path, "-mode=local_sweep", f"--sweep_config={sweep}") == 0
+    with open(tmp_path / "tiny" / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4
+    assert {(r["positional_encoding"], r["span.enabled"]) for r in rows} == {
+        ("siren", "False"), ("siren", "True"), ("none", "False"), ("none", "True")}
+    assert all(0.0 <= float(r["val/best_acc"]) <= 1.0 for r in rows)
+    with open(tmp_path / "tiny" / "sweep_metric.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_local_random_sweep_needs_a_count(tmp_path, capsys):
+    sweep = tmp_path / "r.yml"
+    sweep.write_text("method: random\nmetric: {name: val/acc}\nparameters:\n  train.lr: {min: 0.0001, max: 0.01}\n")
+    assert run(tmp_path, "-mode=local_sweep", f"--sweep_config={sweep}") == 2
+    assert "give -count=N" in capsys.readouterr().err
+    assert run(tmp_path, "-mode=local_sweep", f"--sweep_config={sweep}", "-count=1", "-Dtrain.epochs=1") == 0
+
+
+def test_shift_test_writes_csv_and_plot(tmp_path, capsys):
+    assert run(tmp_path, "-Dname=s", "-Dtrain.epochs=1", "-Ddata.small_dataset=600") == 0
+    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=s", "-mode=shift_test", "-Dshift.min_shift=2"]) == 0
+    out = capsys.readouterr().out
+    assert "shifted-image test" in out
+    with open(tmp_path / "s" / "shift_test" / "shift_accuracy.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["shift"]) for r in rows] == [-2, -1, 0, 1, 2]
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
+    with open(tmp_path / "s" / "shift_test" / "shift_accuracy.png", "rb") as f:
+        assert f.read(4) == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-Dpe.hiden_dim=3"], "unknown config key 'pe.hiden_dim'; did you mean pe.hidden_dim"),
+        (["-Dmodel.depth=two"], "model.depth: expected an int"),
+        (["-mode=fly"], "invalid choice: 'fly'"),
+        (["-no_wandb=maybe"], "no_wandb: expected a bool"),
+        (["-Dpositional_encoding=sirne"], "pe.name must be one of"),
+        (["-Dmodel.dim=30", "-Dmodel.heads=4"], "dim \\(30\\) must be divisible by heads"),
+        (["-mode=local_sweep"], "needs --sweep_config"),
+        (["-mode=sweep_agent", "-no_wandb=T"], "needs --sweep_id"),
+        (["stray"], "unexpected argument 'stray'"),
+        (["--config", "/nonexistent.yml"], "does not exist"),
+    ],
+)
+def test_bad_cli_input_exits_2_with_a_clear_error(tmp_path, capsys, args, message):
+    assert cli.main([f"-Dout_dir={tmp_path}", *TINY, *args]) == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_script_entry_point_help():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "cmd", "main.py"), "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "-mode" in out and "-D KEY=VALUE" in out and "local_sweep" in out
