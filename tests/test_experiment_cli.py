@@ -166,3 +166,46 @@ def test_script_entry_point_help():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "cmd", "main.py"), "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "-mode" in out and "-D KEY=VALUE" in out and "local_sweep" in out
+
+
+def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
+    """With a stand-in for training, the engine's hyperband stops runs whose metric
+    trails the earlier runs at a band."""
+    from posattn.experiment import sweep as sweep_mod
+    from posattn.experiment.config import flatten, load_config
+
+    path = tmp_path / "hb.yml"
+    path.write_text(
+        "name: hb\nmethod: grid\nmetric: {name: val/acc, goal: maximize}\n"
+        "early_terminate: {type: hyperband, min_iter: 1, eta: 2}\n"
+        "parameters:\n  train.lr: {values: [0.5, 0.4, 0.1, 0.05]}\n  train.epochs: {value: 4}\n"
+    )
+    trained = {}
+
+    def fake_train(cfg, epoch_callback=None, **_):
+        lr, history = cfg["train"]["lr"], []
+        for epoch in range(1, cfg["train"]["epochs"] + 1):
+            metrics = {"epoch": epoch, "val/acc": lr * epoch / 4}
+            history.append(metrics)
+            if epoch_callback(epoch, metrics):
+                break
+        trained[lr] = len(history)
+        return {"history": history, "test/acc": history[-1]["val/acc"], "epochs": len(history), "train_seconds": 0.0}
+
+    cfg = load_config(None, [f"out_dir={tmp_path}"])
+    rows = sweep_mod.local_sweep(cfg, str(path), fake_train, flatten(load_config()))
+    assert len(rows) == 4
+    assert trained[0.5] == 4 and trained[0.4] == 4  # the strong runs go on
+    assert trained[0.05] < 4  # the weakest run is stopped at a band
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_cpu(tmp_path):
+    """DistributedDataParallel (gloo) with two CPU processes, launched by torchrun."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", os.path.join(ROOT, "cmd", "main.py"),
+           *TINY, "-Ddata.small_dataset=256", f"-Dout_dir={tmp_path}", "-Dname=ddp", "-no_wandb=T", "-Dnum_threads=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("final metrics (ddp)") == 1  # only rank 0 reports
+    state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)
+    assert state["epoch"] == 2
