@@ -1,9 +1,14 @@
 import math
+import os
 
 import pytest
 import torch
 
 import posattn  # noqa: F401  (registers torch.ops.posattn)
+
+# Tests never talk to a W&B server: W&B is disabled unless a test asks for offline mode.
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def pytest_collection_modifyitems(config, items):

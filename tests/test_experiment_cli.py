@@ -209,3 +209,28 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     assert proc.stdout.count("final metrics (ddp)") == 1  # only rank 0 reports
     state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)
     assert state["epoch"] == 2
+
+
+def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch):
+    """-mode=sweep_agent: the agent's runs get their values through wandb.config
+    (the W&B server is replaced by an offline run holding the sweep's values)."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    real_init = wandb.init
+    sweep_values = {"positional_encoding": "lookup", "train.epochs": 1, "model.depth": 2}
+    monkeypatch.setattr(wandb, "init", lambda **kw: real_init(config=sweep_values, dir=str(tmp_path), **kw))
+    calls = []
+
+    def fake_agent(sweep_id, function, count=None, **kw):
+        calls.append((sweep_id, count))
+        function()
+
+    monkeypatch.setattr(wandb, "agent", fake_agent)
+    assert cli.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=me/proj/abc", "-count=1"]) == 0
+    assert calls == [("me/proj/abc", 1)]
+    (run_dir,) = [p for p in tmp_path.iterdir() if (p / "config.yml").exists()]
+    import yaml
+
+    used = yaml.safe_load((run_dir / "config.yml").read_text())
+    assert used["positional_encoding"] == "lookup" and used["model"]["depth"] == 2 and used["train"]["epochs"] == 1

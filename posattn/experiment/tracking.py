@@ -64,11 +64,18 @@ class Tracker:
                 mode = "offline"
                 print("W&B: no credentials found (WANDB_API_KEY or `wandb login`): logging offline to "
                       f"{os.path.join(self.run_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`")
+        kwargs = dict(project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY"),
+                      name=name, group=group, config=config, dir=self.run_dir, reinit="finish_previous")
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=60), **kwargs)
+        except Exception as e:  # credentials but no reachable server
+            if mode != "online":
+                raise
+            print(f"W&B: could not reach the server ({type(e).__name__}: {e}); logging offline to "
+                  f"{os.path.join(self.run_dir, 'wandb')} instead (upload later with `wandb sync`)")
+            mode = "offline"
+            self.run = wandb.init(mode=mode, **kwargs)
         self.mode = mode
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY"),
-            name=name, group=group, config=config, dir=self.run_dir, mode=mode, reinit="finish_previous",
-        )
 
     def log(self, metrics: dict, step: Optional[int] = None) -> None:
         if not self.is_main:
