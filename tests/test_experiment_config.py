@@ -76,3 +76,20 @@ def test_config_file_over_defaults(tmp_path):
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": []}) == {"a.b": 1, "a.c.d": 2, "e": []}
+
+
+def test_every_shipped_sweep_file_is_valid_and_found_by_name():
+    import glob
+    import os
+
+    from posattn.experiment.sweep import SWEEP_DIR, load_sweep
+
+    flat = flatten(load_config())
+    files = sorted(glob.glob(os.path.join(SWEEP_DIR, "*.yml")))
+    assert len(files) >= 10
+    for path in files:
+        sweep = load_sweep(path, flat)  # every parameter is a config key with a valid value
+        assert sweep["metric"]["name"] in ("val/best_acc", "val/acc")
+    assert load_sweep("thesis_2d_siren_span_threshold", flat)["parameters"]["span.threshold"] == {"value": 0.1}
+    with pytest.raises(ConfigError, match="not found .*quick_encodings"):
+        load_sweep("no_such_sweep", flat)

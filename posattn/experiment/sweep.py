@@ -19,10 +19,26 @@ __all__ = ["load_sweep", "local_sweep", "create_sweep", "run_agent", "METHODS"]
 METHODS = ("grid", "random", "bayes")
 
 
+SWEEP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "experiments", "sweeps")
+
+
+def sweep_path(name: Optional[str]) -> str:
+    """A sweep file path, or the name of one in experiments/sweeps/ (with or without .yml)."""
+    if not name:
+        raise ConfigError("this mode needs --sweep_config=FILE (a file, or a name in experiments/sweeps/)")
+    if os.path.exists(name):
+        return name
+    for candidate in (os.path.join(SWEEP_DIR, name), os.path.join(SWEEP_DIR, name + ".yml")):
+        if os.path.exists(candidate):
+            return candidate
+    known = sorted(f[:-4] for f in os.listdir(SWEEP_DIR) if f.endswith(".yml")) if os.path.isdir(SWEEP_DIR) else []
+    raise ConfigError(f"sweep config {name!r} not found (a path, or one of: {', '.join(known)})")
+
+
 def load_sweep(path: Optional[str], defaults_flat: Optional[dict] = None) -> dict:
     """Reads and checks a sweep file: method, metric, parameters naming config keys."""
-    if not path:
-        raise ConfigError("this mode needs --sweep_config=FILE (see experiments/sweeps/)")
+    path = sweep_path(path)
     sweep = load_yaml(path)
     if sweep.get("method") not in METHODS:
         raise ConfigError(f"{path}: method must be one of {', '.join(METHODS)}, got {sweep.get('method')!r}")
@@ -55,7 +71,7 @@ def _metric(summary: dict, history: list, name: str) -> Optional[float]:
     return values[-1] if values else None
 
 
-def local_sweep(cfg: dict, sweep_path: Optional[str], train_fn: Callable, defaults_flat: Optional[dict] = None) -> list:
+def local_sweep(cfg: dict, path: Optional[str], train_fn: Callable, defaults_flat: Optional[dict] = None) -> list:
     """Runs a sweep on this machine, one configuration after another.
 
     Writes ``<out_dir>/<sweep name>/sweep_summary.csv`` (a row per run, written as
@@ -64,12 +80,12 @@ def local_sweep(cfg: dict, sweep_path: Optional[str], train_fn: Callable, defaul
     import sweeps
 
     defaults_flat = defaults_flat or flatten(cfg)
-    sweep = load_sweep(sweep_path, defaults_flat)
+    sweep = load_sweep(path, defaults_flat)
     method, metric = sweep["method"], sweep["metric"]["name"]
     count = int(cfg["sweep"]["count"])
     if method != "grid" and count <= 0:
         raise ConfigError(f"a {method} sweep never ends by itself: give -count=N")
-    name = sweep.get("name") or os.path.splitext(os.path.basename(sweep_path))[0]
+    name = sweep.get("name") or os.path.splitext(os.path.basename(sweep_path(path)))[0]
     sweep_dir = os.path.join(cfg["out_dir"], name)
     os.makedirs(sweep_dir, exist_ok=True)
     csv_path = os.path.join(sweep_dir, "sweep_summary.csv")
@@ -107,7 +123,7 @@ def local_sweep(cfg: dict, sweep_path: Optional[str], train_fn: Callable, defaul
         rows.append(row)
         _write_csv(csv_path, rows)
     if not rows:
-        raise ConfigError(f"{sweep_path}: the sweep engine proposed no configuration")
+        raise ConfigError(f"{path}: the sweep engine proposed no configuration")
     plot_path = _plot(rows, metric, os.path.join(sweep_dir, "sweep_metric.png"), title=name)
     print(f"\nsweep {name!r}: {len(rows)} runs; summary {csv_path}; plot {plot_path}", flush=True)
     return rows
@@ -151,11 +167,11 @@ def _plot(rows: list, metric: str, path: str, title: str) -> str:
     return path
 
 
-def create_sweep(sweep_path: Optional[str]) -> str:
+def create_sweep(path: Optional[str]) -> str:
     """Creates a sweep on the W&B server (needs credentials and network); prints its id."""
     import wandb
 
-    sweep = load_sweep(sweep_path)
+    sweep = load_sweep(path)
     sweep_id = wandb.sweep(sweep, project=os.environ.get("WANDB_PROJECT", "posattn"),
                            entity=os.environ.get("WANDB_ENTITY"))
     print(f"created sweep {sweep_id}; run agents with: python cmd/main.py -mode=sweep_agent --sweep_id={sweep_id}")
