@@ -28,4 +28,13 @@ TORCH_LIBRARY(posattn, m) {
       "Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, Tensor? sigma, float threshold, "
       "str span_mode, float scale, bool causal, Tensor out, Tensor lse) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Orthogonal-power (algebraic) encodings: y[b, h, n, a*m:(a+1)*m] =
+  // maps[index[(b,) n, a], h, a] @ x[b, h, n, a*m:(a+1)*m]; x (B, H, N, D), maps
+  // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).
+  m.def("apply_maps(Tensor x, Tensor maps, Tensor index) -> Tensor");
+  // Gradients of apply_maps: (grad_x, grad_maps); a gradient not asked for is
+  // empty (shape (0,)).
+  m.def(
+      "apply_maps_backward(Tensor grad_y, Tensor x, Tensor maps, Tensor index, bool need_x, "
+      "bool need_maps) -> (Tensor, Tensor)");
 }

@@ -12,7 +12,7 @@ import torch
 
 from ._grid import normalise_grid, num_offsets
 
-__all__ = ["relpos_attention"]
+__all__ = ["relpos_attention", "apply_maps"]
 
 SPAN_MODES = ("add", "multiply")
 
@@ -198,4 +198,86 @@ def _relpos_backward(ctx, grad_out, grad_lse):
 
 torch.library.register_autograd(
     "posattn::relpos_attention", _relpos_backward, setup_context=_relpos_setup_context
+)
+
+
+# --- apply_maps (orthogonal-power / algebraic encodings) --------------------
+
+
+def apply_maps(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    r"""Applies per-token block maps: the algebraic positional encoding ``W^p x``.
+
+    Shapes: B batch, H heads, N tokens, D head dim = A * m (A blocks of size m:
+    one per grid axis, or A = 1 with m = D for a sequence or tree), P maps.
+
+    Args:
+        x: (B, H, N, D).
+        maps: (P, H, A, m, m), e.g. a table of powers ``W^p`` (see
+            :mod:`posattn.algebraic`).
+        index: int64 (N, A) shared by the batch, or (B, N, A): which map each
+            token uses for each block; values in [0, P).
+
+    Returns:
+        y (B, H, N, D) with ``y[b, h, n, a m:(a+1) m] = maps[index[(b,) n, a], h, a] @ x[b, h, n, a m:(a+1) m]``.
+
+    Differentiable in ``x`` and ``maps`` (a map's gradient sums over every token
+    that uses it). The gathered (B, N, H, m, m) maps are never formed. Index
+    values out of range raise ValueError (on CUDA this reads the index on the host).
+    """
+    _check_apply_maps_args(x, maps, index)
+    return torch.ops.posattn.apply_maps(x, maps, index)
+
+
+def _check_apply_maps_args(x, maps, index) -> None:
+    for name, t in (("x", x), ("maps", maps), ("index", index)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"apply_maps: {name} must be a tensor, got {type(t).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"apply_maps: x must have shape (B, H, N, D), got {tuple(x.shape)}")
+    if maps.dim() != 5 or maps.shape[3] != maps.shape[4]:
+        raise ValueError(f"apply_maps: maps must have shape (P, H, A, m, m), got {tuple(maps.shape)}")
+    if not x.dtype.is_floating_point or maps.dtype != x.dtype:
+        raise TypeError(f"apply_maps: x and maps must share one floating dtype, got {x.dtype} and {maps.dtype}")
+    if index.dtype != torch.int64:
+        raise TypeError(f"apply_maps: index must be int64, got {index.dtype}")
+    if maps.device != x.device or index.device != x.device:
+        raise ValueError(
+            f"apply_maps: x ({x.device}), maps ({maps.device}) and index ({index.device}) must be on one device"
+        )
+    B, H, N, D = x.shape
+    P, Hm, A, m, _ = maps.shape
+    if Hm != H:
+        raise ValueError(f"apply_maps: maps has {Hm} heads but x has {H}")
+    if A * m != D:
+        raise ValueError(f"apply_maps: A * m = {A} * {m} must equal the head dim D = {D} of x")
+    if tuple(index.shape) not in ((N, A), (B, N, A)):
+        raise ValueError(f"apply_maps: index must be (N, A) = ({N}, {A}) or (B, N, A), got {tuple(index.shape)}")
+
+
+@torch.library.register_fake("posattn::apply_maps")
+def _apply_maps_fake(x, maps, index):
+    _check_apply_maps_args(x, maps, index)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("posattn::apply_maps_backward")
+def _apply_maps_backward_fake(grad_y, x, maps, index, need_x, need_maps):
+    return (x.new_empty(x.shape) if need_x else x.new_empty(0),
+            maps.new_empty(maps.shape) if need_maps else x.new_empty(0))
+
+
+def _apply_maps_setup_context(ctx, inputs, output):
+    x, maps, index = inputs
+    ctx.save_for_backward(x, maps, index)
+
+
+def _apply_maps_backward(ctx, grad_y):
+    x, maps, index = ctx.saved_tensors
+    need_x, need_maps = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    gx, gmaps = torch.ops.posattn.apply_maps_backward(grad_y, x, maps, index, need_x, need_maps)
+    return (gx if need_x else None, gmaps if need_maps else None, None)
+
+
+torch.library.register_autograd(
+    "posattn::apply_maps", _apply_maps_backward, setup_context=_apply_maps_setup_context
 )

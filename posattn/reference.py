@@ -80,3 +80,17 @@ def relpos_attention(
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
     out = probs @ v
     return (out, lse) if return_lse else out
+
+
+def apply_maps(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`posattn.ops.apply_maps`: gathers the (B, N, H, A, m, m)
+    maps of every token (the approach of the public code) and multiplies."""
+    B, H, N, D = x.shape
+    P, _, A, m, _ = maps.shape
+    idx = index if index.dim() == 3 else index.expand(B, N, A)
+    heads = torch.arange(H, device=x.device)[None, None, :, None]
+    axes = torch.arange(A, device=x.device)[None, None, None, :]
+    gathered = maps[idx[:, :, None, :], heads, axes]  # (B, N, H, A, m, m)
+    blocks = x.permute(0, 2, 1, 3).reshape(B, N, H, A, m)
+    y = torch.einsum("bnhaij,bnhaj->bnhai", gathered, blocks)
+    return y.reshape(B, N, H, D).permute(0, 2, 1, 3)

@@ -20,7 +20,7 @@ out=build/cuda_objects
 mkdir -p "$out"
 for src in "${sources[@]}"; do
   echo "nvcc -c $src"
-  nvcc -std=c++17 -O2 -c "$src" -o "$out/$(basename "$src").o" $includes -I"$pyinc" -Icsrc \
+  nvcc -std=c++20 -O2 -c "$src" -o "$out/$(basename "$src").o" $includes -I"$pyinc" -Icsrc -Iscripts/cuda_shim \
     -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
     -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1
 done

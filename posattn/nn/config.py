@@ -43,12 +43,16 @@ class PositionalEncodingConfig:
     """Which positional encoding (``posattn.nn.POSITIONAL_ENCODINGS``) and its options.
 
     name: ``none``; relative ``siren``, ``sinusoidal``, ``lookup``; absolute
-        ``abs_sinusoidal``, ``abs_learned``, ``abs_learnable_sinusoid``.
+        ``abs_sinusoidal``, ``abs_learned``, ``abs_learnable_sinusoid``; algebraic
+        ``algebraic_seq``, ``algebraic_grid``, ``rope``.
     hidden_dim, hidden_layers, w0: SIREN width, number of sine layers, frequency.
     num_features: sinusoidal features per axis (relative ``sinusoidal``).
     max_distance: clipping distance per axis (``lookup``).
     shared: one relative encoder for all layers (table computed once per
         forward) instead of one per layer (the thesis).
+    init: algebraic generators start as RoPE (``rope``) or ``random``.
+    algebraic_shared: one set of algebraic generators for all layers (the
+        paper's default) instead of one per layer.
     """
 
     name: str = "siren"
@@ -58,6 +62,8 @@ class PositionalEncodingConfig:
     num_features: int = 64
     max_distance: int = 8
     shared: bool = False
+    init: str = "rope"
+    algebraic_shared: bool = True
 
 
 @dataclass
@@ -166,6 +172,17 @@ class ModelConfig:
                 f"pe.name={self.pe.name!r} is a relative encoder, which needs attention='relpos' "
                 f"(attention={self.attention!r} takes 'none' or an absolute encoding)"
             )
+        _choice("pe.init", self.pe.init, ("rope", "random"))
+        if kind == "algebraic":
+            if self.attention != "relpos":
+                raise ValueError(f"pe.name={self.pe.name!r} (algebraic) needs attention='relpos', got {self.attention!r}")
+            if self.span.enabled:
+                raise ValueError(f"span.enabled is not available with the algebraic encoding {self.pe.name!r}")
+            blocks = self.attention_grid_rank if self.pe.name != "algebraic_seq" else 1
+            head_dim = self.dim // self.heads
+            if head_dim % blocks or (head_dim // blocks) % 2 and (self.pe.init == "rope" or self.pe.name == "rope"):
+                raise ValueError(f"pe.name={self.pe.name!r}: the head dim ({head_dim}) must split into {blocks} "
+                                 "even blocks (one per axis)")
         if self.span.enabled:
             if self.attention != "relpos":
                 raise ValueError(f"span.enabled needs attention='relpos', got attention={self.attention!r}")

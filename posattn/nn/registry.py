@@ -1,9 +1,8 @@
 """Positional encodings by name, for configs and the CLI.
 
 Every name has a kind: ``relative`` (an encoder producing the (H, U, D) table
-of ``relpos_attention``), ``absolute`` (added to the token embeddings) or
-``none``. New families (e.g. algebraic encodings) register here with a kind of
-their own.
+of ``relpos_attention``), ``absolute`` (added to the token embeddings),
+``algebraic`` (orthogonal powers rotating queries and keys) or ``none``.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from typing import Callable, Sequence
 
 from torch import nn
 
+from .algebraic import AlgebraicEncoder
 from .absolute import LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
 from .config import PositionalEncodingConfig
 from .relative import LookupRelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
@@ -22,6 +22,8 @@ __all__ = [
     "encoding_kind",
     "build_relative_encoder",
     "build_absolute_encoding",
+    "build_algebraic_encoder",
+    "ALGEBRAIC_ENCODINGS",
 ]
 
 # name -> builder(dim, heads, ndim, pe_config)
@@ -38,17 +40,26 @@ ABSOLUTE_ENCODINGS: dict[str, Callable[..., nn.Module]] = {
     "abs_learnable_sinusoid": lambda dim, grid, pe: LearnableSinusoidEncoding(dim, len(grid)),
 }
 
-POSITIONAL_ENCODINGS = ("none",) + tuple(RELATIVE_ENCODERS) + tuple(ABSOLUTE_ENCODINGS)
+# name -> builder(head_dim, heads, ndim, pe_config): orthogonal-power encodings (queries and keys rotated)
+ALGEBRAIC_ENCODINGS: dict[str, Callable[..., nn.Module]] = {
+    "algebraic_seq": lambda hd, heads, ndim, pe: AlgebraicEncoder(hd, heads, "sequence", init=pe.init),
+    "algebraic_grid": lambda hd, heads, ndim, pe: AlgebraicEncoder(hd, heads, "grid", ndim=ndim, init=pe.init),
+    "rope": lambda hd, heads, ndim, pe: AlgebraicEncoder(hd, heads, "grid", ndim=ndim, init="rope", learnable=False),
+}
+
+POSITIONAL_ENCODINGS = ("none",) + tuple(RELATIVE_ENCODERS) + tuple(ABSOLUTE_ENCODINGS) + tuple(ALGEBRAIC_ENCODINGS)
 
 
 def encoding_kind(name: str) -> str:
-    """``"relative"``, ``"absolute"`` or ``"none"``; ValueError listing the valid names."""
+    """``"relative"``, ``"absolute"``, ``"algebraic"`` or ``"none"``; ValueError listing the valid names."""
     if name == "none":
         return "none"
     if name in RELATIVE_ENCODERS:
         return "relative"
     if name in ABSOLUTE_ENCODINGS:
         return "absolute"
+    if name in ALGEBRAIC_ENCODINGS:
+        return "algebraic"
     raise ValueError(f"unknown positional encoding {name!r}; valid: {', '.join(POSITIONAL_ENCODINGS)}")
 
 
@@ -56,6 +67,12 @@ def build_relative_encoder(pe: PositionalEncodingConfig, dim: int, heads: int, n
     if encoding_kind(pe.name) != "relative":
         raise ValueError(f"{pe.name!r} is not a relative encoder; relative encoders: {', '.join(RELATIVE_ENCODERS)}")
     return RELATIVE_ENCODERS[pe.name](dim, heads, ndim, pe)
+
+
+def build_algebraic_encoder(pe: PositionalEncodingConfig, head_dim: int, heads: int, ndim: int) -> nn.Module:
+    if encoding_kind(pe.name) != "algebraic":
+        raise ValueError(f"{pe.name!r} is not an algebraic encoding; algebraic: {', '.join(ALGEBRAIC_ENCODINGS)}")
+    return ALGEBRAIC_ENCODINGS[pe.name](head_dim, heads, ndim, pe)
 
 
 def build_absolute_encoding(pe: PositionalEncodingConfig, dim: int, grid: Sequence[int]) -> nn.Module:

@@ -7,10 +7,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from .algebraic import AlgebraicSelfAttention
 from .attention import PositionalSelfAttention
 from .config import ModelConfig
 from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
-from .registry import build_absolute_encoding, build_relative_encoder, encoding_kind
+from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
 from .span import DifferentiableSpan
 
 __all__ = ["EncoderBlock", "TransformerClassifier", "build_attention"]
@@ -100,10 +101,13 @@ class TransformerClassifier(nn.Module):
         kind = encoding_kind(cfg.pe.name)
         attn_grid = cfg.token_grid if cfg.positions == "grid" else [math.prod(cfg.token_grid)]
         self.absolute = build_absolute_encoding(cfg.pe, cfg.dim, attn_grid) if kind == "absolute" else None
-        relative = kind == "relative"
-        self.shared_encoder = (
-            build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid)) if relative and cfg.pe.shared else None
-        )
+        relative, algebraic = kind == "relative", kind == "algebraic"
+        head_dim = cfg.dim // cfg.heads
+        self.shared_encoder = None
+        if relative and cfg.pe.shared:
+            self.shared_encoder = build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid))
+        elif algebraic and cfg.pe.algebraic_shared:
+            self.shared_encoder = build_algebraic_encoder(cfg.pe, head_dim, cfg.heads, len(attn_grid))
         self.cls_token = nn.Parameter(torch.randn(1, 1, cfg.dim) * 0.02) if cfg.pooling == "cls" else None
 
         blocks = []
@@ -111,7 +115,11 @@ class TransformerClassifier(nn.Module):
             encoder = None
             if relative and not cfg.pe.shared:
                 encoder = build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid))
-            attention = build_attention(cfg, encoder, shared_table=self.shared_encoder is not None)
+            if algebraic:
+                own = None if cfg.pe.algebraic_shared else build_algebraic_encoder(cfg.pe, head_dim, cfg.heads, len(attn_grid))
+                attention = AlgebraicSelfAttention(cfg.dim, cfg.heads, own)
+            else:
+                attention = build_attention(cfg, encoder, shared_table=self.shared_encoder is not None)
             blocks.append(EncoderBlock(cfg.dim, attention, cfg.ffn_dim, cfg.dropout, cfg.norm, cfg.residual, cfg.activation))
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = nn.LayerNorm(cfg.dim) if cfg.norm == "pre" else nn.Identity()
