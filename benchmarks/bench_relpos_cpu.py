@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import posattn
 from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows, span_keep_fraction
-from posattn._timing import median_seconds
+from posattn._timing import median_seconds, peak_extra_mib
 
 METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
 THRESHOLD = 0.1
@@ -113,25 +113,12 @@ def fwd_bwd(run, params):
 # --- peak memory (child process) --------------------------------------------
 
 
-def _rss_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
 def child_peak_memory(args):
     torch.set_num_threads(args.threads)
     grid = parse_grid(args.grid[0])
     x = make_inputs(grid, args.batch, args.heads, args.dim)
     run, params = make_method(args.child, grid, x, args.keep)
-    before = _rss_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark VmHWM
-        f.write("5")
-    fwd_bwd(run, params)
-    peak = _rss_kib("VmHWM")
-    print(json.dumps({"peak_extra_mib": max(peak - before, 0) / 1024}))
+    print(json.dumps({"peak_extra_mib": peak_extra_mib(lambda: fwd_bwd(run, params))}))
 
 
 def peak_memory(method, grid_str, args):

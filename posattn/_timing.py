@@ -16,3 +16,22 @@ def median_seconds(fn: Callable[[], object], warmup: int = 1, repeats: int = 5) 
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def peak_extra_mib(fn: Callable[[], object]) -> float:
+    """Peak resident memory that one call of fn adds to this process, in MiB
+    (Linux: resets the VmHWM high-water mark first). Run it in a fresh process
+    per measured method so that earlier allocations do not hide the peak."""
+    before = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    fn()
+    return max(_status_kib("VmHWM") - before, 0) / 1024

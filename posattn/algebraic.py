@@ -17,6 +17,7 @@ Maps are returned in the layout :func:`posattn.ops.apply_maps` takes:
 from __future__ import annotations
 
 import math
+from typing import Optional
 import torch
 
 __all__ = [
@@ -91,33 +92,50 @@ def heap_depth(num_positions: int, kappa: int) -> int:
     return depth
 
 
-def tree_maps_heap(branch: torch.Tensor, max_depth: int) -> torch.Tensor:
+def tree_maps_heap(branch: torch.Tensor, max_depth: int, num_rows: Optional[int] = None) -> torch.Tensor:
     """Maps of every node of a kappa-ary tree up to ``max_depth``, by heap index.
 
     Args:
         branch: (kappa, ...) orthogonal branch generators (one per child slot; the
             trailing dims are e.g. (H, 1, m, m)).
         max_depth: deepest level (the root is level 0).
+        num_rows: build only rows [0, num_rows) (default: all 2 kappa^max_depth).
 
     Returns:
-        (2 kappa^max_depth, ...) table: row ``p`` is the product of the branch maps
-        along the path from the root to the node with heap index p (root 1,
-        children ``kappa p + c``); rows that are no node hold the identity.
-        Built level by level: one batched matmul per level.
+        (rows, ...) table: row ``p`` is the product of the branch maps along the
+        path from the root to the node with heap index p (root 1, children
+        ``kappa p + c``); rows that are no node hold the identity. Built level by
+        level: per level and child slot, one GEMM of all the level's parent maps
+        stacked, (n m, m) @ (m, m), batched over heads.
     """
-    kappa = branch.shape[0]
-    eye = torch.eye(branch.shape[-1], dtype=branch.dtype, device=branch.device).expand(branch.shape[1:])
-    rows = [eye.unsqueeze(0), eye.unsqueeze(0)]  # row 0: no node; row 1: the root
-    parent, filled = eye.unsqueeze(0), 2  # the previous level's maps; rows written so far
+    kappa, m = branch.shape[0], branch.shape[-1]
+    lead = branch.shape[1:-2]  # e.g. (H, 1)
+    total = 2 * kappa**max_depth if max_depth > 0 else 2
+    num_rows = total if num_rows is None else min(int(num_rows), total)
+    br = branch.reshape(kappa, -1, m, m)  # (kappa, G, m, m), G = prod(lead)
+    G = br.shape[1]
+    eye = torch.eye(m, dtype=branch.dtype, device=branch.device).expand(G, 1, m, m)
+    # Levels are kept head-major, (G, rows, m, m), so that a level's parents of one
+    # head form one (n m, m) matrix without copies.
+    levels = [eye, eye][: min(2, num_rows)]  # row 0: no node; row 1: the root
+    parent, filled = eye, 2
     for level in range(1, max_depth + 1):
         start = kappa**level
+        if start >= num_rows:
+            break
         if start > filled:  # for kappa > 2, heap rows between levels are no node
-            rows.append(eye.unsqueeze(0).expand(start - filled, *eye.shape))
-        # the child in slot c of parent p sits at row kappa p + c: parent map @ branch c
-        parent = (parent.unsqueeze(1) @ branch.unsqueeze(0)).reshape(-1, *eye.shape)
-        rows.append(parent)
-        filled = start + parent.shape[0]
-    return torch.cat(rows, dim=0)
+            levels.append(eye.expand(G, start - filled, m, m))
+        n_children = min(kappa * parent.shape[1], num_rows - start)
+        parent = parent[:, : -(-n_children // kappa)]
+        n = parent.shape[1]
+        stacked = parent.reshape(G, n * m, m)
+        # the child in slot c of parent p sits at row kappa p + c
+        children = torch.stack([torch.bmm(stacked, br[c]).view(G, n, m, m) for c in range(kappa)], dim=2)
+        parent = children.view(G, n * kappa, m, m)[:, :n_children]
+        levels.append(parent)
+        filled = start + n_children
+    table = torch.cat(levels, dim=1)  # (G, rows, m, m)
+    return table.transpose(0, 1).reshape(table.shape[1], *lead, m, m)
 
 
 def tree_maps_parents(branch: torch.Tensor, parent: torch.Tensor, child: torch.Tensor) -> torch.Tensor:

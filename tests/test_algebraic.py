@@ -220,3 +220,11 @@ def test_encoder_bad_arguments():
     with pytest.raises(ValueError, match="built for 2-D grids"):
         AlgebraicEncoder(8, 2, kind="grid", ndim=2).grid_maps([8])
     assert math.isclose(float(rope_angles(4)[1]), 10000 ** -0.5, rel_tol=1e-6)
+
+
+def test_tree_maps_heap_rows_can_be_truncated():
+    branch = random_orthogonal(3, 2, 1, 3, 3, seed=5)
+    full = tree_maps_heap(branch, 3)
+    assert full.shape[0] == 2 * 3**3
+    for rows in (1, 2, 5, 13, 40):
+        torch.testing.assert_close(tree_maps_heap(branch, 3, num_rows=rows), full[:rows])
