@@ -228,3 +228,33 @@ def test_tree_maps_heap_rows_can_be_truncated():
     assert full.shape[0] == 2 * 3**3
     for rows in (1, 2, 5, 13, 40):
         torch.testing.assert_close(tree_maps_heap(branch, 3, num_rows=rows), full[:rows])
+
+
+@pytest.mark.slow
+def test_tree_encoding_learns_the_parent_task_sequence_encoding_does_not():
+    """experiments/tree_parent.py, small: every node outputs its parent's token."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "tree_parent.py")
+    spec = importlib.util.spec_from_file_location("tree_parent", path)
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    tree = task.train_one("tree", steps=250, depth=5, seed=0)
+    sequence = task.train_one("sequence", steps=250, depth=5, seed=0)
+    assert tree > 0.95
+    assert sequence < tree - 0.2
+
+
+def test_tree_transformer_shapes_and_padding():
+    torch.manual_seed(0)
+    from posattn.nn.algebraic import TreeTransformer
+
+    model = TreeTransformer(5, 3, dim=16, depth=1, heads=2, encoding="tree", max_depth=3)
+    tokens = torch.randint(0, 5, (2, 15))
+    positions = torch.arange(1, 16).expand(2, 15).clone()
+    positions[1, 10:] = 0  # padding rows use the identity map
+    out = model(tokens, positions)
+    assert out.shape == (2, 15, 3) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="encoding must be"):
+        TreeTransformer(5, 3, encoding="graph")

@@ -20,7 +20,7 @@ from .._grid import grid_coords
 from ..algebraic import orthogonal, power_table, rope_generator_init, tree_maps_heap
 from .attention import FUSED_DEVICE_TYPES, check_tokens, merge_heads, split_heads
 
-__all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "ALGEBRAIC_KINDS", "apply_maps_auto"]
+__all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "TreeTransformer", "ALGEBRAIC_KINDS", "apply_maps_auto"]
 
 ALGEBRAIC_KINDS = ("sequence", "grid", "tree")
 INITS = ("rope", "random")
@@ -151,3 +151,49 @@ class AlgebraicSelfAttention(nn.Module):
             q_rot, k_rot = torch.cat([q[:, :, :1], q_rot], 2), torch.cat([k[:, :, :1], k_rot], 2)
         out = F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=self.causal)
         return self.proj(merge_heads(out))
+
+
+class TreeTransformer(nn.Module):
+    """A small encoder over the nodes of trees, with algebraic positions.
+
+    Input: tokens (B, N) int64 and heap positions (B, N) int64 (root 1, children
+    ``kappa p + c``; padding nodes may use position 0 with ``mask``). Output:
+    per-node logits (B, N, num_classes). ``encoding``: ``"tree"`` (the tree
+    encoding: scores depend on the path between nodes), ``"sequence"`` (the
+    nodes' order in the input, e.g. breadth-first, as a sequence) or ``"none"``.
+    """
+
+    def __init__(self, vocab: int, num_classes: int, dim: int = 32, depth: int = 2, heads: int = 2,
+                 encoding: str = "tree", kappa: int = 2, max_depth: int = 6, init: str = "random"):
+        super().__init__()
+        if encoding not in ("tree", "sequence", "none"):
+            raise ValueError(f"TreeTransformer: encoding must be tree, sequence or none, got {encoding!r}")
+        self.encoding = encoding
+        self.embed = nn.Embedding(vocab, dim)
+        head_dim = dim // heads
+        self.encoder = None
+        if encoding != "none":
+            kind = "tree" if encoding == "tree" else "sequence"
+            self.encoder = AlgebraicEncoder(head_dim, heads, kind=kind, kappa=kappa, max_depth=max_depth, init=init)
+        self.layers = nn.ModuleList(AlgebraicSelfAttention(dim, heads) for _ in range(depth))
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.ffns = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+                                  for _ in range(depth))
+        self.norms2 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.out = nn.Linear(dim, num_classes)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        B, N = tokens.shape
+        h = self.embed(tokens)
+        if self.encoder is None:
+            eye = torch.eye(h.shape[-1] // self.layers[0].heads, device=h.device, dtype=h.dtype)
+            rel = (eye.expand(1, self.layers[0].heads, 1, *eye.shape), torch.zeros(N, 1, dtype=torch.long,
+                                                                                   device=h.device))
+        elif self.encoding == "tree":
+            rel = self.encoder.tree_maps(positions)
+        else:
+            rel = self.encoder.grid_maps([N])
+        for attn, n1, ffn, n2 in zip(self.layers, self.norms, self.ffns, self.norms2):
+            h = h + attn(n1(h), [N], rel=rel)
+            h = h + ffn(n2(h))
+        return self.out(h)
