@@ -234,3 +234,10 @@ def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch):
 
     used = yaml.safe_load((run_dir / "config.yml").read_text())
     assert used["positional_encoding"] == "lookup" and used["model"]["depth"] == 2 and used["train"]["epochs"] == 1
+
+
+@pytest.mark.parametrize("pe", ["algebraic_seq", "algebraic_grid", "rope"])
+def test_cli_trains_with_algebraic_encodings(tmp_path, pe):
+    assert run(tmp_path, f"-Dpositional_encoding={pe}", "-Dtrain.epochs=1", f"-Dname={pe}") == 0
+    summary = json.loads((tmp_path / pe / "summary.json").read_text())
+    assert 0.0 <= summary["test/acc"] <= 1.0
