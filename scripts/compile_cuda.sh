@@ -16,11 +16,13 @@ if ! command -v nvcc >/dev/null; then
 fi
 includes=$("$PY" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-I" + p for p in include_paths()))')
 pyinc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+# the flags torch's CUDAExtension passes to nvcc, so that this check matches the real build
+common=$("$PY" -c 'from torch.utils.cpp_extension import COMMON_NVCC_FLAGS; print(" ".join(COMMON_NVCC_FLAGS))')
 out=build/cuda_objects
 mkdir -p "$out"
 for src in "${sources[@]}"; do
   echo "nvcc -c $src"
-  nvcc -std=c++20 -O2 -c "$src" -o "$out/$(basename "$src").o" $includes -I"$pyinc" -Icsrc -Iscripts/cuda_shim \
+  nvcc -std=c++20 -O2 $common -c "$src" -o "$out/$(basename "$src").o" $includes -I"$pyinc" -Icsrc -Iscripts/cuda_shim \
     -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
     -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1
 done

@@ -131,7 +131,10 @@ class PositionalSelfAttention(nn.Module):
     def _use_fused(self, x: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "fused"
-        return x.dtype in (torch.float32, torch.float64) and x.device.type in FUSED_DEVICE_TYPES
+        if x.device.type not in FUSED_DEVICE_TYPES:
+            return False
+        # the CUDA kernels also take float16 / bfloat16; the CPU kernels float32 / float64
+        return x.device.type == "cuda" or x.dtype in (torch.float32, torch.float64)
 
     def forward(
         self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel: Optional[torch.Tensor] = None
