@@ -1,20 +1,9 @@
 #include "apply_maps_checks.h"
 
-#include <sstream>
+#include "../common/shape_str.h"
 
 namespace posattn {
 namespace algebraic {
-namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << ")";
-  return os.str();
-}
-
-}  // namespace
 
 MapsShape check_apply_maps_inputs(const at::Tensor& x, const at::Tensor& maps, const at::Tensor& index) {
   TORCH_CHECK_VALUE(x.dim() == 4, "apply_maps: x must have shape (B, H, N, D), got ", shape_str(x.sizes()));

@@ -29,38 +29,32 @@ inline void matvec_t_add(const T* M, const T* y, T* x, int64_t m) {
   }
 }
 
-template <typename T>
-void forward_kernel(const MapsShape& s, const T* x, const T* maps, const int64_t* index, T* y) {
+// Calls fn(M, offset) for every (batch, head, token, block): M is the block's
+// map, offset the block's position in x / y. Tasks are (head, token) when the
+// index is shared by the batch (the batch loop runs inside, reusing M), else
+// (batch, head, token).
+template <typename T, typename Fn>
+void for_each_block(const MapsShape& s, const T* maps, const int64_t* index, Fn fn) {
   const int64_t outer = s.batched_index ? s.B : 1, inner_b = s.batched_index ? 1 : s.B;
   at::parallel_for(0, outer * s.H * s.N, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t % s.N, h = (t / s.N) % s.H, b0 = t / (s.N * s.H);
       for (int64_t a = 0; a < s.A; ++a) {
         const T* M = maps + map_offset(s, index[index_offset(s, b0, n, a)], h, a);
-        for (int64_t bi = 0; bi < inner_b; ++bi) {
-          const int64_t b = b0 + bi;
-          matvec(M, x + x_offset(s, b, h, n, a), y + x_offset(s, b, h, n, a), s.m);
-        }
+        for (int64_t bi = 0; bi < inner_b; ++bi) fn(M, x_offset(s, b0 + bi, h, n, a));
       }
     }
   });
 }
 
 template <typename T>
+void forward_kernel(const MapsShape& s, const T* x, const T* maps, const int64_t* index, T* y) {
+  for_each_block(s, maps, index, [&](const T* M, int64_t off) { matvec(M, x + off, y + off, s.m); });
+}
+
+template <typename T>
 void grad_x_kernel(const MapsShape& s, const T* gy, const T* maps, const int64_t* index, T* gx) {
-  const int64_t outer = s.batched_index ? s.B : 1, inner_b = s.batched_index ? 1 : s.B;
-  at::parallel_for(0, outer * s.H * s.N, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n = t % s.N, h = (t / s.N) % s.H, b0 = t / (s.N * s.H);
-      for (int64_t a = 0; a < s.A; ++a) {
-        const T* M = maps + map_offset(s, index[index_offset(s, b0, n, a)], h, a);
-        for (int64_t bi = 0; bi < inner_b; ++bi) {
-          const int64_t off = x_offset(s, b0 + bi, h, n, a);
-          matvec_t_add(M, gy + off, gx + off, s.m);
-        }
-      }
-    }
-  });
+  for_each_block(s, maps, index, [&](const T* M, int64_t off) { matvec_t_add(M, gy + off, gx + off, s.m); });
 }
 
 template <typename T>

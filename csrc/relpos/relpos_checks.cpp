@@ -1,20 +1,12 @@
 #include "relpos_checks.h"
 
 #include <cmath>
-#include <sstream>
 
 #include "../common/grid_index.h"
+#include "../common/shape_str.h"
 
 namespace posattn {
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << ")";
-  return os.str();
-}
 
 void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()),
