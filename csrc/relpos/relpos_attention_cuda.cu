@@ -19,7 +19,6 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <limits>
 
 #include "../common/grid_index.h"
 #include "relpos_checks.h"
@@ -173,8 +172,7 @@ __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, co
   load_query<T, Acc>(p, bh, i, h, q, qpos, sigma, q_s, qpos_s, qv);
   const T* kh = k + bh * p.N * p.D;
   const T* vh = v + bh * p.N * p.Dv;
-  int64_t U = 1;
-  for (int d = 0; d < p.ndim; ++d) U *= 2 * p.n[d] - 1;
+  const int64_t U = num_offsets(p.n, p.ndim);
   const T* relh = p.has_pos ? rel + h * U * p.D : nullptr;
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
   // pass 1: max and sum of exp over the kept keys
@@ -252,8 +250,7 @@ __global__ void relpos_backward_kernel(CudaProblem p, const T* __restrict__ gout
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) part += go_s[c] * static_cast<Acc>(out[(bh * p.N + i) * p.Dv + c]);
   const Acc Di = block_reduce<Acc>(part, red, false);
   const Acc gl = glse != nullptr ? static_cast<Acc>(glse[bh * p.N + i]) : Acc(0);
-  int64_t U = 1;
-  for (int d = 0; d < p.ndim; ++d) U *= 2 * p.n[d] - 1;
+  const int64_t U = num_offsets(p.n, p.ndim);
   const T* kh = k + bh * p.N * p.D;
   const T* vh = v + bh * p.N * p.Dv;
   const T* relh = p.has_pos ? rel + h * U * p.D : nullptr;

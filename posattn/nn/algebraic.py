@@ -18,7 +18,7 @@ from torch import nn
 from .. import ops, reference
 from .._grid import grid_coords
 from ..algebraic import orthogonal, power_table, rope_generator_init, tree_maps_heap
-from .attention import FUSED_DEVICE_TYPES, check_tokens, merge_heads, split_heads
+from .attention import check_tokens, merge_heads, split_heads
 
 __all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "TreeTransformer", "ALGEBRAIC_KINDS", "apply_maps_auto"]
 
@@ -26,10 +26,20 @@ ALGEBRAIC_KINDS = ("sequence", "grid", "tree")
 INITS = ("rope", "random")
 
 
+# Device types with an apply_maps kernel (fixed once the extension is loaded;
+# "meta" has the fake kernel).
+MAPS_DEVICE_TYPES = frozenset(
+    device
+    for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
+    if torch._C._dispatch_has_kernel_for_dispatch_key("posattn::apply_maps", key)
+)
+
+
 def _apply_maps_fused(x: torch.Tensor) -> bool:
-    if x.device.type == "cuda":
-        return torch._C._dispatch_has_kernel_for_dispatch_key("posattn::apply_maps", "CUDA")
-    return x.dtype in (torch.float32, torch.float64) and x.device.type in FUSED_DEVICE_TYPES
+    if x.device.type not in MAPS_DEVICE_TYPES:
+        return False
+    # the CUDA kernels also take float16 / bfloat16; the CPU kernels float32 / float64
+    return x.device.type == "cuda" or x.dtype in (torch.float32, torch.float64)
 
 
 def apply_maps_auto(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
