@@ -32,6 +32,8 @@ from posattn._grid import grid_coords
 from posattn._timing import median_seconds, peak_extra_mib
 from posattn.algebraic import orthogonal, power_table, tree_maps_heap
 
+from bench_common import record, write_records
+
 METHODS = {"gather_einsum": reference.apply_maps, "posattn": ops.apply_maps}
 
 
@@ -124,10 +126,12 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--tree-nodes", type=int, default=10000)
     p.add_argument("--tree-dims", type=int, nargs="+", default=[64, 16], help="map sizes m for the tree benchmark")
+    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
+    recs = []
     torch.set_num_threads(args.threads)
     print(f"posattn {posattn.__version__}, torch {torch.__version__}, device {args.device}, {args.threads} threads, "
           f"{platform.processor() or platform.machine()}, {date.today()}")
@@ -142,6 +146,9 @@ def main():
                 extra = f"   peak +{mem[name]:8.1f} MiB" if mem else ""
                 print(f"  {name:14s} fwd {1e3 * f:9.2f} ms   fwd+bwd {1e3 * fb:9.2f} ms{extra}")
             (gf, gfb), (pf, pfb) = times["gather_einsum"], times["posattn"]
+            recs.append(record("apply_maps", f"{layout}, N={tokens}, B={args.batch}, H={args.heads}, D={args.dim}, fwd+bwd",
+                               "posattn", "gather + einsum", 1e3 * pfb, 1e3 * gfb, mem.get("posattn"),
+                               mem.get("gather_einsum")))
             line = f"  speed-up fwd {gf / pf:.2f}x, fwd+bwd {gfb / pfb:.2f}x (target >= 2x)"
             if mem:
                 line += f"; peak memory posattn / gather_einsum {mem['posattn'] / mem['gather_einsum']:.3f} (target <= 0.25)"
@@ -149,9 +156,12 @@ def main():
     print()
     for m in args.tree_dims:
         lvl, loop = tree_benchmark(args.tree_nodes, args.heads, m, args.device, args.repeats)
+        recs.append(record("tree maps", f"{args.tree_nodes} nodes, H={args.heads}, m={m}", "level by level",
+                           "per-node loop", 1e3 * lvl, 1e3 * loop))
         print(f"tree maps, {args.tree_nodes} nodes (binary, H={args.heads}, m={m}; {args.tree_nodes * args.heads * m * m * 4 / 2**20:.0f} MiB "
               f"of maps): level by level {1e3 * lvl:.1f} ms, per-node loop {1e3 * loop:.1f} ms -> {loop / lvl:.1f}x faster "
               "(GPU target >= 10x)")
+    write_records(args.json, recs)
 
 
 if __name__ == "__main__":

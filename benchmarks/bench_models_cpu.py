@@ -23,6 +23,8 @@ import posattn
 from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, TransformerClassifier
 from posattn._timing import median_seconds
 
+from bench_common import record, write_records
+
 THRESHOLD = 0.1
 
 
@@ -65,7 +67,9 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sigma", type=float, default=0.1, help="initial span sigma of the threshold run")
     p.add_argument("--max-reference-gib", type=float, default=8.0)
+    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
     args = p.parse_args()
+    recs = []
     grids = [[int(s) for s in g.split("x")] for g in (args.grid or ["14x14", "28x28"])]
     print(f"posattn {posattn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}, {date.today()}")
@@ -77,12 +81,19 @@ def main():
         print(f"\ngrid {g}:")
         for name, t in rows.items():
             print(f"  {name:26s} {1e3 * t:9.1f} ms   {1e3 * t / args.batch:7.2f} ms/sample")
+        case = f"thesis model, grid {g}, batch {args.batch}, training step"
         if "reference" in rows:
+            recs.append(record("models", case, "fused backend", "reference backend", 1e3 * rows["fused"],
+                               1e3 * rows["reference"]))
             print(f"  fused vs reference backend: {rows['reference'] / rows['fused']:.2f}x faster")
         else:
             print("  reference backend skipped (its N x N tensors would exceed --max-reference-gib)")
         print(f"  span threshold {THRESHOLD} at sigma {args.sigma} (keeps {100 * keep:.1f}% of keys): "
               f"{rows['fused'] / rows['fused_span_thr']:.2f}x faster than dense")
+        recs.append(record("models", case, f"span threshold ({100 * keep:.0f}% kept)", "dense", 1e3 * rows["fused_span_thr"],
+                           1e3 * rows["fused"]))
+        recs.append(record("models", case, "fused backend", "Performer (FAVOR+)", 1e3 * rows["fused"], 1e3 * rows["Performer"]))
+    write_records(args.json, recs)
 
 
 if __name__ == "__main__":

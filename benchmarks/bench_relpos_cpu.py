@@ -34,8 +34,10 @@ import torch.nn.functional as F
 
 import posattn
 from posattn import ops
-from posattn._grid import grid_coords, num_offsets, offset_rows, span_keep_fraction
+from posattn._grid import grid_coords, num_offsets, offset_rows, span_sigma_for_keep
 from posattn._timing import median_seconds, peak_extra_mib
+
+from bench_common import record, write_records
 
 METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
 THRESHOLD = 0.1
@@ -46,18 +48,7 @@ THRESHOLD = 0.1
 
 def sigma_for_fraction(grid: list[int], target: float) -> tuple[float, list[int], float]:
     """A sigma (same on every axis) whose threshold box keeps about `target` of the keys."""
-    radius = math.sqrt(-2.0 * math.log(THRESHOLD))
-    best = None
-    for h in range(0, max(grid)):
-        half = [min(h, n - 1) for n in grid]
-        frac = span_keep_fraction(grid, half)
-        if best is None or abs(frac - target) < abs(best[2] - target):
-            best = (h, half, frac)
-    h, half, frac = best
-    n_max = max(grid)
-    # ceil(sigma * radius * (n - 1)) == h on the largest axis; a midpoint avoids rounding at h.
-    sigma = (h - 0.5) / (radius * (n_max - 1)) if h > 0 else 1e-3
-    return sigma, half, frac
+    return span_sigma_for_keep(grid, target, THRESHOLD)
 
 
 def make_inputs(grid, batch, heads, dim, seed=0):
@@ -198,6 +189,22 @@ def summary_lines(res, args):
     return lines
 
 
+def records(results, args) -> list[dict]:
+    out = []
+    for res in results:
+        r, case = res["rows"], f"grid {res['grid']}, B={res['batch']}, H={args.heads}, D={args.dim}, fwd+bwd"
+        if "eager" in r:
+            out.append(record("relpos_attention", case, "posattn", "eager bias + SDPA", r["posattn"]["fwd_bwd_ms"],
+                              r["eager"]["fwd_bwd_ms"], r["posattn"]["peak_mib"], r["eager"]["peak_mib"]))
+        out.append(record("relpos_attention", case, "posattn", "SDPA without positions (floor)",
+                          r["posattn"]["fwd_bwd_ms"], r["sdpa"]["fwd_bwd_ms"], r["posattn"]["peak_mib"],
+                          r["sdpa"]["peak_mib"]))
+        out.append(record("relpos_attention", case, f"span threshold ({100 * res['keep']:.0f}% kept)", "span dense",
+                          r["span_thr"]["fwd_bwd_ms"], r["span"]["fwd_bwd_ms"], r["span_thr"]["peak_mib"],
+                          r["span"]["peak_mib"]))
+    return out
+
+
 def markdown(results, args):
     out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
            f"torch {torch.__version__}, posattn {posattn.__version__}, {args.threads} threads, "
@@ -226,6 +233,7 @@ def main():
     p.add_argument("--eager-limit-gib", type=float, default=12.0)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--markdown", help="also write the results table to this file")
+    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -242,6 +250,7 @@ def main():
         results.append(res)
         for line in summary_lines(res, args):
             print(line)
+    write_records(args.json, records(results, args))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(results, args) + "\n")

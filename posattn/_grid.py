@@ -81,6 +81,30 @@ def span_half_widths(sigma: torch.Tensor, threshold: float, grid: Sequence[int])
     return halves
 
 
+def span_sigma_for_keep(grid: Sequence[int], keep: float, threshold: float) -> tuple[float, list[int], float]:
+    """A sigma, the same on every axis and in the operator's normalised units
+    for ``grid``, whose threshold box keeps about ``keep`` of the keys.
+
+    Returns (sigma, half widths, kept fraction). Multiply sigma by
+    ``max(grid) - 1`` for the same box in cells (``units="cells"``).
+    """
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"span_sigma_for_keep: threshold must be in (0, 1), got {threshold}")
+    grid = [int(n) for n in grid]
+    radius = math.sqrt(-2.0 * math.log(threshold))
+    best = None
+    for h in range(0, max(grid)):
+        half = [min(h, n - 1) for n in grid]
+        frac = span_keep_fraction(grid, half)
+        if best is None or abs(frac - keep) < abs(best[2] - keep):
+            best = (h, half, frac)
+    h, half, frac = best
+    n_max = max(grid)
+    # ceil(sigma * radius * (n - 1)) == h on the largest axis; a midpoint avoids rounding at h.
+    sigma = (h - 0.5) / (radius * max(n_max - 1, 1)) if h > 0 else 1e-3
+    return sigma, half, frac
+
+
 def relative_offsets(grid: Sequence[int], device=None) -> torch.Tensor:
     """(U, G) int64 offsets ``delta`` of every row of a relative-embedding table,
     in the row order :func:`offset_rows` (and the operators) use: row-major over

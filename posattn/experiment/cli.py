@@ -18,7 +18,7 @@ from .data import DataError, load_splits
 from .tracking import Tracker
 from .train import Distributed, Trainer, build_model, resolve_device, set_seed
 
-MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test")
+MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
 
 USAGE_EPILOG = """examples:
   python cmd/main.py                                   # quick Fashion-MNIST run (default config)
@@ -30,6 +30,8 @@ USAGE_EPILOG = """examples:
   python cmd/main.py -mode=sweep --sweep_config=experiments/sweeps/thesis_2d_span.yml   # W&B server needed
   python cmd/main.py -mode=sweep_agent --sweep_id=ENTITY/PROJECT/ID -count=5
   python cmd/main.py -mode=shift_test -Dname=my-run    # accuracy per horizontal shift (Horn et al.)
+  python cmd/main.py -mode=scaling -Dscaling.out=runs/scaling   # cost and gradients vs N and depth (plots, CSV)
+  python cmd/main.py -mode=scaling -Dscaling.quick=true          # the same on tiny sizes, in seconds
 """
 
 
@@ -219,6 +221,23 @@ def test(cfg: dict) -> dict:
     return result
 
 
+def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
+    """-mode=scaling: the scaling study of posattn.experiment.scaling with cfg["scaling"]."""
+    from .scaling import QUICK, ScalingConfig, run_study
+
+    values = dict(cfg["scaling"])
+    if values.pop("quick", False):
+        values.update(QUICK)
+    values["device"] = str(resolve_device(cfg["device"]))
+    values["threads"] = int(cfg["num_threads"])
+    try:
+        study = ScalingConfig.from_dict(values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+    command = "python cmd/main.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    return run_study(study, command=command.strip())
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = make_parser()
     try:
@@ -230,6 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   defaults=defaults_flat(args))
         elif mode == "test":
             test(cfg)
+        elif mode == "scaling":
+            scaling(cfg, argv)
         elif mode == "shift_test":
             from .shift import shift_test
 

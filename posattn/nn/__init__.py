@@ -4,7 +4,8 @@
   :class:`SinusoidalRelativeEncoder`, :class:`LookupRelativeEncoder`.
 - Absolute encodings: :class:`SinusoidalAbsoluteEncoding`, :class:`LearnedAbsoluteEncoding`,
   :class:`LearnableSinusoidEncoding`.
-- :class:`DifferentiableSpan`, :class:`PositionalSelfAttention` (fused operator).
+- :class:`DifferentiableSpan`, :class:`PositionalSelfAttention` (fused operator),
+  :class:`SDPAttention` (content only, for baselines).
 - Kernelizable attention: :class:`FavorAttention`, :class:`RelativeFavorAttention`,
   :class:`ClippedRelativeAttention`.
 - :class:`EncoderBlock`, :class:`TransformerClassifier` (+ :class:`ModelConfig`), and the
@@ -12,7 +13,7 @@
   :class:`ClippedRelativePerformer`).
 """
 from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
-from .attention import PositionalSelfAttention
+from .attention import PositionalSelfAttention, SDPAttention
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
 from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
 from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
@@ -23,7 +24,7 @@ from .transformer import EncoderBlock, TransformerClassifier
 
 __all__ = [
     "AbsoluteEncoding", "LearnableSinusoidEncoding", "LearnedAbsoluteEncoding", "SinusoidalAbsoluteEncoding",
-    "PositionalSelfAttention", "ModelConfig", "PerformerConfig", "PositionalEncodingConfig", "SpanConfig",
+    "PositionalSelfAttention", "SDPAttention", "ModelConfig", "PerformerConfig", "PositionalEncodingConfig", "SpanConfig",
     "ClippedRelativeAttention", "FavorAttention", "RelativeFavorAttention",
     "ClippedRelativePerformer", "NoPosPerformer", "Performer", "RelativePerformer", "performer_config",
     "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",

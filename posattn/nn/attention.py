@@ -12,7 +12,7 @@ from .._grid import normalise_grid
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan
 
-__all__ = ["PositionalSelfAttention", "BACKENDS", "split_heads", "merge_heads", "class_token_attention"]
+__all__ = ["PositionalSelfAttention", "SDPAttention", "BACKENDS", "split_heads", "merge_heads", "class_token_attention"]
 
 BACKENDS = ("auto", "fused", "reference")
 
@@ -157,3 +157,32 @@ class PositionalSelfAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, backend={self.backend!r}"
+
+
+class SDPAttention(nn.Module):
+    """Plain multi-head self-attention on ``scaled_dot_product_attention``:
+    content only (positions, if any, come from an absolute encoding added to
+    the tokens). The baseline of the scaling study and of the seed-004 depth
+    experiments.
+
+    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim); a class token
+    is just another token here. ``rel`` must be None.
+    """
+
+    def __init__(self, dim: int, heads: int, causal: bool = False):
+        super().__init__()
+        if heads < 1 or dim < 1 or dim % heads:
+            raise ValueError(f"SDPAttention: dim ({dim}) must be a positive multiple of heads ({heads})")
+        self.dim, self.heads, self.causal = dim, heads, causal
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+        check_tokens(self, x, grid, has_cls, self.dim)
+        if rel is not None:
+            raise ValueError("SDPAttention has no relative term: rel must be None")
+        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

@@ -23,7 +23,7 @@ __all__ = [
     "ACTIVATIONS",
 ]
 
-ATTENTIONS = ("relpos", "favor", "relative_favor", "clipped_relative")
+ATTENTIONS = ("relpos", "favor", "relative_favor", "clipped_relative", "sdpa")
 NORMS = ("post", "pre", "none")
 POOLINGS = ("last", "mean", "max", "cls")
 HEADS = ("mlp", "linear")

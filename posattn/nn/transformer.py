@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .algebraic import AlgebraicSelfAttention
-from .attention import PositionalSelfAttention
+from .attention import PositionalSelfAttention, SDPAttention
 from .config import ModelConfig
 from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
 from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
@@ -61,6 +61,8 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
             cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
             relative=relative_encoder is not None or shared_table, backend=cfg.backend,
         )
+    if cfg.attention == "sdpa":
+        return SDPAttention(cfg.dim, cfg.heads)
     favor = dict(num_features=p.num_features, feature_redraw_interval=p.feature_redraw_interval, kernel=p.kernel)
     if cfg.attention == "favor":
         return FavorAttention(cfg.dim, cfg.heads, **favor)
