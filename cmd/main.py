@@ -1,7 +1,7 @@
 """posattn experiments: `python cmd/main.py --help`.
 
 Defaults in cmd/config.yml; -D<key>=<value> overrides; modes train (default), test,
-sweep, sweep_agent, local_sweep and shift_test. The code lives in posattn.experiment.
+sweep, sweep_agent, local_sweep, shift_test and scaling. The code lives in posattn.experiment.
 """
 import sys
 

@@ -423,12 +423,34 @@ def _reference_slopes(ax, xs: list[float], ys: list[float]) -> None:
                 label=f"slope {k} (N^{k})" if k == 2 else "slope 1 (N)")
 
 
-def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str) -> None:
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _log_axes(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=legend_size)
+
+
+def _save(plt, fig, title: str, path: str) -> None:
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str) -> None:
+    plt = _pyplot()
     studies = [s for s in ("length", "grid") if any(r["study"] == s for r in rows)]
     fig, axes = plt.subplots(1, max(len(studies), 1), figsize=(6.2 * max(len(studies), 1), 4.6), squeeze=False)
     for ax, study in zip(axes[0], studies):
@@ -442,24 +464,12 @@ def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str
                 ally += [p[1] for p in pts]
         if value == "seconds":
             _reference_slopes(ax, allx, ally)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens N (" + ("1-D sequence" if study == "length" else "2-D grid n x n") + ")")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _log_axes(ax, "tokens N (" + ("1-D sequence" if study == "length" else "2-D grid n x n") + ")", ylabel)
+    _save(plt, fig, title, path)
 
 
 def plot_depth(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12.4, 4.6))
     for ax, value, ylabel in ((axes[0], "seconds", "seconds per training step"), (axes[1], "peak_mib", "peak extra MiB")):
         for method in METHODS:
@@ -467,24 +477,12 @@ def plot_depth(rows: list[dict], path: str, title: str) -> None:
                          if r["study"] == "depth" and r["method"] == method and r["status"] == "ok" and r[value] > 0)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], **_style(method))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("depth (layers)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _log_axes(ax, "depth (layers)", ylabel)
+    _save(plt, fig, title, path)
 
 
 def plot_gradients(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     colors = dict(zip(GRADIENT_ARCHS, ("tab:blue", "tab:green", "tab:orange", "tab:red")))
     lines = {"abs_sinusoidal": "-", "abs_learned": "--"}
     panels = (("first_layer_grad", "first encoder layer"), ("embedding_grad", "token embedding"),
@@ -499,17 +497,8 @@ def plot_gradients(rows: list[dict], path: str, title: str) -> None:
                 if pts:
                     ax.plot([p[0] for p in pts], [max(p[1], floor) for p in pts], lines[encoding], marker="o",
                             markersize=3, color=colors[arch], label=f"{arch}, {GRADIENT_ENCODINGS[encoding]}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("depth (layers)")
-        ax.set_ylabel(f"mean |grad|, {name}")
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=6)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _log_axes(ax, "depth (layers)", f"mean |grad|, {name}", legend_size=6)
+    _save(plt, fig, title, path)
 
 
 def _fmt(value: float, digits: int = 1) -> str:
