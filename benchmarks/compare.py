@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
@@ -37,14 +36,13 @@ from datetime import date
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import posattn  # noqa: E402
 from posattn import ops  # noqa: E402
-from posattn._grid import grid_coords, num_offsets, offset_rows, span_sigma_for_keep  # noqa: E402
+from posattn._grid import num_offsets, span_sigma_for_keep  # noqa: E402
 from bench_common import record  # noqa: E402
 
 THRESHOLD = 0.1
@@ -197,7 +195,6 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
 
 def natten_records(args, device) -> tuple[list[dict], list[str]]:
     try:
-        import natten  # noqa: F401
         from natten.functional import na2d
     except ImportError:
         return [], ["NATTEN: not installed (pip install natten; GPU builds are the supported ones)"]

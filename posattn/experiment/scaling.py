@@ -505,6 +505,19 @@ def _fmt(value: float, digits: int = 1) -> str:
     return "—" if not isinstance(value, (int, float)) or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
+def _method_table(methods: list[str], rows: list[dict], column: str, keys: list, value: str, digits: int) -> list[str]:
+    """Markdown table: a row per method, a column per value of ``row[column]``
+    ("skip" where the point was not measured)."""
+    lines = ["| method | " + " | ".join(map(str, keys)) + " |", "|---" * (len(keys) + 1) + "|"]
+    for m in methods:
+        cells = []
+        for key in keys:
+            r = next((r for r in rows if r["method"] == m and r[column] == key), None)
+            cells.append(_fmt(r[value], digits) if r and r["status"] == "ok" else "skip")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def machine_line(cfg: ScalingConfig) -> str:
     device = torch.device(cfg.device)
     if device.type == "cuda":
@@ -532,34 +545,15 @@ def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict]
         srows = [r for r in rows if r["study"] == study]
         if not srows:
             continue
-        sizes = sorted({(r["tokens"], r["grid"]) for r in srows})
-        lines += ["", f"## Seconds per training step vs tokens, {what}", "",
-                  "| method | " + " | ".join(g for _, g in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
-        for m in cfg.methods:
-            cells = []
-            for n, g in sizes:
-                r = next((r for r in srows if r["method"] == m and r["grid"] == g), None)
-                cells.append(_fmt(r["seconds"], 3) if r and r["status"] == "ok" else "skip")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines += ["", f"Peak extra memory (MiB), {what}:", "",
-                  "| method | " + " | ".join(g for _, g in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
-        for m in cfg.methods:
-            cells = []
-            for n, g in sizes:
-                r = next((r for r in srows if r["method"] == m and r["grid"] == g), None)
-                cells.append(_fmt(r["peak_mib"], 1) if r and r["status"] == "ok" else "skip")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        sizes = [g for _, g in sorted({(r["tokens"], r["grid"]) for r in srows})]
+        lines += ["", f"## Seconds per training step vs tokens, {what}", ""]
+        lines += _method_table(cfg.methods, srows, "grid", sizes, "seconds", 3)
+        lines += ["", f"Peak extra memory (MiB), {what}:", ""]
+        lines += _method_table(cfg.methods, srows, "grid", sizes, "peak_mib", 1)
     drows = [r for r in rows if r["study"] == "depth"]
     if drows:
-        depths = sorted({r["depth"] for r in drows})
-        lines += ["", f"## Seconds per training step vs depth (grid {drows[0]['grid']})", "",
-                  "| method | " + " | ".join(map(str, depths)) + " |", "|---" * (len(depths) + 1) + "|"]
-        for m in cfg.methods:
-            cells = []
-            for d in depths:
-                r = next((r for r in drows if r["method"] == m and r["depth"] == d), None)
-                cells.append(_fmt(r["seconds"], 3) if r and r["status"] == "ok" else "skip")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines += ["", f"## Seconds per training step vs depth (grid {drows[0]['grid']})", ""]
+        lines += _method_table(cfg.methods, drows, "depth", sorted({r["depth"] for r in drows}), "seconds", 3)
     if exponents:
         lines += ["", "## Fitted growth exponents (time ~ size^k)", "",
                   "k over all measured sizes, and over the larger half (at least 3 points), where fixed per-step "
@@ -593,10 +587,9 @@ def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict]
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(cfg: ScalingConfig, rows: list[dict], grads: list[dict], command: str) -> dict:
+def write_outputs(cfg: ScalingConfig, rows: list[dict], exponents: list[dict], grads: list[dict], command: str) -> dict:
     """Writes the CSVs, plots and summary into cfg.out; returns {name: path}."""
     os.makedirs(cfg.out, exist_ok=True)
-    exponents = exponent_table([r for r in rows])
     paths = {}
 
     def p(name):
@@ -640,8 +633,8 @@ def run_study(cfg: ScalingConfig, command: str = "python experiments/scaling.py"
     log(f"scaling study on {machine_line(cfg)}; output in {cfg.out}")
     rows = runtime_sweep(cfg, progress) if set(cfg.studies) & {"length", "grid", "depth"} else []
     grads = gradient_study(cfg, progress) if "gradients" in cfg.studies else []
-    paths = write_outputs(cfg, rows, grads, command)
     exponents = exponent_table(rows)
+    paths = write_outputs(cfg, rows, exponents, grads, command)
     for e in exponents:
         log(f"  {e['study']:6s} {e['method']:15s} k = {_fmt(e['exponent_all'], 2)} (all {e['points']} sizes), "
             f"{_fmt(e['exponent_large'], 2)} (larger half); expected ~{e['expected']}")
