@@ -1,7 +1,7 @@
 """Scaling study: runtime and peak memory of one training step vs tokens
 (1-D 64 ... 4096, 2-D 8x8 ... 64x64) and vs depth (2 ... 64), fitted growth
 exponents, and mean |grad| vs depth with and without residuals and LayerNorm.
-Writes CSVs, PNG plots and summary.md (see posattn/experiment/scaling.py).
+Writes CSVs, PNG plots and summary.md (see posattn/training/scaling/).
 
 Usage:
   python experiments/scaling.py                          # the full study, into runs/scaling
@@ -10,7 +10,7 @@ Usage:
   python experiments/scaling.py --device cuda --out runs/scaling_gpu
 
 Every ScalingConfig field is a flag (--lengths 64 128, --max-step-seconds 60, ...).
-The same study: python cmd/main.py -mode=scaling (settings under `scaling:` in cmd/config.yml).
+The same study: python cmd/main.py -mode=scaling (settings as -Dscaling.<field>=...).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import shlex
 import sys
 import typing
 
-from posattn.experiment.scaling import METHODS, QUICK, ScalingConfig, run_study
+from posattn.training.scaling import METHODS, QUICK, ScalingConfig, run_study
 
 
 def make_parser() -> argparse.ArgumentParser:

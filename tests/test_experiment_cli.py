@@ -9,15 +9,16 @@ import sys
 import pytest
 import torch
 
-from posattn.experiment import cli
-from posattn.experiment.data import DEBIAN_FASHION
+import cli_helpers
+from cli_helpers import MAIN, ROOT, load_config
+from posattn.training import runs
+from posattn.training.data import DEBIAN_FASHION
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(DEBIAN_FASHION, "train-images-idx3-ubyte.gz")),
     reason="needs the Debian package dataset-fashion-mnist (installed by scripts/setup.sh)",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     "-Ddata.small_dataset=192", "-Dmodel.depth=1", "-Dmodel.dim=16", "-Dmodel.heads=2", "-Dmodel.ffn_dim=16",
     "-Dpe.hidden_dim=8", "-Dtrain.batch_size=64", "-Dtrain.warmup_steps=2", "-Dtrain.epochs=2",
@@ -25,7 +26,7 @@ TINY = [
 
 
 def run(tmp_path, *args):
-    return cli.main([*TINY, f"-Dout_dir={tmp_path}", "-no_wandb=T", *args])
+    return cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-no_wandb=T", *args])
 
 
 def test_train_writes_checkpoints_metrics_and_summary(tmp_path, capsys):
@@ -48,10 +49,10 @@ def test_resume_continues_exactly(tmp_path):
     straight = tmp_path / "straight"
     assert run(straight, "-Dname=r") == 0
     # the same run interrupted after epoch 1, then resumed
-    cfg = cli.load_config(None, [*[a[2:] for a in TINY], f"out_dir={tmp_path / 'split'}", "no_wandb=true", "name=r"])
-    cli.train(cfg, epoch_callback=lambda epoch, metrics: epoch == 1, progress=False)
+    cfg = load_config([*[a[2:] for a in TINY], f"out_dir={tmp_path / 'split'}", "no_wandb=true", "name=r"])
+    runs.train(cfg, epoch_callback=lambda epoch, metrics: epoch == 1, progress=False)
     assert torch.load(tmp_path / "split" / "r" / "last.pt", weights_only=False)["epoch"] == 1
-    assert cli.main([f"-Dout_dir={tmp_path / 'split'}", "-Dname=r", "--resume"]) == 0
+    assert cli_helpers.main([f"-Dout_dir={tmp_path / 'split'}", "-Dname=r", "--resume"]) == 0
     a = torch.load(straight / "r" / "last.pt", weights_only=False)
     b = torch.load(tmp_path / "split" / "r" / "last.pt", weights_only=False)
     assert a["epoch"] == b["epoch"] == 2
@@ -63,10 +64,10 @@ def test_test_mode_evaluates_the_checkpoint(tmp_path, capsys):
     assert run(tmp_path, "-Dname=t") == 0
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     capsys.readouterr()
-    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=t", "-mode=test"]) == 0
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-Dname=t", "-mode=test"]) == 0
     out = capsys.readouterr().out
     assert f"{summary['test/acc']:.4f}" in out  # same checkpoint (best), same test split
-    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=missing", "-mode=test"]) == 2
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-Dname=missing", "-mode=test"]) == 2
 
 
 def test_gradient_accumulation_matches_one_large_batch(tmp_path, monkeypatch):
@@ -95,7 +96,7 @@ def test_offline_wandb_run_writes_its_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert cli.main([*TINY, f"-Dout_dir={tmp_path}", "-Dname=w", "-Dtrain.epochs=1", "-no_wandb=F"]) == 0
+    assert cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-Dname=w", "-Dtrain.epochs=1", "-no_wandb=F"]) == 0
     runs = glob.glob(str(tmp_path / "w" / "wandb" / "offline-run-*"))
     assert len(runs) == 1
     assert glob.glob(os.path.join(runs[0], "*.wandb")) and os.path.exists(os.path.join(runs[0], "files"))
@@ -129,7 +130,7 @@ def test_local_random_sweep_needs_a_count(tmp_path, capsys):
 
 def test_shift_test_writes_csv_and_plot(tmp_path, capsys):
     assert run(tmp_path, "-Dname=s", "-Dtrain.epochs=1", "-Ddata.small_dataset=600") == 0
-    assert cli.main([f"-Dout_dir={tmp_path}", "-Dname=s", "-mode=shift_test", "-Dshift.min_shift=2"]) == 0
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-Dname=s", "-mode=shift_test", "-Dshift.min_shift=2"]) == 0
     out = capsys.readouterr().out
     assert "shifted-image test" in out
     with open(tmp_path / "s" / "shift_test" / "shift_accuracy.csv") as f:
@@ -156,14 +157,14 @@ def test_shift_test_writes_csv_and_plot(tmp_path, capsys):
     ],
 )
 def test_bad_cli_input_exits_2_with_a_clear_error(tmp_path, capsys, args, message):
-    assert cli.main([f"-Dout_dir={tmp_path}", *TINY, *args]) == 2
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", *TINY, *args]) == 2
     import re
 
     assert re.search(message, capsys.readouterr().err)
 
 
 def test_script_entry_point_help():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "cmd", "main.py"), "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, MAIN, "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "-mode" in out and "-D KEY=VALUE" in out and "local_sweep" in out
 
@@ -171,8 +172,7 @@ def test_script_entry_point_help():
 def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
     """With a stand-in for training, the engine's hyperband stops runs whose metric
     trails the earlier runs at a band."""
-    from posattn.experiment import sweep as sweep_mod
-    from posattn.experiment.config import flatten, load_config
+    from posattn.training import sweep as sweep_mod
 
     path = tmp_path / "hb.yml"
     path.write_text(
@@ -192,8 +192,8 @@ def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
         trained[lr] = len(history)
         return {"history": history, "test/acc": history[-1]["val/acc"], "epochs": len(history), "train_seconds": 0.0}
 
-    cfg = load_config(None, [f"out_dir={tmp_path}"])
-    rows = sweep_mod.local_sweep(cfg, str(path), fake_train, flatten(load_config()))
+    cfg = load_config([f"out_dir={tmp_path}"])
+    rows = sweep_mod.local_sweep(cfg, str(path), cli_helpers.defaults_flat(), train_fn=fake_train)
     assert len(rows) == 4
     assert trained[0.5] == 4 and trained[0.4] == 4  # the strong runs go on
     assert trained[0.05] < 4  # the weakest run is stopped at a band
@@ -202,7 +202,7 @@ def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_processes_on_cpu(tmp_path):
     """DistributedDataParallel (gloo) with two CPU processes, launched by torchrun."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", os.path.join(ROOT, "cmd", "main.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", MAIN,
            *TINY, "-Ddata.small_dataset=256", f"-Dout_dir={tmp_path}", "-Dname=ddp", "-no_wandb=T", "-Dnum_threads=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -227,7 +227,7 @@ def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch):
         function()
 
     monkeypatch.setattr(wandb, "agent", fake_agent)
-    assert cli.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=me/proj/abc", "-count=1"]) == 0
+    assert cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=me/proj/abc", "-count=1"]) == 0
     assert calls == [("me/proj/abc", 1)]
     (run_dir,) = [p for p in tmp_path.iterdir() if (p / "config.yml").exists()]
     import yaml

@@ -1,7 +1,8 @@
 """Experiment config parsing: types, overrides, files, errors."""
 import pytest
 
-from posattn.experiment.config import ConfigError, cast_value, flatten, load_config, parse_bool
+from cli_helpers import SWEEP_DIR, defaults_flat, load_config
+from posattn.training.config import ConfigError, cast_value, flatten, parse_bool
 
 
 @pytest.mark.parametrize("text", ["true", "True", "T", "t", "1", "yes", "YES", "y"])
@@ -43,7 +44,7 @@ def test_cast_errors_name_key_and_type(raw, default, match):
 
 
 def test_defaults_load_and_overrides_apply():
-    cfg = load_config(None, ["pe.hidden_dim=32", "span.enabled=T", "train.betas=[0.9, 0.98]", "model.depth=2",
+    cfg = load_config(["pe.hidden_dim=32", "span.enabled=T", "train.betas=[0.9, 0.98]", "model.depth=2",
                              "name=run-a", "performer.num_features=64"])
     assert cfg["pe"]["hidden_dim"] == 32 and cfg["span"]["enabled"] is True
     assert cfg["train"]["betas"] == [0.9, 0.98] and cfg["model"]["depth"] == 2 and cfg["name"] == "run-a"
@@ -54,24 +55,24 @@ def test_defaults_load_and_overrides_apply():
 
 def test_unknown_key_names_close_matches():
     with pytest.raises(ConfigError, match=r"unknown config key 'pe.hiden_dim'; did you mean pe.hidden_dim"):
-        load_config(None, ["pe.hiden_dim=3"])
+        load_config(["pe.hiden_dim=3"])
     with pytest.raises(ConfigError, match=r"unknown config key 'epochs'; did you mean train.epochs"):
-        load_config(None, ["epochs=3"])
+        load_config(["epochs=3"])
     with pytest.raises(ConfigError, match="expected -D<key>=<value>"):
-        load_config(None, ["model.depth"])
+        load_config(["model.depth"])
 
 
 def test_config_file_over_defaults(tmp_path):
     path = tmp_path / "exp.yml"
     path.write_text("model:\n  depth: 3\n  patch_size: 1\nspan:\n  enabled: yes\n")
-    cfg = load_config(str(path), ["model.depth=4"])
+    cfg = load_config(["model.depth=4"], str(path))
     assert cfg["model"]["depth"] == 4 and cfg["model"]["patch_size"] == 1 and cfg["span"]["enabled"] is True
     bad = tmp_path / "bad.yml"
     bad.write_text("model:\n  deepth: 3\n")
     with pytest.raises(ConfigError, match="model.deepth"):
-        load_config(str(bad))
+        load_config(config_file=str(bad))
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(str(tmp_path / "missing.yml"))
+        load_config(config_file=str(tmp_path / "missing.yml"))
 
 
 def test_flatten():
@@ -82,14 +83,14 @@ def test_every_shipped_sweep_file_is_valid_and_found_by_name():
     import glob
     import os
 
-    from posattn.experiment.sweep import SWEEP_DIR, load_sweep
+    from posattn.training.sweep import load_sweep
 
-    flat = flatten(load_config())
+    flat = defaults_flat()
     files = sorted(glob.glob(os.path.join(SWEEP_DIR, "*.yml")))
     assert len(files) >= 10
     for path in files:
         sweep = load_sweep(path, flat)  # every parameter is a config key with a valid value
         assert sweep["metric"]["name"] in ("val/best_acc", "val/acc")
-    assert load_sweep("thesis_2d_siren_span_threshold", flat)["parameters"]["span.threshold"] == {"value": 0.1}
+    assert load_sweep("thesis_2d_siren_span_threshold", flat, SWEEP_DIR)["parameters"]["span.threshold"] == {"value": 0.1}
     with pytest.raises(ConfigError, match="not found .*quick_encodings"):
-        load_sweep("no_such_sweep", flat)
+        load_sweep("no_such_sweep", flat, SWEEP_DIR)

@@ -1,4 +1,4 @@
-"""The scaling study (posattn.experiment.scaling, experiments/scaling.py,
+"""The scaling study (posattn.training.scaling, experiments/scaling.py,
 cmd/main.py -mode=scaling): a smoke run on tiny sizes, plus its pieces.
 No timing thresholds: only the relation dense vs span-limited growth."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from posattn.experiment import cli
-from posattn.experiment.scaling import (
+import cli_helpers
+from posattn.training.scaling import (
     EXPONENT_COLUMNS, GRADIENT_COLUMNS, METHODS, QUICK, RUNTIME_COLUMNS, ScalingConfig, exponent_table, fit_exponent,
     gradient_point, model_for, run_study, span_sigma_cells,
 )
@@ -155,12 +155,12 @@ def test_config_errors_name_the_setting(values, match):
 
 
 def test_cli_mode_scaling(tmp_path, capsys):
-    rc = cli.main(["-mode=scaling", "-Dscaling.quick=true", f"-Dscaling.out={tmp_path}", "-Dscaling.studies=[grid]",
+    rc = cli_helpers.main(["-mode=scaling", "-Dscaling.quick=true", f"-Dscaling.out={tmp_path}", "-Dscaling.studies=[grid]",
                    "-Dscaling.methods=[relpos, sdpa]", "-Ddevice=cpu"])
     assert rc == 0
     _, rows = read_csv(os.path.join(tmp_path, "runtime.csv"))
     assert {r["method"] for r in rows} == {"relpos", "sdpa"} and len(rows) == 2 * len(QUICK["grid_sides"])
-    assert cli.main(["-mode=scaling", "-Dscaling.methods=[nope]", f"-Dscaling.out={tmp_path}"]) == 2
+    assert cli_helpers.main(["-mode=scaling", "-Dscaling.methods=[nope]", f"-Dscaling.out={tmp_path}"]) == 2
     assert "unknown method" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "PerformerConfig",
     "ModelConfig",
     "ATTENTIONS",
+    "CAUSAL_ATTENTIONS",
     "NORMS",
     "POOLINGS",
     "HEADS",
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 ATTENTIONS = ("relpos", "favor", "relative_favor", "clipped_relative", "sdpa")
+CAUSAL_ATTENTIONS = ("relpos", "sdpa")  # the attentions with a causal mask (j <= i in token order)
 NORMS = ("post", "pre", "none")
 POOLINGS = ("last", "mean", "max", "cls")
 HEADS = ("mlp", "linear")
@@ -114,6 +116,7 @@ class ModelConfig:
     positions: str = "grid"
     attention: str = "relpos"
     backend: str = "auto"
+    causal: bool = False
     pe: PositionalEncodingConfig = field(default_factory=PositionalEncodingConfig)
     span: SpanConfig = field(default_factory=SpanConfig)
     performer: PerformerConfig = field(default_factory=PerformerConfig)
@@ -190,6 +193,13 @@ class ModelConfig:
                 raise ValueError(f"span.init (initial sigma) must be > span.min_sigma = {self.span.min_sigma}, got {self.span.init}")
             if not 0.0 <= self.span.threshold < 1.0:
                 raise ValueError(f"span.threshold must be in [0, 1), got {self.span.threshold}")
+        if self.causal:
+            if self.attention not in CAUSAL_ATTENTIONS:
+                raise ValueError(f"causal=True needs attention in {CAUSAL_ATTENTIONS}, got attention={self.attention!r} "
+                                 "(the FAVOR+ attentions here are bidirectional)")
+            if self.pooling == "cls":
+                raise ValueError("causal=True does not go with pooling='cls' (the class token comes first, so it "
+                                 "would see only itself); use pooling 'last', as the thesis does")
         if self.attention == "clipped_relative" and self.heads < 2:
             raise ValueError("attention='clipped_relative' needs heads >= 2 (half of them are relative)")
 

@@ -59,10 +59,10 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
             span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma, s.units)
         return PositionalSelfAttention(
             cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
-            relative=relative_encoder is not None or shared_table, backend=cfg.backend,
+            relative=relative_encoder is not None or shared_table, causal=cfg.causal, backend=cfg.backend,
         )
     if cfg.attention == "sdpa":
-        return SDPAttention(cfg.dim, cfg.heads)
+        return SDPAttention(cfg.dim, cfg.heads, causal=cfg.causal)
     favor = dict(num_features=p.num_features, feature_redraw_interval=p.feature_redraw_interval, kernel=p.kernel)
     if cfg.attention == "favor":
         return FavorAttention(cfg.dim, cfg.heads, **favor)
@@ -119,7 +119,7 @@ class TransformerClassifier(nn.Module):
                 encoder = build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid))
             if algebraic:
                 own = None if cfg.pe.algebraic_shared else build_algebraic_encoder(cfg.pe, head_dim, cfg.heads, len(attn_grid))
-                attention = AlgebraicSelfAttention(cfg.dim, cfg.heads, own)
+                attention = AlgebraicSelfAttention(cfg.dim, cfg.heads, own, causal=cfg.causal)
             else:
                 attention = build_attention(cfg, encoder, shared_table=self.shared_encoder is not None)
             blocks.append(EncoderBlock(cfg.dim, attention, cfg.ffn_dim, cfg.dropout, cfg.norm, cfg.residual, cfg.activation))

@@ -1,44 +1,26 @@
-"""The scaling study (background §4, seed 004): how the cost of one training
-step grows with the number of tokens and with depth, and whether gradients
-vanish in deep stacks, for every attention method of posattn.
-
-``python experiments/scaling.py`` or ``python cmd/main.py -mode=scaling`` run
-:func:`run_study` and write, into one folder:
-
-- ``runtime.csv``: one row per (study, method, size): seconds per training step
-  (forward + backward; median of repeats after warm-up, synchronised on CUDA),
-  peak memory the step adds (MiB), the span's kept-key fraction, and a status
-  (``ok`` or why the point was skipped);
-- ``exponents.csv``: fitted growth exponents k (time ~ N^k, or ~ depth^k);
-- ``gradients.csv``: mean |grad| of the token embedding, the first and last
-  encoder layer and the positional parameters at initialisation, vs depth, with
-  and without residual connections and LayerNorm, for fixed sinusoidal and
-  learnable (per-position table) encodings;
-- ``runtime_vs_tokens.png``, ``memory_vs_tokens.png``, ``runtime_vs_depth.png``,
-  ``gradients_vs_depth.png`` and ``summary.md``.
+"""What the scaling study measures: its settings (:class:`ScalingConfig`), the
+models of each attention method, the timing and peak memory of one training
+step, fitted growth exponents, and mean |grad| vs depth. The files it writes are
+made by :mod:`.report`; :func:`posattn.training.scaling.run_study` runs both.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
-import datetime
 import math
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .._grid import span_sigma_for_keep
-from .._timing import freed_memory_returned_to_os, peak_extra_mib
+from ..._grid import span_sigma_for_keep
+from ..._timing import freed_memory_returned_to_os, peak_extra_mib
 
 __all__ = [
-    "METHODS", "QUICK", "ScalingConfig", "run_study", "runtime_sweep", "gradient_study", "fit_exponent", "exponent_table",
-    "write_outputs", "model_for",
+    "METHODS", "QUICK", "ScalingConfig", "scaling_defaults", "scaling_config", "runtime_sweep", "gradient_study", "fit_exponent",
+    "exponent_table", "model_for", "RUNTIME_COLUMNS", "EXPONENT_COLUMNS", "GRADIENT_COLUMNS",
 ]
 
 # name -> (label, ModelConfig overrides). Every method shares the model of
@@ -141,6 +123,27 @@ class ScalingConfig:
             raise ValueError("scaling.warmup must be >= 0, max_step_seconds and max_memory_gib > 0")
 
 
+# Fields that cmd/main.py takes from its top-level settings, not from `scaling:`.
+_FROM_TOP_LEVEL = {"device": "device", "threads": "num_threads"}
+
+
+def scaling_defaults() -> dict:
+    """The ``scaling:`` block of the experiment CLI: every ScalingConfig field but
+    those set from the top level (``device``, ``num_threads``), plus ``quick``
+    (tiny sizes). The one statement of the study's defaults is ScalingConfig."""
+    values = {k: v for k, v in dataclasses.asdict(ScalingConfig()).items() if k not in _FROM_TOP_LEVEL}
+    return dict(values, quick=False)
+
+
+def scaling_config(section: dict, top_level: dict) -> ScalingConfig:
+    """The ScalingConfig of the CLI's ``scaling:`` block and top-level settings."""
+    values = dict(section)
+    if values.pop("quick", False):
+        values.update(QUICK)
+    values.update({field: top_level[key] for field, key in _FROM_TOP_LEVEL.items()})
+    return ScalingConfig.from_dict(values)
+
+
 # --- models ------------------------------------------------------------------
 
 
@@ -155,7 +158,7 @@ def span_sigma_cells(cfg: ScalingConfig, method: str, largest_grid: Sequence[int
 def model_for(cfg: ScalingConfig, method: str, grid: Sequence[int], depth: int, sigma_cells: Optional[float] = None,
               **overrides):
     """The study's TransformerClassifier for ``method`` on ``grid`` (input (B, *grid, C))."""
-    from ..nn import TransformerClassifier
+    from ...nn import TransformerClassifier
 
     spec = dict(METHODS[method][1])
     spec.update(grid=list(grid), in_channels=cfg.in_channels, num_classes=10, dim=cfg.dim, depth=depth,
@@ -355,9 +358,9 @@ def _mean_abs_grad(params) -> float:
 
 
 def gradient_point(cfg: ScalingConfig, encoding: str, residual: bool, norm: str, depth: int, seed: int) -> dict:
-    """Mean |grad| at initialisation on a dummy task (seed 004's set-up): random
+    """Mean |grad| at initialisation on a dummy task (the stacked-attention study's set-up): random
     token features, labels from a fixed rule of the sequence."""
-    from ..nn import TransformerClassifier
+    from ...nn import TransformerClassifier
 
     torch.manual_seed(seed)
     n, c = int(cfg.gradient_tokens), cfg.in_channels
@@ -392,251 +395,3 @@ def gradient_study(cfg: ScalingConfig, progress: bool = True) -> list[dict]:
     return rows
 
 
-# --- outputs -----------------------------------------------------------------
-
-
-def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in columns})
-    os.replace(tmp, path)
-
-
-def _style(method: str) -> dict:
-    colors = {"reference": "tab:red", "relpos": "tab:blue", "relpos_span10": "tab:cyan", "relpos_span1": "tab:green",
-              "performer": "tab:purple", "algebraic_sdpa": "tab:orange", "sdpa": "tab:gray"}
-    return dict(color=colors.get(method), marker="o", markersize=4, label=method)
-
-
-def _reference_slopes(ax, xs: list[float], ys: list[float]) -> None:
-    """Dashed N and N^2 guides through the geometric middle of the data."""
-    if len(xs) < 2 or not ys:
-        return
-    x0, x1 = min(xs), max(xs)
-    ymid = math.exp(statistics.fmean(math.log(y) for y in ys))
-    xmid = math.sqrt(x0 * x1)
-    for k, style in ((1, ":"), (2, "--")):
-        ax.plot([x0, x1], [ymid * (x0 / xmid) ** k, ymid * (x1 / xmid) ** k], style, color="black", lw=1,
-                label=f"slope {k} (N^{k})" if k == 2 else "slope 1 (N)")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _log_axes(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=legend_size)
-
-
-def _save(plt, fig, title: str, path: str) -> None:
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str) -> None:
-    plt = _pyplot()
-    studies = [s for s in ("length", "grid") if any(r["study"] == s for r in rows)]
-    fig, axes = plt.subplots(1, max(len(studies), 1), figsize=(6.2 * max(len(studies), 1), 4.6), squeeze=False)
-    for ax, study in zip(axes[0], studies):
-        allx, ally = [], []
-        for method in METHODS:
-            pts = sorted((r["tokens"], r[value]) for r in rows
-                         if r["study"] == study and r["method"] == method and r["status"] == "ok" and r[value] > 0)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], **_style(method))
-                allx += [p[0] for p in pts]
-                ally += [p[1] for p in pts]
-        if value == "seconds":
-            _reference_slopes(ax, allx, ally)
-        _log_axes(ax, "tokens N (" + ("1-D sequence" if study == "length" else "2-D grid n x n") + ")", ylabel)
-    _save(plt, fig, title, path)
-
-
-def plot_depth(rows: list[dict], path: str, title: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12.4, 4.6))
-    for ax, value, ylabel in ((axes[0], "seconds", "seconds per training step"), (axes[1], "peak_mib", "peak extra MiB")):
-        for method in METHODS:
-            pts = sorted((r["depth"], r[value]) for r in rows
-                         if r["study"] == "depth" and r["method"] == method and r["status"] == "ok" and r[value] > 0)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], **_style(method))
-        _log_axes(ax, "depth (layers)", ylabel)
-    _save(plt, fig, title, path)
-
-
-def plot_gradients(rows: list[dict], path: str, title: str) -> None:
-    plt = _pyplot()
-    colors = dict(zip(GRADIENT_ARCHS, ("tab:blue", "tab:green", "tab:orange", "tab:red")))
-    lines = {"abs_sinusoidal": "-", "abs_learned": "--"}
-    panels = (("first_layer_grad", "first encoder layer"), ("embedding_grad", "token embedding"),
-              ("positional_grad", "learnable positional table"))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-    floor = 1e-45  # exact zeros (underflow) are drawn at the floor of the log axis
-    for ax, (key, name) in zip(axes, panels):
-        for encoding in GRADIENT_ENCODINGS:
-            for arch in GRADIENT_ARCHS:
-                pts = sorted((r["depth"], r[key]) for r in rows
-                             if r["encoding"] == encoding and r["arch"] == arch and math.isfinite(r[key]))
-                if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], floor) for p in pts], lines[encoding], marker="o",
-                            markersize=3, color=colors[arch], label=f"{arch}, {GRADIENT_ENCODINGS[encoding]}")
-        _log_axes(ax, "depth (layers)", f"mean |grad|, {name}", legend_size=6)
-    _save(plt, fig, title, path)
-
-
-def _fmt(value: float, digits: int = 1) -> str:
-    return "—" if not isinstance(value, (int, float)) or not math.isfinite(value) else f"{value:.{digits}f}"
-
-
-def _method_table(methods: list[str], rows: list[dict], column: str, keys: list, value: str, digits: int) -> list[str]:
-    """Markdown table: a row per method, a column per value of ``row[column]``
-    ("skip" where the point was not measured)."""
-    lines = ["| method | " + " | ".join(map(str, keys)) + " |", "|---" * (len(keys) + 1) + "|"]
-    for m in methods:
-        cells = []
-        for key in keys:
-            r = next((r for r in rows if r["method"] == m and r[column] == key), None)
-            cells.append(_fmt(r[value], digits) if r and r["status"] == "ok" else "skip")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def machine_line(cfg: ScalingConfig) -> str:
-    device = torch.device(cfg.device)
-    if device.type == "cuda":
-        what = torch.cuda.get_device_name(device)
-    else:
-        what = f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    return f"{what}; torch {torch.__version__}; {datetime.date.today().isoformat()}"
-
-
-def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict], grads: list[dict],
-                     command: str) -> str:
-    lines = [f"# Scaling study ({machine_line(cfg)})", "", f"Command: `{command}`", "",
-             f"Model: {cfg.token_depth} layers for the token sweeps, dim {cfg.dim}, {cfg.heads} heads, feed-forward "
-             f"{cfg.ffn_dim}, batch {cfg.batch}, float32. One training step = forward + backward "
-             f"(median of {cfg.repeats} after {cfg.warmup} warm-up); peak memory = what one step adds.", "",
-             "Methods:"]
-    for m in cfg.methods:
-        lines.append(f"- `{m}`: {METHODS[m][0]}")
-    spans = sorted({r['keep_fraction'] for r in rows if r['method'] in SPAN_KEEP and r['status'] == 'ok'})
-    if spans:
-        lines.append(f"\nThe span methods keep a box of fixed size in cells (threshold {cfg.threshold}), "
-                     "chosen to keep ~10% / ~1% of the keys on the largest grid of each sweep; on smaller grids the same "
-                     "box keeps a larger fraction (column keep_fraction of runtime.csv).")
-    for study, what in (("length", "1-D sequences"), ("grid", "2-D grids")):
-        srows = [r for r in rows if r["study"] == study]
-        if not srows:
-            continue
-        sizes = [g for _, g in sorted({(r["tokens"], r["grid"]) for r in srows})]
-        lines += ["", f"## Seconds per training step vs tokens, {what}", ""]
-        lines += _method_table(cfg.methods, srows, "grid", sizes, "seconds", 3)
-        lines += ["", f"Peak extra memory (MiB), {what}:", ""]
-        lines += _method_table(cfg.methods, srows, "grid", sizes, "peak_mib", 1)
-    drows = [r for r in rows if r["study"] == "depth"]
-    if drows:
-        lines += ["", f"## Seconds per training step vs depth (grid {drows[0]['grid']})", ""]
-        lines += _method_table(cfg.methods, drows, "depth", sorted({r["depth"] for r in drows}), "seconds", 3)
-    if exponents:
-        lines += ["", "## Fitted growth exponents (time ~ size^k)", "",
-                  "k over all measured sizes, and over the larger half (at least 3 points), where fixed per-step "
-                  "costs weigh least.", "", "| study | method | points | k (all) | k (larger half) | expected |",
-                  "|---|---|---|---|---|---|"]
-        for e in exponents:
-            lines.append(f"| {e['study']} | {e['method']} | {e['points']} | {_fmt(e['exponent_all'], 2)} | "
-                         f"{_fmt(e['exponent_large'], 2)} | {e['expected']} |")
-    skipped = [r for r in rows if r["status"] != "ok"]
-    if skipped:
-        lines += ["", "Skipped points:", ""]
-        lines += [f"- {r['method']} {r['study']} {r['grid']} depth {r['depth']}: {r['status']}" for r in skipped]
-    if grads:
-        depths = sorted({g["depth"] for g in grads})
-        lines += ["", f"## Mean |grad| at initialisation vs depth ({grads[0]['tokens']} tokens, mean of "
-                  f"{grads[0]['seeds']} seeds, SDPA attention)", ""]
-        for key, name in (("first_layer_grad", "first encoder layer"), ("embedding_grad", "token embedding"),
-                          ("positional_grad", "learnable positional table")):
-            lines += [f"{name}:", "", "| encoding | arch | " + " | ".join(map(str, depths)) + " |",
-                      "|---|---" + "|---" * len(depths) + "|"]
-            for enc in GRADIENT_ENCODINGS:
-                for arch in GRADIENT_ARCHS:
-                    vals = {g["depth"]: g[key] for g in grads if g["encoding"] == enc and g["arch"] == arch}
-                    if not any(math.isfinite(v) for v in vals.values()):
-                        continue
-                    cells = [f"{vals[d]:.2e}" if d in vals and math.isfinite(vals[d]) else "—" for d in depths]
-                    lines.append(f"| {GRADIENT_ENCODINGS[enc]} | {arch} | " + " | ".join(cells) + " |")
-            lines.append("")
-    lines += ["Plots: `runtime_vs_tokens.png`, `memory_vs_tokens.png`, `runtime_vs_depth.png`, "
-              "`gradients_vs_depth.png`. Data: `runtime.csv`, `exponents.csv`, `gradients.csv`."]
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(cfg: ScalingConfig, rows: list[dict], exponents: list[dict], grads: list[dict], command: str) -> dict:
-    """Writes the CSVs, plots and summary into cfg.out; returns {name: path}."""
-    os.makedirs(cfg.out, exist_ok=True)
-    paths = {}
-
-    def p(name):
-        paths[name] = os.path.join(cfg.out, name)
-        return paths[name]
-
-    machine = machine_line(cfg)
-    if rows:
-        _write_csv(p("runtime.csv"), RUNTIME_COLUMNS, rows)
-        _write_csv(p("exponents.csv"), EXPONENT_COLUMNS, exponents)
-        token_rows = [r for r in rows if r["study"] in ("length", "grid")]
-        if token_rows:
-            plot_tokens(token_rows, "seconds", "seconds per training step (fwd + bwd)", p("runtime_vs_tokens.png"),
-                        f"one training step, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})")
-            plot_tokens(token_rows, "peak_mib", "peak extra memory of one step (MiB)", p("memory_vs_tokens.png"),
-                        f"peak memory, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})")
-        if any(r["study"] == "depth" for r in rows):
-            plot_depth(rows, p("runtime_vs_depth.png"), f"cost vs depth, grid {'x'.join(map(str, cfg.depth_grid))} "
-                       f"({machine})")
-    if grads:
-        _write_csv(p("gradients.csv"), GRADIENT_COLUMNS, grads)
-        plot_gradients(grads, p("gradients_vs_depth.png"),
-                       f"mean |grad| at initialisation, {cfg.gradient_tokens} tokens, SDPA attention "
-                       f"(solid: fixed sinusoidal, dashed: learnable table; exact zeros drawn at 1e-45)")
-    tmp = p("summary.md") + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(summary_markdown(cfg, rows, exponents, grads, command))
-    os.replace(tmp, paths["summary.md"])
-    return paths
-
-
-def run_study(cfg: ScalingConfig, command: str = "python experiments/scaling.py", progress: bool = True,
-              log: Callable[[str], None] = print) -> dict:
-    """Runs the studies of ``cfg.studies``; writes and returns the output paths
-    (plus ``rows``, ``exponents``, ``gradients``)."""
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"scaling.device={cfg.device!r} but CUDA is not available")
-    log(f"scaling study on {machine_line(cfg)}; output in {cfg.out}")
-    rows = runtime_sweep(cfg, progress) if set(cfg.studies) & {"length", "grid", "depth"} else []
-    grads = gradient_study(cfg, progress) if "gradients" in cfg.studies else []
-    exponents = exponent_table(rows)
-    paths = write_outputs(cfg, rows, exponents, grads, command)
-    for e in exponents:
-        log(f"  {e['study']:6s} {e['method']:15s} k = {_fmt(e['exponent_all'], 2)} (all {e['points']} sizes), "
-            f"{_fmt(e['exponent_large'], 2)} (larger half); expected ~{e['expected']}")
-    log("wrote " + ", ".join(sorted(os.path.basename(v) for v in paths.values())))
-    return dict(paths, rows=rows, exponents=exponents, gradients=grads)

@@ -45,6 +45,10 @@ def model_config(cfg: dict, splits: Splits) -> ModelConfig:
     """The ModelConfig of an experiment config for the loaded data."""
     m = dict(cfg["model"])
     variant = m.pop("variant", None)
+    for key, found in (("in_channels", splits.channels), ("num_classes", splits.num_classes)):
+        if m.get(key) is not None and int(m[key]) != found:
+            raise ValueError(f"model.{key} is {m[key]} but the data ({cfg['data']['name']}) has {found}; "
+                             f"leave model.{key} null to take it from the data")
     values = dict(m, grid=list(splits.grid), in_channels=splits.channels, num_classes=splits.num_classes,
                   pe=dict(cfg["pe"], name=cfg["positional_encoding"]), span=dict(cfg["span"]),
                   performer=dict(cfg["performer"]))

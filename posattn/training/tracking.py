@@ -15,7 +15,13 @@ import netrc
 import os
 from typing import Any, Optional
 
-__all__ = ["Tracker", "wandb_credentials"]
+from .optional import require
+
+__all__ = ["Tracker", "wandb_credentials", "SUMMARIES"]
+
+# Run-summary aggregates kept besides the last value, so that a W&B sweep can
+# name a best-of metric the thesis' way (``metric: {name: val/acc.max}``).
+SUMMARIES = {"val/acc": "max,last", "val/loss": "min,last", "train/acc": "max,last", "train/loss": "min,last"}
 
 
 def wandb_credentials() -> bool:
@@ -49,12 +55,12 @@ class Tracker:
         """Starts a run (or adopts ``reuse_run``, the run a sweep agent opened)."""
         if not self.enabled:
             return
-        import wandb
-
+        wandb = require("wandb", "Weights & Biases logging", "pass -no_wandb=T to train without it")
         if reuse_run is not None:
             self.run = reuse_run
             self.mode = "online" if not getattr(reuse_run, "offline", False) else "offline"
             self.run.config.update({"posattn": config}, allow_val_change=True)
+            self._define_summaries()
             return
         mode = os.environ.get("WANDB_MODE")
         if not mode:
@@ -76,6 +82,11 @@ class Tracker:
             mode = "offline"
             self.run = wandb.init(mode=mode, **kwargs)
         self.mode = mode
+        self._define_summaries()
+
+    def _define_summaries(self) -> None:
+        for name, summary in SUMMARIES.items():
+            self.run.define_metric(name, summary=summary)
 
     def log(self, metrics: dict, step: Optional[int] = None) -> None:
         if not self.is_main:

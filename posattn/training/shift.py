@@ -3,19 +3,21 @@ trained model on test images of one class shifted horizontally by
 -min_shift .. +min_shift pixels; writes a CSV and a plot."""
 from __future__ import annotations
 
-import csv
 import os
 
 import torch
 
 from .config import ConfigError
 from .data import shifted_images
+from .report import pyplot, save_figure, write_csv
+from .runs import load_trained
 
 __all__ = ["shift_test"]
 
 
 @torch.no_grad()
-def shift_test(cfg: dict, load_trained) -> dict:
+def shift_test(cfg: dict) -> dict:
+    """Accuracy per horizontal shift of the checkpoint ``cfg`` names (-Dname, -Dcheckpoint)."""
     run_cfg, model, splits, device, path = load_trained(cfg)
     if run_cfg["data"]["sequential"]:
         raise ConfigError("-mode=shift_test needs a model trained on 2-D images (data.sequential: false)")
@@ -41,11 +43,8 @@ def shift_test(cfg: dict, load_trained) -> dict:
         results[shift] = correct / len(y)
     out_dir = os.path.join(os.path.dirname(path), "shift_test")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "shift_accuracy.csv"), "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["shift", "accuracy", "images"])
-        for shift, acc in results.items():
-            writer.writerow([shift, f"{acc:.4f}", n])
+    write_csv(os.path.join(out_dir, "shift_accuracy.csv"),
+              [{"shift": shift, "accuracy": f"{acc:.4f}", "images": n} for shift, acc in results.items()])
     _plot(results, os.path.join(out_dir, "shift_accuracy.png"), title=f"{run_cfg['name']}: class {cls}, {n} images")
     print(f"\nshifted-image test ({n} test images of class {cls} with >= {min_shift} empty columns each side)")
     print(" shift: " + " ".join(f"{k:>6d}" for k in results))
@@ -55,18 +54,11 @@ def shift_test(cfg: dict, load_trained) -> dict:
 
 
 def _plot(results: dict, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = pyplot().subplots(figsize=(6, 3.5))
     ax.plot(list(results), list(results.values()), marker="o")
     ax.set_xlabel("horizontal shift (pixels)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
