@@ -1,4 +1,4 @@
-"""CPU benchmark of posattn.ops.relpos_attention against the baselines of issue 2.
+"""CPU benchmark of posattn.ops.relpos_attention against its baselines (eager composition, SDPA, dense op).
 
 For each grid it times forward and forward+backward (median of repeated runs
 after warm-up, in one process) and measures the peak extra resident memory of

@@ -18,7 +18,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from posattn.nn.algebraic import TreeTransformer
+from posattn.nn import TreeTransformer
 
 VOCAB = 8
 

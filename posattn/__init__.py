@@ -8,7 +8,7 @@ import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
 
 from . import _C  # noqa: F401  (registers torch.ops.posattn.*)
 from . import nn, ops, reference
-from .ops import relpos_attention
+from .ops import apply_maps, relpos_attention
 
-__all__ = ["nn", "ops", "reference", "relpos_attention"]
+__all__ = ["nn", "ops", "reference", "relpos_attention", "apply_maps"]
 __version__ = "0.1.0"

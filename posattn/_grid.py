@@ -7,8 +7,11 @@ from typing import Optional, Sequence
 import torch
 
 
+MAX_GRID_AXES = 8  # kMaxGridDims of csrc/common/grid_index.h: the kernels' per-axis arrays
+
+
 def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
-    """``grid`` as a list of ints (default ``[num_tokens]``); checks prod(grid) == N."""
+    """``grid`` as a list of ints (default ``[num_tokens]``); checks 1..8 axes and prod(grid) == N."""
     if grid is None:
         return [int(num_tokens)]
     if isinstance(grid, int):
@@ -19,6 +22,8 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
         raise ValueError(f"grid must be a sequence of ints, got {grid!r}") from None
     if not sizes:
         raise ValueError("relpos_attention: grid must list at least one axis")
+    if len(sizes) > MAX_GRID_AXES:
+        raise ValueError(f"relpos_attention: grid may have at most {MAX_GRID_AXES} axes, got {len(sizes)}")
     # Plain loops (no generator expressions): torch.compile traces this code.
     prod = 1
     for n in sizes:

@@ -12,9 +12,36 @@ import torch
 
 from ._grid import normalise_grid, num_offsets
 
-__all__ = ["relpos_attention", "apply_maps"]
+__all__ = ["relpos_attention", "apply_maps", "has_kernel", "SPAN_MODES"]
 
 SPAN_MODES = ("add", "multiply")
+
+# Which device types have a kernel of each operator (fixed once the extension is
+# loaded; "meta" has the fake kernel, for shape inference), and the dtypes each
+# backend's kernels take (the CPU kernels check theirs: relpos_attention_cpu.cpp,
+# apply_maps_cpu.cpp).
+_OPS = ("relpos_attention", "apply_maps")
+_KERNEL_DEVICES = {
+    op: frozenset(device for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
+                  if torch._C._dispatch_has_kernel_for_dispatch_key(f"posattn::{op}", key))
+    for op in _OPS
+}
+_HALF = (torch.float16, torch.bfloat16)
+_KERNEL_DTYPES = {
+    "cpu": (torch.float32, torch.float64),
+    "cuda": (torch.float32, torch.float64) + _HALF,
+    "meta": (torch.float32, torch.float64) + _HALF,
+}
+
+
+def has_kernel(op: str, x: torch.Tensor) -> bool:
+    """Whether ``torch.ops.posattn.<op>`` has a kernel for ``x``'s device and dtype
+    (``op``: ``"relpos_attention"`` or ``"apply_maps"``). Modules fall back to
+    :mod:`posattn.reference` where it has not."""
+    if op not in _KERNEL_DEVICES:
+        raise ValueError(f"has_kernel: op must be one of {', '.join(_OPS)}, got {op!r}")
+    device = x.device.type
+    return device in _KERNEL_DEVICES[op] and x.dtype in _KERNEL_DTYPES.get(device, ())
 
 
 def relpos_attention(
@@ -229,15 +256,19 @@ def apply_maps(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torc
 
 
 def _check_apply_maps_args(x, maps, index) -> None:
+    """Shape, dtype and device checks, in the order and words of the C++ checks
+    (csrc/algebraic/apply_maps_checks.cpp); index values are checked by the operator."""
     for name, t in (("x", x), ("maps", maps), ("index", index)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"apply_maps: {name} must be a tensor, got {type(t).__name__}")
     if x.dim() != 4:
         raise ValueError(f"apply_maps: x must have shape (B, H, N, D), got {tuple(x.shape)}")
-    if maps.dim() != 5 or maps.shape[3] != maps.shape[4]:
+    if maps.dim() != 5:
         raise ValueError(f"apply_maps: maps must have shape (P, H, A, m, m), got {tuple(maps.shape)}")
-    if not x.dtype.is_floating_point or maps.dtype != x.dtype:
-        raise TypeError(f"apply_maps: x and maps must share one floating dtype, got {x.dtype} and {maps.dtype}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"apply_maps: x must be a floating-point tensor, got {x.dtype}")
+    if maps.dtype != x.dtype:
+        raise TypeError(f"apply_maps: maps has dtype {maps.dtype} but x has dtype {x.dtype}; they must match")
     if index.dtype != torch.int64:
         raise TypeError(f"apply_maps: index must be int64, got {index.dtype}")
     if maps.device != x.device or index.device != x.device:
@@ -245,11 +276,15 @@ def _check_apply_maps_args(x, maps, index) -> None:
             f"apply_maps: x ({x.device}), maps ({maps.device}) and index ({index.device}) must be on one device"
         )
     B, H, N, D = x.shape
-    P, Hm, A, m, _ = maps.shape
+    P, Hm, A, m, m2 = maps.shape
     if Hm != H:
-        raise ValueError(f"apply_maps: maps has {Hm} heads but x has {H}")
+        raise ValueError(f"apply_maps: maps has {Hm} heads but x has {H} (maps must be (P, H, A, m, m))")
+    if m2 != m:
+        raise ValueError(f"apply_maps: maps must hold square m x m blocks, got {tuple(maps.shape)}")
+    if P < 1 or A < 1 or m < 1:
+        raise ValueError(f"apply_maps: maps must have P, A, m >= 1, got {tuple(maps.shape)}")
     if A * m != D:
-        raise ValueError(f"apply_maps: A * m = {A} * {m} must equal the head dim D = {D} of x")
+        raise ValueError(f"apply_maps: A * m = {A} * {m} = {A * m} must equal the head dim D = {D} of x")
     if tuple(index.shape) not in ((N, A), (B, N, A)):
         raise ValueError(f"apply_maps: index must be (N, A) = ({N}, {A}) or (B, N, A), got {tuple(index.shape)}")
 

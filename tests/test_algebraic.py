@@ -248,7 +248,7 @@ def test_tree_encoding_learns_the_parent_task_sequence_encoding_does_not():
 
 def test_tree_transformer_shapes_and_padding():
     torch.manual_seed(0)
-    from posattn.nn.algebraic import TreeTransformer
+    from posattn.nn import TreeTransformer
 
     model = TreeTransformer(5, 3, dim=16, depth=1, heads=2, encoding="tree", max_depth=3)
     tokens = torch.randint(0, 5, (2, 15))

@@ -1,6 +1,7 @@
 """apply_maps operator: reference agreement, gradients, registration, bad input."""
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from posattn import ops, reference
 
@@ -82,24 +83,34 @@ def test_non_contiguous_and_empty_inputs():
     "mutate, exc, match",
     [
         (lambda x, M, i: (x[0], M, i), ValueError, "x must have shape \\(B, H, N, D\\)"),
-        (lambda x, M, i: (x, M[..., :3], i), ValueError, "maps must have shape \\(P, H, A, m, m\\)"),
+        (lambda x, M, i: (x, M[0], i), ValueError, "maps must have shape \\(P, H, A, m, m\\)"),
+        (lambda x, M, i: (x, M[..., :3], i), ValueError, "maps must hold square m x m blocks"),
         (lambda x, M, i: (x, M[:, :2], i), ValueError, "maps has 2 heads but x has 3"),
-        (lambda x, M, i: (x[..., :6], M, i), ValueError, "A \\* m = 2 \\* 4 must equal the head dim D = 6"),
+        (lambda x, M, i: (x, M[:0], i), ValueError, "maps must have P, A, m >= 1"),
+        (lambda x, M, i: (x[..., :6], M, i), ValueError, "A \\* m = 2 \\* 4 = 8 must equal the head dim D = 6"),
         (lambda x, M, i: (x, M, i[:, :1]), ValueError, "index must be \\(N, A\\)"),
+        (lambda x, M, i: (x, M, i[None, None]), ValueError, "index must be \\(N, A\\)"),
         (lambda x, M, i: (x, M, i.int()), TypeError, "index must be int64"),
-        (lambda x, M, i: (x, M.float(), i), TypeError, "share one floating dtype"),
+        (lambda x, M, i: (x.long(), M.long(), i), TypeError, "x must be a floating-point tensor"),
+        (lambda x, M, i: (x, M.float(), i), TypeError, "maps has dtype .*(float32|Float) but x has dtype"),
         (lambda x, M, i: (x, M, i + 5), ValueError, "index values must be in \\[0, P\\) = \\[0, 5\\)"),
         (lambda x, M, i: (x, M, i - 1 - i), ValueError, "index values must be in"),
     ],
 )
 def test_bad_input(mutate, exc, match):
+    """The same table through the wrapper, the C++ operator and the fake kernel:
+    the Python checks and the C++ checks agree (the fake sees shapes, not values)."""
     x, maps, index = make()
     args = mutate(x, maps, index)
     with pytest.raises(exc, match=match):
         ops.apply_maps(*args)
-    if "index values" in match:  # the raw operator checks the values too
-        with pytest.raises(exc, match=match):
-            torch.ops.posattn.apply_maps(*args)
+    with pytest.raises(exc, match=match):
+        torch.ops.posattn.apply_maps(*args)
+    if "index values" not in match:
+        with FakeTensorMode() as mode:
+            fake = [mode.from_tensor(a) for a in args]
+            with pytest.raises(exc, match=match):
+                torch.ops.posattn.apply_maps(*fake)
 
 
 def test_raw_op_rejects_half_on_cpu():

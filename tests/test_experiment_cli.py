@@ -3,6 +3,7 @@ import csv
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -158,15 +159,44 @@ def test_shift_test_writes_csv_and_plot(tmp_path, capsys):
 )
 def test_bad_cli_input_exits_2_with_a_clear_error(tmp_path, capsys, args, message):
     assert cli_helpers.main([f"-Dout_dir={tmp_path}", *TINY, *args]) == 2
-    import re
-
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_script_entry_point_help():
-    out = subprocess.run([sys.executable, MAIN, "--help"], capture_output=True,
-                         text=True, check=True).stdout
+def test_script_entry_point_help_names_only_files_that_exist():
+    out = subprocess.run([sys.executable, MAIN, "--help"], capture_output=True, text=True, check=True).stdout
     assert "-mode" in out and "-D KEY=VALUE" in out and "local_sweep" in out
+    paths = re.findall(r"[\w./-]+\.(?:ya?ml|py)\b", out)
+    assert "cmd/main.py" in paths and "experiments/thesis_config.yml" in paths
+    for path in paths:
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    for name in re.findall(r"--sweep_config=(\w+)\s", out):  # sweep files named without a path
+        assert os.path.exists(os.path.join(ROOT, "experiments", "sweeps", name + ".yml")), name
+
+
+def test_cmd_main_runs_from_another_working_directory_and_with_python_O(tmp_path):
+    """The defaults and sweep files come from cmd/main.py's own folder, not the working
+    directory; -O (no asserts, no __debug__) changes nothing."""
+    cmd = [sys.executable, "-O", MAIN, *TINY, "-Dtrain.epochs=1", "-Dname=o", "-no_wandb=T", "-Dlearning_rate=0.05"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "runs" / "o" / "summary.json").exists()
+    proc = subprocess.run([sys.executable, MAIN, "-mode=local_sweep", "--sweep_config=nope"], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "thesis_keys_quick" in proc.stderr  # the shipped sweeps are listed
+
+
+def test_missing_wandb_and_sweeps_exit_2_with_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
+    monkeypatch.setitem(sys.modules, "sweeps", None)
+    assert run(tmp_path, "-Dname=n", "-Dtrain.epochs=1") == 0  # -no_wandb=T needs neither
+    assert run(tmp_path, "-Dname=n2", "-Dtrain.epochs=1", "-no_wandb=F") == 2
+    err = capsys.readouterr().err
+    assert "Weights & Biases logging needs the Python package 'wandb'" in err
+    assert "python -m pip install wandb" in err and "-no_wandb=T" in err
+    assert run(tmp_path, "-mode=local_sweep", "--sweep_config=quick_encodings") == 2
+    assert "python -m pip install sweeps" in capsys.readouterr().err
+    assert run(tmp_path, "-mode=sweep", "--sweep_config=quick_encodings") == 2
+    assert "python -m pip install wandb" in capsys.readouterr().err
 
 
 def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
@@ -211,14 +241,15 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     assert state["epoch"] == 2
 
 
-def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch):
+def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch, capsys):
     """-mode=sweep_agent: the agent's runs get their values through wandb.config
     (the W&B server is replaced by an offline run holding the sweep's values)."""
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     real_init = wandb.init
-    sweep_values = {"positional_encoding": "lookup", "train.epochs": 1, "model.depth": 2}
+    sweep_values = {"positional_encoding": "lookup", "train.epochs": 1, "model.depth": 2,
+                    "learning_rate": 0.003, "cls_token": "max", "channels_last": True}  # thesis keys too
     monkeypatch.setattr(wandb, "init", lambda **kw: real_init(config=sweep_values, dir=str(tmp_path), **kw))
     calls = []
 
@@ -234,6 +265,28 @@ def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch):
 
     used = yaml.safe_load((run_dir / "config.yml").read_text())
     assert used["positional_encoding"] == "lookup" and used["model"]["depth"] == 2 and used["train"]["epochs"] == 1
+    assert used["train"]["lr"] == 0.003 and used["model"]["pooling"] == "max"
+    assert "ignored thesis key(s) that configure nothing in posattn: channels_last" in capsys.readouterr().err
+
+    # a key that is neither posattn's nor the thesis' fails the run instead of being dropped
+    sweep_values["modle.depth"] = 3
+    assert cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=x", "-count=1"]) == 2
+    assert "unknown config key 'modle.depth'" in capsys.readouterr().err
+
+
+def test_sweep_mode_checks_the_file_and_sends_it_unchanged(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    created = []
+    monkeypatch.setattr(wandb, "sweep", lambda sweep, **kw: created.append(sweep) or "abc123")
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-mode=sweep", "--sweep_config=thesis_keys_quick"]) == 0
+    assert created[0]["metric"] == {"goal": "maximize", "name": "val/acc.max"}
+    assert "learning_rate" in created[0]["parameters"]
+    assert "--sweep_id=abc123" in capsys.readouterr().out
+    bad = tmp_path / "bad.yml"
+    bad.write_text("method: grid\nmetric: {name: val/acc}\nparameters:\n  num_layer: {value: 2}\n")
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-mode=sweep", f"--sweep_config={bad}"]) == 2
+    assert len(created) == 1 and "did you mean num_layers" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("pe", ["algebraic_seq", "algebraic_grid", "rope"])

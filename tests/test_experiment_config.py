@@ -56,7 +56,7 @@ def test_defaults_load_and_overrides_apply():
 def test_unknown_key_names_close_matches():
     with pytest.raises(ConfigError, match=r"unknown config key 'pe.hiden_dim'; did you mean pe.hidden_dim"):
         load_config(["pe.hiden_dim=3"])
-    with pytest.raises(ConfigError, match=r"unknown config key 'epochs'; did you mean train.epochs"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'epochs'; did you mean .*train.epochs"):
         load_config(["epochs=3"])
     with pytest.raises(ConfigError, match="expected -D<key>=<value>"):
         load_config(["model.depth"])
@@ -90,7 +90,7 @@ def test_every_shipped_sweep_file_is_valid_and_found_by_name():
     assert len(files) >= 10
     for path in files:
         sweep = load_sweep(path, flat)  # every parameter is a config key with a valid value
-        assert sweep["metric"]["name"] in ("val/best_acc", "val/acc")
+        assert sweep["metric"]["name"] in ("val/best_acc", "val/acc", "val/acc.max")
     assert load_sweep("thesis_2d_siren_span_threshold", flat, SWEEP_DIR)["parameters"]["span.threshold"] == {"value": 0.1}
     with pytest.raises(ConfigError, match="not found .*quick_encodings"):
         load_sweep("no_such_sweep", flat, SWEEP_DIR)

@@ -156,7 +156,7 @@ def test_span_shared_fixed_and_stats():
         (lambda: PositionalSelfAttention(12, 3, encoder=SirenRelativeEncoder(12, 3, 2))(torch.randn(1, 8, 12), [8]),
          "built for 2-D grids"),
         (lambda: PositionalSelfAttention(12, 3)(torch.randn(1, 8, 12), [3, 3]), "prod\\(grid\\)"),
-        (lambda: PositionalSelfAttention(12, 3, relative=True)(torch.randn(1, 8, 12), [8]), "needs rel="),
+        (lambda: PositionalSelfAttention(12, 3, relative=True)(torch.randn(1, 8, 12), [8]), "needs shared="),
     ],
 )
 def test_bad_arguments(build, match):
@@ -179,3 +179,22 @@ def test_span_in_cells_keeps_the_same_width_on_every_grid():
     assert torch.isinf(logits[0, 0, 0, half + 1]) and torch.isfinite(logits[0, 0, 0, half])
     with pytest.raises(ValueError, match="units must be one of"):
         DifferentiableSpan(1, units="pixels")
+
+
+def test_every_attention_shares_the_multi_head_base():
+    from posattn.nn import (AlgebraicSelfAttention, ClippedRelativeAttention, FavorAttention, MultiHeadSelfAttention,
+                            RelativeFavorAttention, SDPAttention)
+
+    built = [PositionalSelfAttention(16, 4), SDPAttention(16, 4), AlgebraicSelfAttention(16, 4), FavorAttention(16, 4),
+             RelativeFavorAttention(16, 4, ndim=2), ClippedRelativeAttention(16, 4, ndim=2)]
+    x = torch.randn(2, 12, 16)
+    for attn in built:
+        assert isinstance(attn, MultiHeadSelfAttention)
+        assert attn.head_dim == 4 and attn.qkv.out_features == 48 and attn.proj.in_features == 16
+        q, k, v = attn.heads_qkv(x)
+        assert q.shape == k.shape == v.shape == (2, 4, 12, 4)
+    for cls, extra in ((SDPAttention, {}), (FavorAttention, {}), (ClippedRelativeAttention, {"ndim": 1})):
+        with pytest.raises(ValueError, match=f"{cls.__name__}: dim \\(10\\) must be a positive multiple of heads"):
+            cls(10, 3, **extra)
+    with pytest.raises(ValueError, match="heads >= 2"):
+        ClippedRelativeAttention(8, 1, ndim=1)

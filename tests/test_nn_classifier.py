@@ -145,6 +145,8 @@ def test_relative_encoding_learns_where_the_bright_pixel_is():
         (dict(grid=[]), "grid must be a non-empty list"),
         (dict(dropout=1.5), "dropout must be in"),
         (dict(attention="clipped_relative", heads=1, dim=16, pe={"name": "none"}), "heads >= 2"),
+        (dict(causal=True, attention="favor", pe={"name": "none"}), "causal=True needs attention in"),
+        (dict(causal=True, pooling="cls"), "causal=True does not go with pooling='cls'"),
     ],
 )
 def test_bad_configs(values, match):
@@ -196,3 +198,20 @@ def test_patches_become_tokens(grid, p):
     assert model.blocks[0].attention.encoder(model.config.token_grid).shape[1] == math.prod(2 * n // p - 1 for n in grid)
     with pytest.raises(ValueError, match="patch_size"):
         TransformerClassifier(grid=grid, patch_size=5)
+
+
+@pytest.mark.parametrize("attention, pe", [("relpos", "siren"), ("sdpa", "abs_sinusoidal"), ("relpos", "rope")])
+def test_causal_models_read_only_earlier_tokens(attention, pe):
+    """model.causal (the thesis' `causal`): a token's output ignores every later token."""
+    torch.manual_seed(0)
+    model = TransformerClassifier(grid=[3, 4], dim=16, heads=2, depth=2, dropout=0.0, input_dropout=0.0,
+                                  attention=attention, pe={"name": pe}, causal=True).eval()
+    assert all(block.attention.causal for block in model.blocks)
+    x = torch.randn(1, 12, 16)
+    y = x.clone()
+    y[:, 7:] += 1.0  # change the tokens after index 6
+    shared = model.shared_encoder([3, 4]) if model.shared_encoder is not None else None
+    for block in model.blocks:
+        x, y = block(x, [3, 4], shared=shared), block(y, [3, 4], shared=shared)
+    torch.testing.assert_close(x[:, :7], y[:, :7])
+    assert (x[:, 7:] - y[:, 7:]).abs().max() > 1e-3

@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the argument, through the wrapper and the raw op."""
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from posattn import ops
 from conftest import make_relpos_inputs
@@ -30,6 +31,7 @@ BAD = [
     case("v tokens", _set("v", lambda x: x["v"][:, :, :-1]), ValueError, "v must have shape"),
     case("grid prod", lambda x: x, ValueError, r"prod\(grid\) = 15", grid=[3, 5]),
     case("grid zero", lambda x: x, ValueError, "grid axis .*must be >= 1", grid=[0, 12]),
+    case("grid 9 axes", lambda x: x, ValueError, "grid may have at most 8 axes, got 9", grid=[1] * 7 + [3, 4]),
     case("rel shape", _set("rel", lambda x: x["rel"][:, :-1]), ValueError, r"rel must have shape \(H, U, D\) = \(3, 35, 5\)"),
     case("q_pos without rel", _set("rel", None), ValueError, "q_pos and rel must be given together"),
     case("q_pos shape", _set("q_pos", lambda x: x["q_pos"][..., :-1]), ValueError, "q_pos must have the shape of q"),
@@ -69,6 +71,25 @@ def test_raw_op_rejects(change, exc, match, kw):
             x["q"], x["k"], x["v"], x.get("q_pos"), x.get("rel"), args["grid"], x.get("sigma"),
             args["threshold"], args["span_mode"], args["scale"], False,
         )
+
+
+VALUE_CHECKS = ("sigma must be positive and finite",)  # need tensor values, which a fake tensor has not
+
+
+@pytest.mark.parametrize("change,exc,match,kw", [p for p in BAD if p.values[2] not in VALUE_CHECKS])
+def test_fake_kernel_rejects(change, exc, match, kw):
+    """The fake kernel (torch.compile's shape inference) runs the Python checks: the
+    same table, the same errors as the C++ operator."""
+    x = change(base())
+    args = dict(grid=GRID, threshold=0.0, span_mode="add", scale=0.5)
+    args.update(kw)
+    with FakeTensorMode() as mode:
+        f = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+        with pytest.raises(exc, match=match):
+            torch.ops.posattn.relpos_attention(
+                f["q"], f["k"], f["v"], f.get("q_pos"), f.get("rel"), args["grid"], f.get("sigma"),
+                args["threshold"], args["span_mode"], args["scale"], False,
+            )
 
 
 def test_not_a_tensor():

@@ -186,7 +186,7 @@ def test_sdpa_attention_matches_softmax_attention():
     w = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
     expected = attn.proj((w @ v).transpose(1, 2).reshape(2, 7, 12))
     torch.testing.assert_close(attn(x, [7]), expected)
-    with pytest.raises(ValueError, match="rel must be None"):
-        attn(x, [7], rel=torch.zeros(1))
+    with pytest.raises(ValueError, match="shared must be None"):
+        attn(x, [7], shared=torch.zeros(1))
     with pytest.raises(ValueError, match="multiple of heads"):
         SDPAttention(10, 3)

@@ -9,7 +9,7 @@
 // d k, d v, d rel and d sigma with atomics into accumulation-type buffers.
 //
 // Not yet here: tiled tensor-core kernels and skipping key tiles outside the
-// span box (this path visits every key and masks), see issue 6. Sigma values
+// span box (this path visits every key and masks). Sigma values
 // are not checked on CUDA (that would need a host synchronisation).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>

@@ -4,23 +4,25 @@
   :class:`SinusoidalRelativeEncoder`, :class:`LookupRelativeEncoder`.
 - Absolute encodings: :class:`SinusoidalAbsoluteEncoding`, :class:`LearnedAbsoluteEncoding`,
   :class:`LearnableSinusoidEncoding`.
-- :class:`DifferentiableSpan`, :class:`PositionalSelfAttention` (fused operator),
-  :class:`SDPAttention` (content only, for baselines).
+- :class:`DifferentiableSpan`; the attentions, all built on :class:`MultiHeadSelfAttention`:
+  :class:`PositionalSelfAttention` (fused operator), :class:`SDPAttention` (content only,
+  for baselines), :class:`AlgebraicSelfAttention` (with :class:`AlgebraicEncoder`).
 - Kernelizable attention: :class:`FavorAttention`, :class:`RelativeFavorAttention`,
   :class:`ClippedRelativeAttention`.
 - :class:`EncoderBlock`, :class:`TransformerClassifier` (+ :class:`ModelConfig`), and the
   Performer family (:class:`Performer`, :class:`NoPosPerformer`, :class:`RelativePerformer`,
-  :class:`ClippedRelativePerformer`).
+  :class:`ClippedRelativePerformer`); :class:`TreeTransformer` over the nodes of trees.
 """
+from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
-from .attention import PositionalSelfAttention, SDPAttention
+from .attention import MultiHeadSelfAttention, PositionalSelfAttention, SDPAttention
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
 from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
 from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
 from .registry import POSITIONAL_ENCODINGS, build_absolute_encoding, build_relative_encoder, encoding_kind
 from .relative import LookupRelativeEncoder, RelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
 from .span import DifferentiableSpan
-from .transformer import EncoderBlock, TransformerClassifier
+from .transformer import EncoderBlock, TransformerClassifier, TreeTransformer
 
 __all__ = [
     "AbsoluteEncoding", "LearnableSinusoidEncoding", "LearnedAbsoluteEncoding", "SinusoidalAbsoluteEncoding",
@@ -29,5 +31,6 @@ __all__ = [
     "ClippedRelativePerformer", "NoPosPerformer", "Performer", "RelativePerformer", "performer_config",
     "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",
     "LookupRelativeEncoder", "RelativeEncoder", "SinusoidalRelativeEncoder", "SirenRelativeEncoder",
-    "DifferentiableSpan", "EncoderBlock", "TransformerClassifier",
+    "DifferentiableSpan", "EncoderBlock", "TransformerClassifier", "TreeTransformer", "AlgebraicEncoder",
+    "AlgebraicSelfAttention", "MultiHeadSelfAttention",
 ]

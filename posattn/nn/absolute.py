@@ -75,7 +75,7 @@ class SinusoidalAbsoluteEncoding(AbsoluteEncoding):
 
 
 class LearnedAbsoluteEncoding(AbsoluteEncoding):
-    """A learned embedding per grid cell (seed 004), for grids up to ``max_grid``
+    """A learned embedding per grid cell (an ``nn.Embedding`` per position), for grids up to ``max_grid``
     on every axis; a smaller grid uses the cells at its coordinates.
     Initialised N(0, 0.02^2)."""
 

@@ -18,33 +18,17 @@ from torch import nn
 from .. import ops, reference
 from .._grid import grid_coords
 from ..algebraic import orthogonal, power_table, rope_generator_init, tree_maps_heap
-from .attention import check_tokens, merge_heads, split_heads
+from .attention import MultiHeadSelfAttention, check_tokens
 
-__all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "TreeTransformer", "ALGEBRAIC_KINDS", "apply_maps_auto"]
+__all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "ALGEBRAIC_KINDS", "apply_maps_auto"]
 
 ALGEBRAIC_KINDS = ("sequence", "grid", "tree")
 INITS = ("rope", "random")
 
 
-# Device types with an apply_maps kernel (fixed once the extension is loaded;
-# "meta" has the fake kernel).
-MAPS_DEVICE_TYPES = frozenset(
-    device
-    for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
-    if torch._C._dispatch_has_kernel_for_dispatch_key("posattn::apply_maps", key)
-)
-
-
-def _apply_maps_fused(x: torch.Tensor) -> bool:
-    if x.device.type not in MAPS_DEVICE_TYPES:
-        return False
-    # the CUDA kernels also take float16 / bfloat16; the CPU kernels float32 / float64
-    return x.device.type == "cuda" or x.dtype in (torch.float32, torch.float64)
-
-
 def apply_maps_auto(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``ops.apply_maps`` where it has a kernel for the device and dtype, else the reference."""
-    return (ops.apply_maps if _apply_maps_fused(x) else reference.apply_maps)(x, maps, index)
+    return (ops.apply_maps if ops.has_kernel("apply_maps", x) else reference.apply_maps)(x, maps, index)
 
 
 class AlgebraicEncoder(nn.Module):
@@ -126,84 +110,36 @@ class AlgebraicEncoder(nn.Module):
         return f"kind={self.kind!r}, heads={self.heads}, blocks={self.blocks}, m={self.m}"
 
 
-class AlgebraicSelfAttention(nn.Module):
+class AlgebraicSelfAttention(MultiHeadSelfAttention):
     """Multi-head self-attention with algebraic positions: ``q' = W^p q``,
     ``k' = W^p k`` (``apply_maps``), then scaled dot-product attention.
 
-    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim); ``rel`` may carry
-    precomputed ``(maps, index)`` (an encoder shared by the layers). A class token
-    (index 0) is not rotated.
+    ``forward(x, grid, has_cls=False, shared=None)``: x (B, T, dim); ``shared`` may
+    carry precomputed ``(maps, index)`` (an encoder shared by the layers). A class
+    token (index 0) is not rotated.
     """
 
     def __init__(self, dim: int, heads: int, encoder: Optional[AlgebraicEncoder] = None, causal: bool = False):
-        super().__init__()
-        if heads < 1 or dim % heads:
-            raise ValueError(f"AlgebraicSelfAttention: dim ({dim}) must be a positive multiple of heads ({heads})")
+        super().__init__(dim, heads)
         if encoder is not None and (encoder.heads != heads or encoder.blocks * encoder.m != dim // heads):
             raise ValueError("AlgebraicSelfAttention: the encoder's heads and head dim must match the attention's")
-        self.dim, self.heads, self.causal, self.encoder = dim, heads, causal, encoder
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.causal, self.encoder = causal, encoder
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         grid = check_tokens(self, x, grid, has_cls, self.dim)
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
-        if rel is None:
+        q, k, v = self.heads_qkv(x)
+        if shared is None:
             if self.encoder is None:
-                raise ValueError("AlgebraicSelfAttention without an encoder needs rel=(maps, index)")
-            rel = self.encoder(grid)
-        maps, index = rel
+                raise ValueError("AlgebraicSelfAttention without an encoder needs shared=(maps, index)")
+            shared = self.encoder(grid)
+        maps, index = shared
         maps = maps.to(q.dtype)
         start = int(has_cls)
         q_rot = apply_maps_auto(q[:, :, start:], maps, index)
         k_rot = apply_maps_auto(k[:, :, start:], maps, index)
         if has_cls:
             q_rot, k_rot = torch.cat([q[:, :, :1], q_rot], 2), torch.cat([k[:, :, :1], k_rot], 2)
-        out = F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=self.causal)
-        return self.proj(merge_heads(out))
+        return self.output(F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=self.causal))
 
-
-class TreeTransformer(nn.Module):
-    """A small encoder over the nodes of trees, with algebraic positions.
-
-    Input: tokens (B, N) int64 and heap positions (B, N) int64 (root 1, children
-    ``kappa p + c``; padding nodes may use position 0 with ``mask``). Output:
-    per-node logits (B, N, num_classes). ``encoding``: ``"tree"`` (the tree
-    encoding: scores depend on the path between nodes), ``"sequence"`` (the
-    nodes' order in the input, e.g. breadth-first, as a sequence) or ``"none"``.
-    """
-
-    def __init__(self, vocab: int, num_classes: int, dim: int = 32, depth: int = 2, heads: int = 2,
-                 encoding: str = "tree", kappa: int = 2, max_depth: int = 6, init: str = "random"):
-        super().__init__()
-        if encoding not in ("tree", "sequence", "none"):
-            raise ValueError(f"TreeTransformer: encoding must be tree, sequence or none, got {encoding!r}")
-        self.encoding = encoding
-        self.embed = nn.Embedding(vocab, dim)
-        head_dim = dim // heads
-        self.encoder = None
-        if encoding != "none":
-            kind = "tree" if encoding == "tree" else "sequence"
-            self.encoder = AlgebraicEncoder(head_dim, heads, kind=kind, kappa=kappa, max_depth=max_depth, init=init)
-        self.layers = nn.ModuleList(AlgebraicSelfAttention(dim, heads) for _ in range(depth))
-        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
-        self.ffns = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-                                  for _ in range(depth))
-        self.norms2 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
-        self.out = nn.Linear(dim, num_classes)
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        B, N = tokens.shape
-        h = self.embed(tokens)
-        if self.encoder is None:
-            eye = torch.eye(h.shape[-1] // self.layers[0].heads, device=h.device, dtype=h.dtype)
-            rel = (eye.expand(1, self.layers[0].heads, 1, *eye.shape), torch.zeros(N, 1, dtype=torch.long,
-                                                                                   device=h.device))
-        elif self.encoding == "tree":
-            rel = self.encoder.tree_maps(positions)
-        else:
-            rel = self.encoder.grid_maps([N])
-        for attn, n1, ffn, n2 in zip(self.layers, self.norms, self.ffns, self.norms2):
-            h = h + attn(n1(h), [N], rel=rel)
-            h = h + ffn(n2(h))
-        return self.out(h)
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

@@ -12,18 +12,10 @@ from .._grid import normalise_grid
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan
 
-__all__ = ["PositionalSelfAttention", "SDPAttention", "BACKENDS", "split_heads", "merge_heads", "class_token_attention"]
+__all__ = ["MultiHeadSelfAttention", "PositionalSelfAttention", "SDPAttention", "BACKENDS", "split_heads", "merge_heads",
+           "class_token_attention"]
 
 BACKENDS = ("auto", "fused", "reference")
-
-
-# Device types with a relpos_attention kernel (fixed once the extension is loaded);
-# "meta" has the fake kernel, for shape inference.
-FUSED_DEVICE_TYPES = frozenset(
-    device
-    for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
-    if torch._C._dispatch_has_kernel_for_dispatch_key("posattn::relpos_attention", key)
-)
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -52,7 +44,41 @@ def check_tokens(module: nn.Module, x: torch.Tensor, grid: Sequence[int], has_cl
     return normalise_grid(grid, x.shape[1] - int(has_cls))
 
 
-class PositionalSelfAttention(nn.Module):
+class MultiHeadSelfAttention(nn.Module):
+    """What every self-attention module of posattn.nn shares: ``dim`` split over
+    ``heads`` (D = dim / H per head), the qkv and output projections, and the call
+    ``forward(x, grid, has_cls=False, shared=None)`` with x (B, T, dim),
+    T = prod(grid) (+1 with a class token at index 0). ``shared`` is what an
+    encoder shared by all layers computed once per forward (a relative table, or
+    algebraic maps); None for attentions that take none. Subclasses define forward.
+    """
+
+    min_heads = 1
+
+    def __init__(self, dim: int, heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if heads < self.min_heads or dim < 1 or dim % heads:
+            at_least = f" with heads >= {self.min_heads}" if self.min_heads > 1 else ""
+            raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of heads ({heads})"
+                             f"{at_least}")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, dim) -> q, k, v, each (B, H, T, D)."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return split_heads(q, self.heads), split_heads(k, self.heads), split_heads(v, self.heads)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, D) attention output -> (B, T, dim) after the output projection."""
+        return self.proj(merge_heads(out))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}"
+
+
+class PositionalSelfAttention(MultiHeadSelfAttention):
     """Multi-head self-attention with Transformer-XL relative terms and a span,
     computed by ``relpos_attention``::
 
@@ -66,14 +92,15 @@ class PositionalSelfAttention(nn.Module):
             relative term (unless ``relative=True`` and a table is passed to forward).
         span: optional :class:`DifferentiableSpan` (its ``heads`` must equal ``heads``).
         relative: whether the positional term is used (default: ``encoder is not None``);
-            with ``relative=True`` and no encoder, forward needs ``rel=``.
+            with ``relative=True`` and no encoder, forward needs ``shared=`` (the table).
         causal: attend only to tokens j <= i.
         backend: ``"fused"`` (the operator), ``"reference"`` (dense, for checks) or
             ``"auto"`` (the operator where it has a kernel for the device and
             dtype, else the reference).
 
-    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim), T = prod(grid)
-    (+1 with a class token at index 0, which attends content-only to all tokens).
+    ``forward(x, grid, has_cls=False, shared=None)``: x (B, T, dim), T = prod(grid)
+    (+1 with a class token at index 0, which attends content-only to all tokens);
+    ``shared``: the (H, U, D) table of an encoder shared by the layers.
     """
 
     def __init__(
@@ -87,9 +114,7 @@ class PositionalSelfAttention(nn.Module):
         backend: str = "auto",
         qkv_bias: bool = True,
     ):
-        super().__init__()
-        if heads < 1 or dim < 1 or dim % heads:
-            raise ValueError(f"PositionalSelfAttention: dim ({dim}) must be a positive multiple of heads ({heads})")
+        super().__init__(dim, heads, qkv_bias)
         if backend not in BACKENDS:
             raise ValueError(f"PositionalSelfAttention: backend must be one of {BACKENDS}, got {backend!r}")
         if encoder is not None and (encoder.dim != dim or encoder.heads != heads):
@@ -99,28 +124,26 @@ class PositionalSelfAttention(nn.Module):
             )
         if span is not None and span.heads != heads:
             raise ValueError(f"PositionalSelfAttention: span has {span.heads} heads, attention has {heads}")
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.relative = encoder is not None if relative is None else bool(relative)
         if encoder is not None and not self.relative:
             raise ValueError("PositionalSelfAttention: an encoder was given with relative=False")
         self.causal, self.backend = causal, backend
         self.encoder, self.span = encoder, span
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
         self.u_bias = nn.Parameter(torch.randn(heads, self.head_dim) * 0.02)
         self.v_bias = nn.Parameter(torch.randn(heads, self.head_dim) * 0.02) if self.relative else None
 
     def _inputs(self, x, grid, has_cls, rel):
         """Projects x and gathers the operator's arguments for the grid tokens."""
         grid = check_tokens(self, x, grid, has_cls, self.dim)
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        q, k, v = self.heads_qkv(x)
         q_content = q + self.u_bias[:, None, :]
         start = int(has_cls)
         args = dict(q=q_content[:, :, start:], k=k[:, :, start:], v=v[:, :, start:], grid=grid, causal=self.causal)
         if self.relative:
             if rel is None:
                 if self.encoder is None:
-                    raise ValueError("PositionalSelfAttention(relative=True) without an encoder needs rel= in forward")
+                    raise ValueError("PositionalSelfAttention(relative=True) without an encoder needs shared= "
+                                     "(the (H, U, D) table) in forward")
                 rel = self.encoder(grid)
             args["q_pos"] = q[:, :, start:] + self.v_bias[:, None, :]
             args["rel"] = rel.to(q.dtype)
@@ -131,27 +154,24 @@ class PositionalSelfAttention(nn.Module):
     def _use_fused(self, x: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "fused"
-        if x.device.type not in FUSED_DEVICE_TYPES:
-            return False
-        # the CUDA kernels also take float16 / bfloat16; the CPU kernels float32 / float64
-        return x.device.type == "cuda" or x.dtype in (torch.float32, torch.float64)
+        return ops.has_kernel("relpos_attention", x)
 
     def forward(
-        self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel: Optional[torch.Tensor] = None
+        self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        args, (q, k, v) = self._inputs(x, grid, has_cls, rel)
+        args, (q, k, v) = self._inputs(x, grid, has_cls, shared)
         attend = ops.relpos_attention if self._use_fused(x) else reference.relpos_attention
         out = attend(**args)  # (B, H, N, D)
         if has_cls:
             out = torch.cat([class_token_attention(q[:, :, :1], k, v), out], dim=2)
-        return self.proj(merge_heads(out))
+        return self.output(out)
 
     def logits(
-        self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel: Optional[torch.Tensor] = None
+        self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """Dense (B, H, N, N) logits among the grid tokens (after the span, -inf
         where masked), for inspection and plots. Builds N x N tensors."""
-        args, _ = self._inputs(x, grid, has_cls, rel)
+        args, _ = self._inputs(x, grid, has_cls, shared)
         args.pop("v")
         return reference.relpos_scores(**args)
 
@@ -159,30 +179,25 @@ class PositionalSelfAttention(nn.Module):
         return f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, backend={self.backend!r}"
 
 
-class SDPAttention(nn.Module):
+class SDPAttention(MultiHeadSelfAttention):
     """Plain multi-head self-attention on ``scaled_dot_product_attention``:
     content only (positions, if any, come from an absolute encoding added to
-    the tokens). The baseline of the scaling study and of the seed-004 depth
-    experiments.
+    the tokens). The baseline of the scaling study.
 
-    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim); a class token
-    is just another token here. ``rel`` must be None.
+    ``forward(x, grid, has_cls=False, shared=None)``: x (B, T, dim); a class token
+    is just another token here. ``shared`` must be None.
     """
 
     def __init__(self, dim: int, heads: int, causal: bool = False):
-        super().__init__()
-        if heads < 1 or dim < 1 or dim % heads:
-            raise ValueError(f"SDPAttention: dim ({dim}) must be a positive multiple of heads ({heads})")
-        self.dim, self.heads, self.causal = dim, heads, causal
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        super().__init__(dim, heads)
+        self.causal = causal
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         check_tokens(self, x, grid, has_cls, self.dim)
-        if rel is not None:
-            raise ValueError("SDPAttention has no relative term: rel must be None")
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
-        return self.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
+        if shared is not None:
+            raise ValueError("SDPAttention has no positional term: shared must be None")
+        q, k, v = self.heads_qkv(x)
+        return self.output(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

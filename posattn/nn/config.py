@@ -10,6 +10,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..ops import SPAN_MODES
+from .attention import BACKENDS
+from .registry import POSITIONAL_ENCODINGS, encoding_kind
+from .span import SPAN_UNITS
+
 __all__ = [
     "PositionalEncodingConfig",
     "SpanConfig",
@@ -144,8 +149,6 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raises ValueError naming the offending field and the valid choices."""
-        from .registry import POSITIONAL_ENCODINGS, encoding_kind  # avoids an import cycle
-
         for name in ("in_channels", "num_classes", "dim", "depth", "heads", "ffn_dim"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -164,10 +167,10 @@ class ModelConfig:
         _choice("head", self.head, HEADS)
         _choice("positions", self.positions, POSITIONS)
         _choice("attention", self.attention, ATTENTIONS)
-        _choice("backend", self.backend, ("auto", "fused", "reference"))
+        _choice("backend", self.backend, BACKENDS)
         _choice("pe.name", self.pe.name, POSITIONAL_ENCODINGS)
-        _choice("span.mode", self.span.mode, ("add", "multiply"))
-        _choice("span.units", self.span.units, ("normalised", "cells"))
+        _choice("span.mode", self.span.mode, SPAN_MODES)
+        _choice("span.units", self.span.units, SPAN_UNITS)
         _choice("performer.kernel", self.performer.kernel, ("favor", "softmax"))
         kind = encoding_kind(self.pe.name)
         if kind == "relative" and self.attention != "relpos":

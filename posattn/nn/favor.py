@@ -1,5 +1,6 @@
 """Kernelizable (FAVOR+) attention and the translation-equivariant variants of
-Horn et al. (2021), background.md section 3.
+Horn et al., "Translational Equivariance in Kernelizable Attention" (2021,
+arXiv:2102.07680).
 
 FAVOR+ replaces ``exp(q . k / sqrt(D))`` by ``phi(q) . phi(k)`` with positive
 orthogonal random features, so attention costs O(N m D) time and O(N m) memory
@@ -16,7 +17,7 @@ from torch import nn
 
 from .._grid import grid_coords
 from .absolute import LearnableSinusoidEncoding
-from .attention import check_tokens, class_token_attention, merge_heads, split_heads
+from .attention import MultiHeadSelfAttention, check_tokens, class_token_attention
 
 __all__ = [
     "orthogonal_gaussian",
@@ -106,7 +107,7 @@ class _FavorKernel(nn.Module):
         return linear_attention(favor_features(q, proj, True), favor_features(k, proj, False), v)
 
 
-class FavorAttention(nn.Module):
+class FavorAttention(MultiHeadSelfAttention):
     """Multi-head FAVOR+ self-attention (the Performer's), no positional term.
 
     Args:
@@ -122,21 +123,15 @@ class FavorAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int, num_features: Optional[int] = None,
                  feature_redraw_interval: int = 1000, kernel: str = "favor"):
-        super().__init__()
-        if heads < 1 or dim < 1 or dim % heads:
-            raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of heads ({heads})")
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        super().__init__(dim, heads)
         self.attend = _FavorKernel(self._feature_dim(), num_features, feature_redraw_interval, kernel)
 
     def _feature_dim(self) -> int:
         return self.head_dim
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         check_tokens(self, x, grid, has_cls, self.dim)
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
-        return self.proj(merge_heads(self.attend(q, k, v)))
+        return self.output(self.attend(*self.heads_qkv(x)))
 
 
 class RelativeFavorAttention(FavorAttention):
@@ -180,7 +175,7 @@ class RelativeFavorAttention(FavorAttention):
         """(B, H, T, D + P) queries ``[q ; p M]``, keys ``[k ; p]`` and (B, H, T, D) values."""
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         B = x.shape[0]
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        q, k, v = self.heads_qkv(x)
         q_pos, k_pos = self.positional_features(grid, x.device, x.dtype)
         q_pos = q_pos.expand(B, -1, -1, -1)
         k_pos = k_pos.expand(B, self.heads, -1, -1)
@@ -188,11 +183,11 @@ class RelativeFavorAttention(FavorAttention):
             q_pos, k_pos = F.pad(q_pos, (0, 0, 1, 0)), F.pad(k_pos, (0, 0, 1, 0))
         return torch.cat([q, q_pos], dim=-1), torch.cat([k, k_pos], dim=-1), v
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
-        return self.proj(merge_heads(self.attend(*self.queries_keys_values(x, grid, has_cls))))
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        return self.output(self.attend(*self.queries_keys_values(x, grid, has_cls)))
 
 
-class ClippedRelativeAttention(nn.Module):
+class ClippedRelativeAttention(MultiHeadSelfAttention):
     """Strategy 2 of Horn et al.: half the heads (``heads // 2``) use learned
     relative embeddings by Manhattan distance, clipped at ``clip``, over the
     window ``|delta_d| <= clip - 1`` ((2 clip - 1)^G keys); the other heads are
@@ -204,18 +199,15 @@ class ClippedRelativeAttention(nn.Module):
     token attends content-only to all tokens in the relative heads.
     """
 
+    min_heads = 2  # at least one relative and one FAVOR+ head
+
     def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
                  feature_redraw_interval: int = 1000, kernel: str = "favor"):
-        super().__init__()
-        if heads < 2 or dim < 1 or dim % heads:
-            raise ValueError(f"ClippedRelativeAttention: dim ({dim}) must be a multiple of heads ({heads}) and heads >= 2")
         if clip < 1 or ndim < 1:
             raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        super().__init__(dim, heads)
         self.ndim, self.clip = ndim, clip
         self.rel_heads = heads // 2
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
         self.rel = nn.Parameter(torch.randn(self.rel_heads, clip + 1, self.head_dim) * 0.02)
         self.attend = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
 
@@ -234,11 +226,11 @@ class ClippedRelativeAttention(nn.Module):
         dist = offsets.abs().sum(-1).clamp(max=c)
         return index, valid, dist
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, rel=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         if len(grid) != self.ndim:
             raise ValueError(f"ClippedRelativeAttention was built for {self.ndim}-D grids, got grid {grid}")
-        q, k, v = (split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        q, k, v = self.heads_qkv(x)
         hr, start = self.rel_heads, int(has_cls)
         out_favor = self.attend(q[:, hr:], k[:, hr:], v[:, hr:])
 
@@ -252,4 +244,4 @@ class ClippedRelativeAttention(nn.Module):
         if has_cls:
             cls = class_token_attention(q[:, :hr, :1], k[:, :hr], v[:, :hr])
             out_rel = torch.cat([cls, out_rel], dim=2)
-        return self.proj(merge_heads(torch.cat([out_rel, out_favor], dim=1)))
+        return self.output(torch.cat([out_rel, out_favor], dim=1))

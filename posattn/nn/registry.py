@@ -6,14 +6,16 @@ of ``relpos_attention``), ``absolute`` (added to the token embeddings),
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from torch import nn
 
 from .algebraic import AlgebraicEncoder
 from .absolute import LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
-from .config import PositionalEncodingConfig
 from .relative import LookupRelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
+
+if TYPE_CHECKING:  # annotations only: config.py imports this module
+    from .config import PositionalEncodingConfig
 
 __all__ = [
     "RELATIVE_ENCODERS",

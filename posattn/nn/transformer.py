@@ -1,4 +1,5 @@
-"""Transformer encoder block and the classifier for grid-shaped inputs."""
+"""Transformer encoder block, the classifier for grid-shaped inputs, and a
+small encoder over the nodes of trees."""
 from __future__ import annotations
 
 import math
@@ -7,14 +8,14 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .algebraic import AlgebraicSelfAttention
+from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .attention import PositionalSelfAttention, SDPAttention
 from .config import ModelConfig
 from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
 from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
 from .span import DifferentiableSpan
 
-__all__ = ["EncoderBlock", "TransformerClassifier", "build_attention"]
+__all__ = ["EncoderBlock", "TransformerClassifier", "TreeTransformer", "build_attention"]
 
 
 class EncoderBlock(nn.Module):
@@ -23,7 +24,8 @@ class EncoderBlock(nn.Module):
     ``norm="post"`` (the thesis, Vaswani): ``x = LN(x + attn(x)); x = LN(x + ffn(x))``;
     ``"pre"``: ``x = x + attn(LN(x)); x = x + ffn(LN(x))``; ``"none"``: no LayerNorm.
     ``residual=False`` drops the skip connections (for the depth study).
-    ``forward(x, grid, has_cls=False, rel=None)``: x (B, T, dim).
+    ``forward(x, grid, has_cls=False, shared=None)``: x (B, T, dim); ``shared`` is
+    passed on to the attention (see :class:`MultiHeadSelfAttention`).
     """
 
     def __init__(self, dim: int, attention: nn.Module, ffn_dim: int, dropout: float = 0.1,
@@ -40,12 +42,11 @@ class EncoderBlock(nn.Module):
     def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x + y if self.residual else y
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False,
-                rel: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         if self.norm == "pre":
-            x = self._add(x, self.drop1(self.attention(self.norm1(x), grid, has_cls, rel)))
+            x = self._add(x, self.drop1(self.attention(self.norm1(x), grid, has_cls, shared)))
             return self._add(x, self.drop2(self.ffn(self.norm2(x))))
-        x = self.norm1(self._add(x, self.drop1(self.attention(x, grid, has_cls, rel))))
+        x = self.norm1(self._add(x, self.drop1(self.attention(x, grid, has_cls, shared))))
         return self.norm2(self._add(x, self.drop2(self.ffn(x))))
 
 
@@ -169,9 +170,9 @@ class TransformerClassifier(nn.Module):
         has_cls = self.cls_token is not None
         if has_cls:
             h = torch.cat([self.cls_token.expand(B, -1, -1).to(h.dtype), h], dim=1)
-        rel = self.shared_encoder(grid) if self.shared_encoder is not None else None
+        shared = self.shared_encoder(grid) if self.shared_encoder is not None else None
         for block in self.blocks:
-            h = block(h, grid, has_cls, rel)
+            h = block(h, grid, has_cls, shared)
         h = self.final_norm(h)
         if cfg.pooling == "cls":
             pooled = h[:, 0]
@@ -201,3 +202,47 @@ class TransformerClassifier(nn.Module):
 
     def num_parameters(self, trainable_only: bool = True) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+class TreeTransformer(nn.Module):
+    """A small encoder over the nodes of trees, with algebraic positions: pre-LN
+    :class:`EncoderBlock` layers (GELU feed-forward of width 2 dim, no dropout)
+    around :class:`AlgebraicSelfAttention`.
+
+    Input: tokens (B, N) int64 and heap positions (B, N) int64 (root 1, children
+    ``kappa p + c``; padding nodes may use position 0). Output: per-node logits
+    (B, N, num_classes). ``encoding``: ``"tree"`` (the tree encoding: scores depend
+    on the path between nodes), ``"sequence"`` (the nodes' order in the input, e.g.
+    breadth-first, as a sequence) or ``"none"``.
+    """
+
+    def __init__(self, vocab: int, num_classes: int, dim: int = 32, depth: int = 2, heads: int = 2,
+                 encoding: str = "tree", kappa: int = 2, max_depth: int = 6, init: str = "random"):
+        super().__init__()
+        if encoding not in ("tree", "sequence", "none"):
+            raise ValueError(f"TreeTransformer: encoding must be tree, sequence or none, got {encoding!r}")
+        self.encoding, self.heads = encoding, heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = None
+        if encoding != "none":
+            kind = "tree" if encoding == "tree" else "sequence"
+            self.encoder = AlgebraicEncoder(dim // heads, heads, kind=kind, kappa=kappa, max_depth=max_depth, init=init)
+        # every attention first, then the blocks: the order in which parameters are drawn
+        attentions = [AlgebraicSelfAttention(dim, heads) for _ in range(depth)]
+        self.blocks = nn.ModuleList(EncoderBlock(dim, a, 2 * dim, dropout=0.0, norm="pre", activation="gelu")
+                                    for a in attentions)
+        self.out = nn.Linear(dim, num_classes)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        N = tokens.shape[1]
+        h = self.embed(tokens)
+        if self.encoder is None:  # identity maps: no positions
+            eye = torch.eye(h.shape[-1] // self.heads, device=h.device, dtype=h.dtype)
+            shared = (eye.expand(1, self.heads, 1, *eye.shape), torch.zeros(N, 1, dtype=torch.long, device=h.device))
+        elif self.encoding == "tree":
+            shared = self.encoder.tree_maps(positions)
+        else:
+            shared = self.encoder.grid_maps([N])
+        for block in self.blocks:
+            h = block(h, [N], shared=shared)
+        return self.out(h)

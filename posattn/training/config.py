@@ -51,12 +51,11 @@ def flatten(cfg: dict, prefix: str = "") -> dict:
 
 
 def _unknown_key(key: str, known: Iterable[str]) -> ConfigError:
-    close = []
-    for names in (list(known), thesis.thesis_key_names()):  # posattn's keys first
-        close += [k for k in difflib.get_close_matches(key, names, n=3, cutoff=0.5) if k not in close]
+    known = list(known) + thesis.thesis_key_names()
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
     if not close:
-        close = [k for k in known if k.split(".")[-1] == key.split(".")[-1]]
-    hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
+        close = [k for k in known if k.split(".")[-1] == key.split(".")[-1]][:3]
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 

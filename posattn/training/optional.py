@@ -3,6 +3,7 @@ so that ``-no_wandb=T`` runs on a machine that has neither."""
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import ModuleType
 
 from .values import ConfigError
@@ -18,7 +19,9 @@ def require(module: str, purpose: str, alternative: str = "") -> ModuleType:
     """Imports ``module``, or raises MissingDependency saying what needs it and
     how to install it (``pip install .`` installs both W&B packages)."""
     try:
-        return importlib.import_module(module)
+        with warnings.catch_warnings():  # their import-time warnings are about their own internals
+            warnings.simplefilter("ignore")
+            return importlib.import_module(module)
     except ImportError as e:
         hint = f", or {alternative}" if alternative else ""
         raise MissingDependency(f"{purpose} needs the Python package {module!r}, which cannot be imported ({e}): "

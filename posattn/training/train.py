@@ -37,7 +37,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available (use -Ddevice=auto or cpu)")
+        raise ValueError(f"device {name!r} requested but CUDA is not available on this machine (set device to auto "
+                         "or cpu: -Ddevice=auto, or in the sweep file where a sweep sets it)")
     return device
 
 
