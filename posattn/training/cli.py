@@ -7,9 +7,7 @@ import argparse
 import sys
 from typing import Optional
 
-import yaml
-
-from .config import ConfigError, flatten, load_config, load_yaml, mode_view, set_key
+from .config import ConfigError, dump_config, flatten, load_config, load_yaml, mode_view, set_key
 from .data import DataError
 
 MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
@@ -90,15 +88,16 @@ def resolve(args, defaults: dict) -> dict:
 
 def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
     """-mode=scaling: the scaling study with cfg["scaling"]."""
-    from .scaling import run_study, scaling_config
+    from .scaling import run_study, scaling_config, scaling_section
     from .train import resolve_device
 
-    print("resolved config:\n" + yaml.safe_dump(mode_view(cfg), sort_keys=False).rstrip(), flush=True)
     top = {"device": str(resolve_device(cfg["device"])), "num_threads": int(cfg["num_threads"])}
     try:
         study = scaling_config(cfg["scaling"], top)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
+    effective = dict(scaling_section(study), quick=cfg["scaling"]["quick"])  # with quick's sizes applied
+    print("resolved config:\n" + dump_config(mode_view(dict(cfg, scaling=effective))).rstrip(), flush=True)
     command = "python cmd/main.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return run_study(study, command=command.strip())
 

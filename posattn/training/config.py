@@ -21,7 +21,7 @@ from . import thesis
 from .values import ConfigError, cast_value, parse_bool
 
 __all__ = ["ConfigError", "load_yaml", "load_config", "parse_bool", "cast_value", "set_key", "flatten", "merge",
-           "warn_ignored", "mode_view"]
+           "warn_ignored", "mode_view", "dump_config"]
 
 
 def load_yaml(path: str) -> dict:
@@ -148,3 +148,16 @@ def mode_view(cfg: dict, mode: Optional[str] = None) -> dict:
         sections.add("performer")
     return {k: v for k, v in cfg.items()
             if k in sections or not (isinstance(v, dict) or k in _SECTION_SCALARS)}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists on one line ([64, 128, 256]); mappings as blocks."""
+
+
+_Dumper.add_representer(list, lambda dumper, value: dumper.represent_sequence("tag:yaml.org,2002:seq", value,
+                                                                             flow_style=True))
+
+
+def dump_config(cfg: dict) -> str:
+    """``cfg`` as YAML, in the order of the defaults, lists on one line."""
+    return yaml.dump(cfg, Dumper=_Dumper, sort_keys=False)

@@ -11,9 +11,8 @@ import time
 from typing import Callable, Optional
 
 import torch
-import yaml
 
-from .config import ConfigError, flatten, mode_view, set_key
+from .config import ConfigError, dump_config, flatten, mode_view, set_key
 from .data import Splits, load_splits
 from .optional import require
 from .report import print_table
@@ -82,9 +81,9 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
     model = build_model(cfg, splits)
     if dist.is_main:
         os.makedirs(run_dir, exist_ok=True)
-        print("resolved config:\n" + yaml.safe_dump(mode_view(cfg), sort_keys=False).rstrip(), flush=True)
+        print("resolved config:\n" + dump_config(mode_view(cfg)).rstrip(), flush=True)
         with open(os.path.join(run_dir, "config.yml"), "w") as f:
-            yaml.safe_dump(cfg, f, sort_keys=False)
+            f.write(dump_config(cfg))
         print(f"data: {splits.describe()}\nmodel: {model.num_parameters():,} parameters, device {device}, "
               f"run folder {run_dir}", flush=True)
     tracker = Tracker(run_dir, enabled=not cfg["no_wandb"], is_main=dist.is_main)

@@ -31,11 +31,12 @@ import torch
 from .report import fmt, machine_line, summary_markdown, write_outputs
 from .study import (
     EXPONENT_COLUMNS, GRADIENT_COLUMNS, METHODS, QUICK, RUNTIME_COLUMNS, ScalingConfig, exponent_table, fit_exponent,
-    gradient_point, gradient_study, model_for, runtime_sweep, scaling_config, scaling_defaults, span_sigma_cells,
+    gradient_point, gradient_study, model_for, runtime_sweep, scaling_config, scaling_defaults, scaling_section,
+    span_sigma_cells,
 )
 
 __all__ = [
-    "run_study", "ScalingConfig", "scaling_config", "scaling_defaults", "METHODS", "QUICK", "RUNTIME_COLUMNS",
+    "run_study", "ScalingConfig", "scaling_config", "scaling_defaults", "scaling_section", "METHODS", "QUICK", "RUNTIME_COLUMNS",
     "EXPONENT_COLUMNS", "GRADIENT_COLUMNS", "runtime_sweep", "gradient_study", "gradient_point", "exponent_table",
     "fit_exponent", "model_for", "span_sigma_cells", "write_outputs", "summary_markdown",
 ]

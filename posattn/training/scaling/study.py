@@ -19,7 +19,7 @@ from ..._grid import span_sigma_for_keep
 from ..._timing import freed_memory_returned_to_os, peak_extra_mib
 
 __all__ = [
-    "METHODS", "QUICK", "ScalingConfig", "scaling_defaults", "scaling_config", "runtime_sweep", "gradient_study", "fit_exponent",
+    "METHODS", "QUICK", "ScalingConfig", "scaling_defaults", "scaling_config", "scaling_section", "runtime_sweep", "gradient_study", "fit_exponent",
     "exponent_table", "model_for", "RUNTIME_COLUMNS", "EXPONENT_COLUMNS", "GRADIENT_COLUMNS",
 ]
 
@@ -127,12 +127,16 @@ class ScalingConfig:
 _FROM_TOP_LEVEL = {"device": "device", "threads": "num_threads"}
 
 
+def scaling_section(cfg: ScalingConfig) -> dict:
+    """``cfg`` as the CLI's ``scaling:`` block: every field but those set from the
+    top level (``device``, ``num_threads``)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FROM_TOP_LEVEL}
+
+
 def scaling_defaults() -> dict:
-    """The ``scaling:`` block of the experiment CLI: every ScalingConfig field but
-    those set from the top level (``device``, ``num_threads``), plus ``quick``
-    (tiny sizes). The one statement of the study's defaults is ScalingConfig."""
-    values = {k: v for k, v in dataclasses.asdict(ScalingConfig()).items() if k not in _FROM_TOP_LEVEL}
-    return dict(values, quick=False)
+    """The defaults of the CLI's ``scaling:`` block, plus ``quick`` (tiny sizes).
+    The one statement of the study's defaults is ScalingConfig."""
+    return dict(scaling_section(ScalingConfig()), quick=False)
 
 
 def scaling_config(section: dict, top_level: dict) -> ScalingConfig:
