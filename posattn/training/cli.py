@@ -7,8 +7,12 @@ import argparse
 import sys
 from typing import Optional
 
+from . import runs, sweep
 from .config import ConfigError, dump_config, flatten, load_config, load_yaml, mode_view, set_key
 from .data import DataError
+from .scaling import run_study, scaling_config, scaling_defaults, scaling_section
+from .shift import shift_test
+from .train import resolve_device
 
 MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
 
@@ -62,8 +66,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 def load_defaults(path: str) -> dict:
     """The defaults file, plus the scaling study's settings (stated once, in ScalingConfig)."""
-    from .scaling import scaling_defaults
-
     defaults = load_yaml(path)
     defaults["scaling"] = {**scaling_defaults(), **(defaults.get("scaling") or {})}
     return defaults
@@ -88,9 +90,6 @@ def resolve(args, defaults: dict) -> dict:
 
 def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
     """-mode=scaling: the scaling study with cfg["scaling"]."""
-    from .scaling import run_study, scaling_config, scaling_section
-    from .train import resolve_device
-
     top = {"device": str(resolve_device(cfg["device"])), "num_threads": int(cfg["num_threads"])}
     try:
         study = scaling_config(cfg["scaling"], top)
@@ -103,8 +102,6 @@ def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
 
 
 def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Optional[list[str]]) -> None:
-    from . import runs
-
     mode = cfg["mode"]
     if mode == "train":
         runs.train(cfg, resume=args.resume, resume_overrides=tuple(args.overrides) + tuple(args.assignments),
@@ -114,18 +111,13 @@ def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Op
     elif mode == "scaling":
         scaling(cfg, argv)
     elif mode == "shift_test":
-        from .shift import shift_test
-
         shift_test(cfg)
+    elif mode == "local_sweep":
+        sweep.local_sweep(cfg, args.sweep_config, flatten(defaults), sweep_dir)
+    elif mode == "sweep":
+        sweep.create_sweep(args.sweep_config, flatten(defaults), sweep_dir)
     else:
-        from . import sweep
-
-        if mode == "local_sweep":
-            sweep.local_sweep(cfg, args.sweep_config, flatten(defaults), sweep_dir)
-        elif mode == "sweep":
-            sweep.create_sweep(args.sweep_config, flatten(defaults), sweep_dir)
-        else:
-            sweep.run_agent(cfg, args.sweep_id, flatten(defaults))
+        sweep.run_agent(cfg, args.sweep_id, flatten(defaults))
 
 
 def main(argv: Optional[list[str]] = None, *, defaults_file: str, sweep_dir: Optional[str] = None) -> int:
