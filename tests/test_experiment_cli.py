@@ -199,14 +199,15 @@ def test_missing_wandb_and_sweeps_exit_2_with_the_install_command(tmp_path, caps
     assert "python -m pip install wandb" in capsys.readouterr().err
 
 
-def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path):
+@pytest.mark.parametrize("metric", ["val/acc", "val/acc.max"])
+def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path, metric):
     """With a stand-in for training, the engine's hyperband stops runs whose metric
-    trails the earlier runs at a band."""
+    trails the earlier runs at a band (also for a W&B summary aggregate, the thesis' form)."""
     from posattn.training import sweep as sweep_mod
 
     path = tmp_path / "hb.yml"
     path.write_text(
-        "name: hb\nmethod: grid\nmetric: {name: val/acc, goal: maximize}\n"
+        f"name: hb\nmethod: grid\nmetric: {{name: {metric}, goal: maximize}}\n"
         "early_terminate: {type: hyperband, min_iter: 1, eta: 2}\n"
         "parameters:\n  train.lr: {values: [0.5, 0.4, 0.1, 0.05]}\n  train.epochs: {value: 4}\n"
     )

@@ -143,6 +143,9 @@ def test_metric_value_reads_a_wandb_summary_aggregate():
     assert metric_value(history, "val/acc") == 0.6
     assert metric_value(history, "val/acc.max", {"val/acc.max": 0.9}) == 0.9
     assert metric_value(history, "val/loss.max") is None
+    # the local sweep adds the running aggregate to each epoch's row (for hyperband): it must not stick
+    running = [{"val/acc": 0.5, "val/acc.max": 0.5}, {"val/acc": 0.7}]
+    assert metric_value(running, "val/acc.max") == 0.7
 
 
 def test_a_sweep_in_the_thesis_format_validates_and_warns_once(tmp_path, capsys):

@@ -81,21 +81,21 @@ def _apply(cfg: dict, defaults_flat: dict, params: dict) -> dict:
     return run_cfg
 
 
+def _logged(history: list, name: str) -> list:
+    return [h[name] for h in history if isinstance(h.get(name), (int, float))]
+
+
 def metric_value(history: list, name: str, summary: Optional[dict] = None) -> Optional[float]:
-    """A sweep metric of a run: ``summary[name]``, else the last logged value of
-    ``name``, or for ``<metric>.<max|min|mean|last|first>`` (a W&B summary
-    aggregate, e.g. ``val/acc.max``) that aggregate over the logged values."""
+    """A sweep metric of a run: ``summary[name]``; for ``<metric>.<max|min|mean|last|first>``
+    (a W&B summary aggregate, e.g. ``val/acc.max``) that aggregate over the logged
+    values of ``<metric>``; else the last logged value of ``name``."""
     if summary and isinstance(summary.get(name), (int, float)):
         return float(summary[name])
-    values = [h[name] for h in history if isinstance(h.get(name), (int, float))]
-    if values:
-        return float(values[-1])
     base, _, aggregate = name.rpartition(".")
-    if aggregate in AGGREGATES:
-        values = [h[base] for h in history if isinstance(h.get(base), (int, float))]
-        if values:
-            return float(AGGREGATES[aggregate](values))
-    return None
+    if aggregate in AGGREGATES and _logged(history, base):
+        return float(AGGREGATES[aggregate](_logged(history, base)))
+    values = _logged(history, name)
+    return float(values[-1]) if values else None
 
 
 def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str] = None,
