@@ -225,3 +225,21 @@ def test_printed_config_shows_the_sections_of_the_mode():
     assert "performer" in mode_view(load_config(["model.attention=favor", "positional_encoding=none"]), "train")
     assert set(mode_view(cfg, "scaling")) & {"scaling", "model", "train"} == {"scaling"}
     assert {"checkpoint", "shift"} <= set(mode_view(cfg, "shift_test"))
+
+
+def test_wandb_runs_keep_the_summary_aggregates_a_thesis_sweep_names(tmp_path):
+    """A server sweep with metric val/acc.max reads the run summary: the tracker asks W&B
+    for the max (and last) of val/acc, for a run it starts and for an agent's run alike."""
+    from posattn.training.tracking import SUMMARIES, Tracker
+
+    class Run:  # stands in for a W&B run
+        def __init__(self):
+            self.defined, self.config = {}, type("Config", (), {"update": lambda *a, **k: None})()
+
+        def define_metric(self, name, summary=None):
+            self.defined[name] = summary
+
+    run = Run()
+    Tracker(str(tmp_path)).start({"a": 1}, "r", reuse_run=run)
+    assert run.defined == SUMMARIES
+    assert "max" in SUMMARIES["val/acc"].split(",") and "last" in SUMMARIES["val/acc"].split(",")
