@@ -74,10 +74,11 @@ def set_key(cfg: dict, defaults_flat: dict, key: str, raw: Any, ignored: Optiona
     """Sets dot ``key`` of ``cfg`` to ``raw`` cast to the default's type. A thesis
     key sets the posattn keys it stands for; one that configures nothing is added
     to ``ignored`` (or, without a set, reported on stderr at once)."""
-    if thesis.lookup(key) is None:
+    entry = thesis.lookup(key)
+    if entry is None:
         _set_native(cfg, defaults_flat, key, raw)
         return
-    assignments = thesis.translate(key, raw)
+    assignments = entry.translate(key, raw)
     if assignments is None:
         if ignored is None:
             warn_ignored([key])

@@ -8,8 +8,8 @@ what each one becomes. A key that configures nothing here (``channels_last``,
 ``hooks``, ...) is accepted and reported once; a value posattn cannot honour
 (a feature it lacks) is a :class:`ConfigError` naming the key and why.
 
-``translate(key, raw)`` gives the posattn assignments of one thesis key, None
-for a key that configures nothing, or raises ConfigError.
+``lookup(key).translate(key, raw)`` gives the posattn assignments of one thesis
+key, None for a key that configures nothing, or raises ConfigError.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from .values import ConfigError, parse_bool, parse_yaml
 
-__all__ = ["ThesisKey", "THESIS_KEYS", "lookup", "translate", "thesis_key_names"]
+__all__ = ["ThesisKey", "THESIS_KEYS", "lookup", "thesis_key_names"]
 
 Translation = Optional[dict]  # {posattn key: raw value}; {} = honoured as is; None = configures nothing
 
@@ -34,6 +34,16 @@ class ThesisKey:
 
     def matches(self, key: str) -> bool:
         return re.fullmatch(re.escape(self.key).replace("layer_N", r"layer_\d+"), key) is not None
+
+    def translate(self, key: str, raw: Any) -> Translation:
+        """posattn's assignments for ``key`` (a key this entry matches) = ``raw``:
+        {posattn key: raw value} ({} when the value is honoured as it is), or None
+        when the key configures nothing. Raises ConfigError naming the key when
+        posattn cannot honour the value."""
+        try:
+            return self.convert(raw)
+        except ConfigError as e:
+            raise ConfigError(f"{key}={raw!r}: {e}") from None
 
 
 # --- conversions ----------------------------------------------------------------
@@ -253,19 +263,6 @@ def lookup(key: str) -> Optional[ThesisKey]:
         if entry.matches(key):
             return entry
     return None
-
-
-def translate(key: str, raw: Any) -> Translation:
-    """posattn's assignments for thesis key ``key`` = ``raw``: {key: raw value} ({}
-    when the value is honoured as it is), or None when the key configures nothing.
-    Raises ConfigError naming the key when posattn cannot honour the value."""
-    entry = lookup(key)
-    if entry is None:
-        raise KeyError(key)
-    try:
-        return entry.convert(raw)
-    except ConfigError as e:
-        raise ConfigError(f"{key}={raw!r}: {e}") from None
 
 
 def thesis_key_names() -> list[str]:
