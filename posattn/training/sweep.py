@@ -73,11 +73,11 @@ def load_sweep(path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str
     return sweep
 
 
-def _apply(cfg: dict, defaults_flat: dict, params: dict) -> dict:
-    """cfg with a run's parameter values (ignored thesis keys were reported by load_sweep)."""
+def _apply(cfg: dict, defaults_flat: dict, params: dict, ignored: set) -> dict:
+    """cfg with a run's parameter values; thesis keys that configure nothing go to ``ignored``."""
     run_cfg = copy.deepcopy(cfg)
     for key, value in params.items():
-        set_key(run_cfg, defaults_flat, key, value, ignored=set())
+        set_key(run_cfg, defaults_flat, key, value, ignored)
     return run_cfg
 
 
@@ -126,7 +126,7 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
             break
         params = {k: v["value"] for k, v in suggestion.config.items()}
         run_name = f"{name}-{len(engine_runs):03d}"
-        run_cfg = _apply(cfg, defaults_flat, params)
+        run_cfg = _apply(cfg, defaults_flat, params, set())  # load_sweep reported the ignored keys
         run_cfg["name"] = run_name
         run_cfg["out_dir"] = out_dir
         current = sweeps.SweepRun(name=run_name, state=sweeps.RunState.running, config=suggestion.config,
@@ -199,9 +199,7 @@ def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn:
         # "posattn" holds the resolved config a resumed run logged; "_..." are W&B's own
         params = {k: v for k, v in dict(run.config).items() if k != "posattn" and not k.startswith("_")}
         ignored: set = set()
-        run_cfg = copy.deepcopy(cfg)
-        for key, value in params.items():
-            set_key(run_cfg, defaults_flat, key, value, ignored)
+        run_cfg = _apply(cfg, defaults_flat, params, ignored)
         warn_ignored(ignored)
         run_cfg["name"] = run.name or run.id
         train_fn(run_cfg, tracker_run=run)
