@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -10,26 +11,50 @@ import torch
 MAX_GRID_AXES = 8  # kMaxGridDims of csrc/common/grid_index.h: the kernels' per-axis arrays
 
 
-def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
-    """``grid`` as a list of ints (default ``[num_tokens]``); checks 1..8 axes and prod(grid) == N."""
-    if grid is None:
-        return [int(num_tokens)]
+INT64_MAX = 2**63 - 1  # the operators take the grid as int64
+
+
+def _grid_sizes(grid) -> list[int]:
+    """``grid`` as a list of ints; floats, strings and bools are refused, not rounded."""
+    if isinstance(grid, (str, bytes)) or isinstance(grid, bool):
+        raise TypeError(f"relpos_attention: grid must be a sequence of ints, got {grid!r}")
     if isinstance(grid, int):
         grid = [grid]
     try:
-        sizes = [int(n) for n in grid]
-    except (TypeError, ValueError):
-        raise ValueError(f"grid must be a sequence of ints, got {grid!r}") from None
+        items = list(grid)
+    except TypeError:
+        raise TypeError(f"relpos_attention: grid must be a sequence of ints, got {grid!r}") from None
+    sizes = []
+    for n in items:
+        if isinstance(n, bool):
+            raise TypeError(f"relpos_attention: grid must be a sequence of ints, got {grid!r}")
+        try:
+            sizes.append(operator.index(n))  # ints, numpy ints, SymInts; not 3.7 or "3"
+        except TypeError:
+            raise TypeError(f"relpos_attention: grid must be a sequence of ints, got {grid!r} "
+                            f"({type(n).__name__} {n!r} is not an int)") from None
+    return sizes
+
+
+def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
+    """``grid`` as a list of ints (default ``[num_tokens]``); checks 1..8 axes, prod(grid) == N
+    and that prod(grid) and prod(2 n_d - 1) fit the operators' int64."""
+    if grid is None:
+        return [int(num_tokens)]
+    sizes = _grid_sizes(grid)
     if not sizes:
         raise ValueError("relpos_attention: grid must list at least one axis")
     if len(sizes) > MAX_GRID_AXES:
         raise ValueError(f"relpos_attention: grid may have at most {MAX_GRID_AXES} axes, got {len(sizes)}")
     # Plain loops (no generator expressions): torch.compile traces this code.
     prod = 1
-    for n in sizes:
+    for d, n in enumerate(sizes):
         if n < 1:
-            raise ValueError(f"relpos_attention: every grid axis must be >= 1, got grid {sizes}")
+            raise ValueError(f"relpos_attention: grid axis {d} must be >= 1, got {n} (grid {sizes})")
         prod *= n
+    if prod > INT64_MAX or num_offsets(sizes) > INT64_MAX:
+        raise ValueError(f"relpos_attention: grid {sizes} is too large: prod(grid) or the number of offsets "
+                         "prod(2 n_d - 1) overflows int64")
     if prod != num_tokens:
         raise ValueError(
             f"relpos_attention: prod(grid) = {prod} must equal the number of tokens N = {num_tokens} "

@@ -6,6 +6,7 @@ operators of their own (``torch.ops.posattn.<op>_backward``).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -99,13 +100,28 @@ def relpos_attention(
     """
     _check_q(q)
     grid_list = normalise_grid(grid, q.shape[2])
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, float(threshold), span_mode, float(scale))
+    threshold = _real("threshold", threshold)
+    scale = q.shape[-1] ** -0.5 if scale is None else _real("scale", scale)
+    causal, return_lse = _flag("causal", causal), _flag("return_lse", return_lse)
+    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale)
     out, lse = torch.ops.posattn.relpos_attention(
-        q, k, v, q_pos, rel, grid_list, sigma, float(threshold), span_mode, float(scale), bool(causal)
+        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, causal
     )
     return (out, lse) if return_lse else out
+
+
+def _real(name: str, value) -> float:
+    """A real-number argument as a float; bools, complex numbers, None and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"relpos_attention: {name} must be a real number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _flag(name: str, value) -> bool:
+    """A bool argument; ``causal="no"`` would otherwise read as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"relpos_attention: {name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def _check_q(q) -> None:
@@ -122,7 +138,7 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
     also runs on fake tensors under torch.compile). Mirrors the C++ checks."""
     tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma}
     for name, t in tensors.items():
-        if t is not None and not isinstance(t, torch.Tensor):
+        if (t is not None or name in ("q", "k", "v")) and not isinstance(t, torch.Tensor):
             raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
     _check_q(q)
     B, H, N, D = q.shape
@@ -167,6 +183,34 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
         raise ValueError("relpos_attention: threshold > 0 requires sigma (the span widths)")
     if scale != scale or scale in (float("inf"), float("-inf")):
         raise ValueError(f"relpos_attention: scale must be finite, got {scale}")
+    dtype_max = torch.finfo(q.dtype).max
+    if abs(scale) > dtype_max:
+        raise ValueError(f"relpos_attention: scale = {scale} overflows the tensors' dtype {q.dtype} "
+                         f"(largest finite value {dtype_max})")
+
+
+def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
+                                scale, out, lse) -> None:
+    """The forward's checks plus those of the backward's own tensors (as
+    check_relpos_backward_inputs in csrc/relpos/relpos_checks.cpp)."""
+    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale)
+    B, H, N, _ = q.shape
+    shapes = {"grad_out": (B, H, N, v.shape[-1]), "out": (B, H, N, v.shape[-1]), "lse": (B, H, N),
+              "grad_lse": (B, H, N)}
+    for name, t in (("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)):
+        if t is None and name == "grad_lse":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"relpos_attention_backward: {name} must be a tensor, got {type(t).__name__}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
+                            "all tensor arguments must share one dtype")
+        if t.device != q.device:
+            raise ValueError(f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
+                             "all tensors must be on one device")
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"relpos_attention_backward: {name} must have shape {shapes[name]}, "
+                             f"got {tuple(t.shape)}")
 
 
 # --- torch.compile support -------------------------------------------------
@@ -183,6 +227,8 @@ def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mod
 def _relpos_attention_backward_fake(
     grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
 ):
+    _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
+                                scale, out, lse)
     # The kernels return contiguous gradients whatever the inputs' strides.
     def like(t):
         return t.new_empty(t.shape) if t is not None else q.new_empty(0)
@@ -226,6 +272,29 @@ def _relpos_backward(ctx, grad_out, grad_lse):
 torch.library.register_autograd(
     "posattn::relpos_attention", _relpos_backward, setup_context=_relpos_setup_context
 )
+
+
+def _no_double_backward(op: str):
+    """Autograd of a backward operator: refuses a gradient of the gradient, which
+    torch would otherwise return as silent zeros (with only a warning)."""
+
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"posattn: double backward (a gradient of the gradient) through {op} is not supported; "
+            f"differentiate {op} once (no create_graph=True through it), or use posattn.reference.{op}, "
+            "which is differentiable to any order"
+        )
+
+    return backward
+
+
+def _nothing_to_save(ctx, inputs, output):
+    pass
+
+
+for _op in _OPS:
+    torch.library.register_autograd(f"posattn::{_op}_backward", _no_double_backward(_op),
+                                    setup_context=_nothing_to_save)
 
 
 # --- apply_maps (orthogonal-power / algebraic encodings) --------------------
@@ -297,6 +366,16 @@ def _apply_maps_fake(x, maps, index):
 
 @torch.library.register_fake("posattn::apply_maps_backward")
 def _apply_maps_backward_fake(grad_y, x, maps, index, need_x, need_maps):
+    _check_apply_maps_args(x, maps, index)
+    if not isinstance(grad_y, torch.Tensor):
+        raise TypeError(f"apply_maps_backward: grad_y must be a tensor, got {type(grad_y).__name__}")
+    if grad_y.shape != x.shape:
+        raise ValueError(f"apply_maps_backward: grad_y must have the shape of x {tuple(x.shape)}, "
+                         f"got {tuple(grad_y.shape)}")
+    if grad_y.dtype != x.dtype:
+        raise TypeError(f"apply_maps_backward: grad_y has dtype {grad_y.dtype} but x has {x.dtype}")
+    if grad_y.device != x.device:
+        raise ValueError(f"apply_maps_backward: grad_y must be on {x.device}")
     return (x.new_empty(x.shape) if need_x else x.new_empty(0),
             maps.new_empty(maps.shape) if need_maps else x.new_empty(0))
 

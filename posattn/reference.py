@@ -53,7 +53,8 @@ def relpos_scores(
         else:
             raise ValueError(f'span_mode must be "add" or "multiply", got {span_mode!r}')
         if threshold > 0:
-            half = torch.tensor(span_half_widths(sigma, threshold, grid), device=q.device)  # (H, G)
+            half = torch.tensor(span_half_widths(sigma, threshold, grid), dtype=torch.long,
+                                device=q.device).reshape(H, len(grid))  # (H, G), also for H = 0
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
     if causal:
         keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
@@ -77,7 +78,9 @@ def relpos_attention(
     """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
     scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
-    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    # Rows with every key masked get zeros; NaN or inf anywhere else stays visible.
+    masked = torch.isneginf(lse)[..., None]
+    probs = torch.exp(scores - lse[..., None].masked_fill(masked, 0.0)).masked_fill(masked, 0.0)
     out = probs @ v
     return (out, lse) if return_lse else out
 

@@ -13,6 +13,10 @@ def base():
     return make_relpos_inputs(GRID, sigma=True)
 
 
+def _huge():
+    return torch.zeros(0, 3, 2**56, 5, dtype=torch.float64)
+
+
 def case(name, change, exc, match, **kw):
     return pytest.param(change, exc, match, kw, id=name)
 
@@ -48,6 +52,13 @@ BAD = [
     case("sigma dtype", _set("sigma", lambda x: x["sigma"].float()), TypeError, "sigma has dtype"),
     case("int tensors", lambda x: {k: (v * 10).long() for k, v in x.items()}, TypeError, "must be a floating-point tensor"),
     case("scale nan", lambda x: x, ValueError, "scale must be finite", scale=float("nan")),
+    case("scale overflows float32", lambda x: {k: v.float() for k, v in x.items()}, ValueError,
+         "scale = 1e\\+300 overflows the tensors' dtype", scale=1e300),
+    # The product wraps around int64 to N = 12: the overflow is caught, not read as N.
+    case("grid product overflows int64", lambda x: x, ValueError, "too large", grid=[2**62 + 3, 4]),
+    # prod(grid) = 2**56 fits, prod(2 n - 1) = 255**8 does not (empty tensors: B = 0).
+    case("offsets overflow int64", lambda x: dict(x, q=_huge(), k=_huge(), q_pos=_huge(), v=_huge(), sigma=None),
+         ValueError, "too large", grid=[128] * 8),
 ]
 
 

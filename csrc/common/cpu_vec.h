@@ -68,21 +68,32 @@ inline float exp1(float x) {
 }
 inline double exp1(double x) { return std::exp(x); }
 
-// max_i x[i] (-inf for n == 0).
+// max_i x[i] (-inf for n == 0), or NaN if any x[i] is NaN: a NaN logit must
+// reach the output, not be skipped as if its key were masked.
 inline float row_max(const float* x, int64_t n) {
   v8f m = splat8(-std::numeric_limits<float>::infinity());
+  v8i nan = v8i{0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const v8f v = load8(x + i);
     m = select8(v > m, v, m);
+    nan |= (v != v);
   }
   float r = hmax8(m);
-  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
-  return r;
+  bool any_nan = false;
+  for (int l = 0; l < 8; ++l) any_nan |= nan[l] != 0;
+  for (; i < n; ++i) {
+    r = x[i] > r ? x[i] : r;
+    any_nan |= x[i] != x[i];
+  }
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : r;
 }
 inline double row_max(const double* x, int64_t n) {
   double r = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < n; ++i) r = x[i] > r ? x[i] : r;
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    r = x[i] > r ? x[i] : r;
+  }
   return r;
 }
 

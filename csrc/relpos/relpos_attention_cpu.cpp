@@ -444,7 +444,9 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
         // Online softmax: rescale the running sums to the new row maximum.
         for (int64_t r = 0; r < Bq; ++r) {
           T* sr = s + r * c.Bk;
-          const T mnew = std::max(m[r], cpu::row_max(sr, c.Bk));
+          // A NaN (in the logits, or already in m) sticks: it makes the row NaN.
+          const T cm = cpu::row_max(sr, c.Bk);
+          const T mnew = (cm != cm || m[r] != m[r]) ? cm + m[r] : std::max(m[r], cm);
           if (mnew == neg_inf<T>()) {  // nothing kept yet for this query
             std::fill(sr, sr + c.Bk, T(0));
             continue;
@@ -464,7 +466,7 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
       T* lbh = lse + bh * N;
       for (int64_t r = 0; r < Bq; ++r) {
         T* orow = obh + t.tok[r] * Dv;
-        if (l[r] > T(0)) {
+        if (m[r] != neg_inf<T>()) {  // NaN / inf logits or values give NaN rows, as in the reference
           const T inv = T(1) / l[r];
           for (int64_t j = 0; j < Dv; ++j) orow[j] = acc[r * Dv + j] * inv;
           lbh[t.tok[r]] = m[r] + std::log(l[r]);

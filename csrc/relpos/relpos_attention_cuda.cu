@@ -145,7 +145,8 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) {
       const Acc o = buf[threadIdx.x + stride];
-      buf[threadIdx.x] = is_max ? (o > buf[threadIdx.x] ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
+      // The max lets a NaN through (o != o), so that a NaN logit reaches the output.
+      buf[threadIdx.x] = is_max ? ((o > buf[threadIdx.x] || o != o) ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
     }
     __syncthreads();
   }
@@ -181,7 +182,10 @@ __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, co
     Acc s, raw, quad;
     int64_t row;
     if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, s, raw, quad, row)) continue;
-    if (s > m) {
+    if (s != s || m != m) {  // a NaN logit sticks: the row's lse and output are NaN, as in the reference
+      m = s + m;
+      l = m;
+    } else if (s > m) {
       l = l * exp(m - s) + Acc(1);
       m = s;
     } else {

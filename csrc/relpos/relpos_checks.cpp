@@ -1,6 +1,9 @@
 #include "relpos_checks.h"
 
+#include <ATen/Dispatch.h>
+
 #include <cmath>
+#include <limits>
 
 #include "../common/grid_index.h"
 #include "../common/shape_str.h"
@@ -17,6 +20,15 @@ void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor&
                    "; all tensor arguments must share one dtype");
   TORCH_CHECK_VALUE(t.device() == q.device(), "relpos_attention: ", name, " is on ", t.device(),
                     " but q is on ", q.device(), "; all tensors must be on one device");
+}
+
+// The largest finite value of a floating dtype.
+double dtype_max_value(at::ScalarType dtype) {
+  double value = 0.0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dtype_max_value", [&] {
+    value = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  });
+  return value;
 }
 
 }  // namespace
@@ -59,17 +71,25 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK_VALUE(static_cast<int64_t>(grid.size()) <= kMaxGridDims,
                     "relpos_attention: grid may have at most ", kMaxGridDims, " axes, got ",
                     grid.size());
-  int64_t prod = 1;
+  // Products are overflow-checked: a product that wrapped around could pass
+  // prod == N and send the kernels out of bounds.
+  int64_t prod = 1, U = 1;
+  bool overflow = false;
   for (size_t d = 0; d < grid.size(); ++d) {
     TORCH_CHECK_VALUE(grid[d] >= 1, "relpos_attention: grid axis ", d, " must be >= 1, got ",
                       grid[d]);
-    prod *= grid[d];
+    overflow |= __builtin_mul_overflow(prod, grid[d], &prod);
+    int64_t width = 0;  // 2 n_d - 1
+    overflow |= __builtin_mul_overflow(grid[d], int64_t{2}, &width);
+    overflow |= __builtin_mul_overflow(U, width - 1, &U);
   }
+  TORCH_CHECK_VALUE(!overflow, "relpos_attention: grid ", shape_str(grid),
+                    " is too large: prod(grid) or the number of offsets prod(2 n_d - 1) "
+                    "overflows int64");
   TORCH_CHECK_VALUE(prod == s.N, "relpos_attention: prod(grid) = ", prod,
                     " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid),
                     ")");
   s.grid = grid.vec();
-  const int64_t U = num_offsets(grid.data(), static_cast<int>(grid.size()));
 
   // Positional query and table.
   TORCH_CHECK_VALUE(q_pos.has_value() == rel.has_value(),
@@ -105,6 +125,10 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK_VALUE(threshold == 0.0 || s.has_sigma,
                     "relpos_attention: threshold > 0 requires sigma (the span widths)");
   TORCH_CHECK_VALUE(std::isfinite(scale), "relpos_attention: scale must be finite, got ", scale);
+  const double dtype_max = dtype_max_value(q.scalar_type());
+  TORCH_CHECK_VALUE(std::abs(scale) <= dtype_max, "relpos_attention: scale = ", scale,
+                    " overflows the tensors' dtype ", q.scalar_type(), " (largest finite value ",
+                    dtype_max, ")");
   return s;
 }
 

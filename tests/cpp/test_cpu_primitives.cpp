@@ -56,6 +56,23 @@ TEST_CASE("row_max, sum and dot match plain loops (odd lengths)", "[vec]") {
   CHECK(row_max(static_cast<const float*>(nullptr), 0) == -std::numeric_limits<float>::infinity());
 }
 
+TEST_CASE("row_max is NaN when any element is NaN (vector lanes and tail)", "[vec]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 7, 8, 9, 17}) {
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> a(n, ninf);
+      std::vector<double> b(n, -std::numeric_limits<double>::infinity());
+      a[at] = nan;
+      b[at] = std::numeric_limits<double>::quiet_NaN();
+      CHECK(std::isnan(row_max(a.data(), n)));
+      CHECK(std::isnan(row_max(b.data(), n)));
+      a[at] = 1.0f;  // without the NaN: the plain maximum
+      CHECK(row_max(a.data(), n) == 1.0f);
+    }
+  }
+}
+
 template <typename T>
 void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T beta) {
   std::mt19937 rng(static_cast<unsigned>(m * 131 + n * 7 + k));
