@@ -2,11 +2,18 @@
 
 ``ModelConfig.from_dict({"dim": 32, "pe": {"name": "lookup"}})`` fills the rest
 with defaults (the thesis' model) and rejects unknown keys, naming close matches.
+Values are never coerced: :meth:`ModelConfig.validate` checks every field against
+its annotation (a bool must be a bool, an int an int, a float a finite number)
+and its range, and names the field by its dotted path (``span.enabled``).
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import numbers
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -43,6 +50,63 @@ def _choice(name: str, value: Any, choices: tuple) -> None:
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}{hint}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# annotation -> (test, description) of the values a field of that type takes
+_KINDS = {
+    bool: (lambda v: isinstance(v, bool), "a bool (true/false)"),
+    int: (_is_int, "an int"),
+    float: (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v), "a finite number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+# ranges, checked once the types are right (None, where a field is Optional, is always valid)
+_AT_LEAST = {  # int fields -> smallest valid value
+    "in_channels": 1, "num_classes": 1, "patch_size": 1, "dim": 1, "depth": 1, "heads": 1, "ffn_dim": 1,
+    "pe.hidden_dim": 1, "pe.hidden_layers": 1, "pe.num_features": 2, "pe.max_distance": 0,
+    "performer.num_features": 1, "performer.feature_redraw_interval": 0, "performer.num_frequencies": 1,
+    "performer.clip": 1,
+}
+_UNIT = ("dropout", "input_dropout", "span.threshold")  # floats in [0, 1)
+_POSITIVE = ("pe.w0", "span.init", "span.min_sigma")  # floats > 0
+
+
+def _bad(name: str, what: str, value: Any) -> ValueError:
+    return ValueError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
+
+
+def _check_fields(obj: Any, prefix: str = "") -> None:
+    """Checks every field of dataclass ``obj`` against its annotation and range;
+    ValueError naming the field by its dotted path."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        name, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
+        if type(None) in typing.get_args(hint):  # Optional[X]
+            if value is None:
+                continue
+            hint = typing.get_args(hint)[0]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, hint):
+                raise _bad(name, f"a {hint.__name__} (or a mapping, in ModelConfig.from_dict)", value)
+            _check_fields(value, name + ".")
+        elif typing.get_origin(hint) is list:
+            test, _ = _KINDS[typing.get_args(hint)[0]]
+            if not isinstance(value, (list, tuple)) or not value or not all(test(v) and v >= 1 for v in value):
+                raise _bad(name, "a non-empty list of ints >= 1", value)
+        else:
+            test, what = _KINDS[hint]
+            if not test(value):
+                raise _bad(name, what, value)
+            if name in _AT_LEAST and value < _AT_LEAST[name]:
+                raise _bad(name, f"an int >= {_AT_LEAST[name]}", value)
+            if name in _UNIT and not 0.0 <= value < 1.0:
+                raise _bad(name, "in [0, 1)", value)
+            if name in _POSITIVE and value <= 0:
+                raise _bad(name, "a finite number > 0", value)
 
 
 @dataclass
@@ -105,7 +169,7 @@ class ModelConfig:
 
     in_channels: int = 1
     num_classes: int = 10
-    grid: list = field(default_factory=lambda: [28, 28])
+    grid: list[int] = field(default_factory=lambda: [28, 28])
     patch_size: int = 1
     dim: int = 64
     depth: int = 6
@@ -129,6 +193,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: Optional[dict] = None, **kwargs) -> "ModelConfig":
         """Builds a config from (nested) dicts; unknown keys raise ValueError."""
+        if values is not None and not isinstance(values, Mapping):
+            raise ValueError(f"model config must be a mapping, got {values!r} ({type(values).__name__})")
         merged = dict(values or {})
         merged.update(kwargs)
         cfg = _from_dict(cls, merged, "")
@@ -148,19 +214,14 @@ class ModelConfig:
         return len(self.grid) if self.positions == "grid" else 1
 
     def validate(self) -> None:
-        """Raises ValueError naming the offending field and the valid choices."""
-        for name in ("in_channels", "num_classes", "dim", "depth", "heads", "ffn_dim"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.grid or any(int(n) < 1 for n in self.grid):
-            raise ValueError(f"grid must be a non-empty list of sizes >= 1, got {self.grid}")
-        if int(self.patch_size) < 1 or any(int(n) % self.patch_size for n in self.grid):
-            raise ValueError(f"patch_size ({self.patch_size}) must be >= 1 and divide every grid axis {self.grid}")
+        """Raises ValueError naming the offending field (dotted path) and the valid values."""
+        _check_fields(self)
+        if any(n % self.patch_size for n in self.grid):
+            raise ValueError(f"patch_size ({self.patch_size}) must divide every grid axis {self.grid}")
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
-        for name in ("dropout", "input_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.pe.num_features % 2:
+            raise ValueError(f"pe.num_features must be even (sin and cos features), got {self.pe.num_features}")
         _choice("norm", self.norm, NORMS)
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("pooling", self.pooling, POOLINGS)
@@ -194,8 +255,6 @@ class ModelConfig:
                 raise ValueError(f"span.enabled needs attention='relpos', got attention={self.attention!r}")
             if not self.span.init > self.span.min_sigma:
                 raise ValueError(f"span.init (initial sigma) must be > span.min_sigma = {self.span.min_sigma}, got {self.span.init}")
-            if not 0.0 <= self.span.threshold < 1.0:
-                raise ValueError(f"span.threshold must be in [0, 1), got {self.span.threshold}")
         if self.causal:
             if self.attention not in CAUSAL_ATTENTIONS:
                 raise ValueError(f"causal=True needs attention in {CAUSAL_ATTENTIONS}, got attention={self.attention!r} "
@@ -208,19 +267,20 @@ class ModelConfig:
 
 
 def _from_dict(cls, values: dict, prefix: str):
-    if not isinstance(values, dict):
-        raise ValueError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
+    if not isinstance(values, Mapping):
+        raise _bad(prefix.rstrip("."), "a mapping", values)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
+            key = str(key)
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
             raise ValueError(f"unknown model config key {prefix + key!r}{hint} (valid: {', '.join(fields)})")
         nested = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(nested) and isinstance(nested, type):
             value = value if dataclasses.is_dataclass(value) else _from_dict(nested, value, f"{prefix}{key}.")
-        elif key == "grid":
-            value = [int(n) for n in value]
+        elif key == "grid" and isinstance(value, tuple):
+            value = list(value)  # no other conversion: validate() checks the values
         kwargs[key] = value
     return cls(**kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import Iterable, Optional
 
 from . import runs, sweep
 from .config import ConfigError, dump_config, flatten, load_config, load_yaml, mode_view, set_key
@@ -13,6 +13,7 @@ from .data import DataError
 from .scaling import run_study, scaling_config, scaling_defaults, scaling_section
 from .shift import shift_test
 from .train import resolve_device
+from .validate import check_output_folders, check_values
 
 MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
 
@@ -71,11 +72,12 @@ def load_defaults(path: str) -> dict:
     return defaults
 
 
-def resolve(args, defaults: dict) -> dict:
+def resolve(args, defaults: dict, explicit: Optional[set] = None) -> dict:
+    """The config of the command line; ``explicit`` (if given) receives the keys it sets."""
     for item in args.assignments:
         if "=" not in item:
             raise CliError(f"unexpected argument {item!r} (overrides are -DKEY=VALUE or KEY=VALUE)")
-    cfg = load_config(defaults, args.config, list(args.overrides) + list(args.assignments))
+    cfg = load_config(defaults, args.config, list(args.overrides) + list(args.assignments), explicit)
     flat = flatten(defaults)
     if args.mode:
         cfg["mode"] = args.mode
@@ -88,11 +90,13 @@ def resolve(args, defaults: dict) -> dict:
     return cfg
 
 
-def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
-    """-mode=scaling: the scaling study with cfg["scaling"]."""
-    top = {"device": str(resolve_device(cfg["device"])), "num_threads": int(cfg["num_threads"])}
+def scaling(cfg: dict, argv: Optional[list[str]] = None, explicit: Iterable[str] = ()) -> dict:
+    """-mode=scaling: the scaling study with cfg["scaling"]; the ``explicit`` keys
+    (scaling.<field>) keep their values under scaling.quick."""
+    top = {"device": str(resolve_device(cfg["device"])), "num_threads": int(cfg["num_threads"] or 0)}
+    given = [k.split(".", 1)[1] for k in explicit if k.startswith("scaling.")]
     try:
-        study = scaling_config(cfg["scaling"], top)
+        study = scaling_config(cfg["scaling"], top, given)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
     effective = dict(scaling_section(study), quick=cfg["scaling"]["quick"])  # with quick's sizes applied
@@ -101,7 +105,8 @@ def scaling(cfg: dict, argv: Optional[list[str]] = None) -> dict:
     return run_study(study, command=command.strip())
 
 
-def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Optional[list[str]]) -> None:
+def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Optional[list[str]],
+             explicit: Iterable[str] = ()) -> None:
     mode = cfg["mode"]
     if mode == "train":
         runs.train(cfg, resume=args.resume, resume_overrides=tuple(args.overrides) + tuple(args.assignments),
@@ -109,7 +114,7 @@ def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Op
     elif mode == "test":
         runs.test(cfg)
     elif mode == "scaling":
-        scaling(cfg, argv)
+        scaling(cfg, argv, explicit)
     elif mode == "shift_test":
         shift_test(cfg)
     elif mode == "local_sweep":
@@ -128,8 +133,11 @@ def main(argv: Optional[list[str]] = None, *, defaults_file: str, sweep_dir: Opt
     try:
         args = parser.parse_args(argv)
         defaults = load_defaults(defaults_file)
-        cfg = resolve(args, defaults)
-        dispatch(args, cfg, defaults, sweep_dir, argv)
+        explicit: set = set()
+        cfg = resolve(args, defaults, explicit)
+        check_values(cfg)
+        check_output_folders(cfg, args.resume)
+        dispatch(args, cfg, defaults, sweep_dir, argv, explicit)
     except (CliError, ConfigError) as e:
         print(f"cmd/main.py: error: {e}", file=sys.stderr)
         return 2

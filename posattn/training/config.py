@@ -106,19 +106,25 @@ def merge(cfg: dict, update: dict, defaults_flat: dict, ignored: Optional[set] =
         set_key(cfg, defaults_flat, key, value, ignored)
 
 
-def load_config(defaults: dict, config_file: Optional[str] = None, overrides: Iterable[str] = ()) -> dict:
+def load_config(defaults: dict, config_file: Optional[str] = None, overrides: Iterable[str] = (),
+                explicit: Optional[set] = None) -> dict:
     """``defaults``, then ``config_file`` (if any), then ``-D`` overrides ``key=value``.
-    Thesis keys that configure nothing are named once on stderr."""
+    Thesis keys that configure nothing are named once on stderr. ``explicit``, if
+    given, receives the dot keys the file and the overrides set (as written)."""
     defaults_flat = flatten(defaults)
     cfg = copy.deepcopy(defaults)
     ignored: set = set()
+    explicit = set() if explicit is None else explicit
     if config_file:
-        merge(cfg, load_yaml(config_file), defaults_flat, ignored)
+        update = load_yaml(config_file)
+        merge(cfg, update, defaults_flat, ignored)
+        explicit.update(flatten(update))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"-D{item}: expected -D<key>=<value>")
         key, raw = item.split("=", 1)
         set_key(cfg, defaults_flat, key.strip(), raw, ignored)
+        explicit.add(key.strip())
     warn_ignored(ignored)
     return cfg
 

@@ -165,6 +165,9 @@ def load_splits(name: str, root: str = "data", val_fraction: float = 0.1, seed: 
     validation and test sets shrink in proportion)."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    if small_dataset < 0 or pad_to < 0:
+        raise ValueError(f"data.small_dataset (0: all images) and data.pad_to (0: none) must be >= 0, "
+                         f"got {small_dataset}, {pad_to}")
     x_train, y_train = load_raw(name, root, "train")
     x_test, y_test = load_raw(name, root, "test")
     g = torch.Generator().manual_seed(int(seed))
@@ -172,7 +175,7 @@ def load_splits(name: str, root: str = "data", val_fraction: float = 0.1, seed: 
     n_val = int(round(len(order) * val_fraction))
     val_idx, train_idx = order[:n_val], order[n_val:]
     test_idx = np.arange(len(y_test))
-    if small_dataset and small_dataset > 0:
+    if small_dataset:
         ratio = min(1.0, small_dataset / len(train_idx))
         train_idx = train_idx[: max(1, small_dataset)]
         val_idx = val_idx[: max(1, int(round(len(val_idx) * ratio)))]

@@ -19,6 +19,7 @@ from . import runs
 from .config import ConfigError, load_yaml, set_key, warn_ignored
 from .optional import require
 from .report import pyplot, save_figure, write_csv
+from .validate import check_values
 
 __all__ = ["load_sweep", "local_sweep", "create_sweep", "run_agent", "metric_value", "sweep_path", "METHODS"]
 
@@ -67,6 +68,7 @@ def load_sweep(path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str
         for value in probes:
             try:
                 set_key(probe, defaults_flat, key, value, ignored)
+                check_values(probe)
             except ConfigError as e:
                 raise ConfigError(f"{path}: {e}") from None
     warn_ignored(ignored)
@@ -78,6 +80,7 @@ def _apply(cfg: dict, defaults_flat: dict, params: dict, ignored: set) -> dict:
     run_cfg = copy.deepcopy(cfg)
     for key, value in params.items():
         set_key(run_cfg, defaults_flat, key, value, ignored)
+    check_values(run_cfg)
     return run_cfg
 
 

@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,10 @@ GRADIENT_COLUMNS = ["encoding", "arch", "residual", "norm", "depth", "tokens", "
                     "first_layer_grad", "last_layer_grad", "positional_grad", "loss"]
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class ScalingConfig:
     """What the study measures. Sizes are token counts (1-D) and square 2-D grid sides."""
@@ -100,20 +104,20 @@ class ScalingConfig:
         return cfg
 
     def validate(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if not isinstance(m, str) or m not in METHODS]
         if bad:
             raise ValueError(f"scaling.methods: unknown method(s) {bad}; valid: {', '.join(METHODS)}")
-        bad = [s for s in self.studies if s not in ("length", "grid", "depth", "gradients")]
+        bad = [s for s in self.studies if not isinstance(s, str) or s not in ("length", "grid", "depth", "gradients")]
         if bad:
             raise ValueError(f"scaling.studies: unknown {bad}; valid: length, grid, depth, gradients")
         for name in ("lengths", "grid_sides", "depths", "gradient_depths", "depth_grid"):
             values = getattr(self, name)
-            if not isinstance(values, (list, tuple)) or not values or any(int(v) < 1 for v in values):
+            if not isinstance(values, (list, tuple)) or not values or not all(_is_int(v) and v >= 1 for v in values):
                 raise ValueError(f"scaling.{name} must be a non-empty list of integers >= 1, got {values!r}")
         for name in ("dim", "heads", "ffn_dim", "in_channels", "batch", "repeats", "token_depth",
                      "gradient_tokens", "gradient_batch", "gradient_seeds"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"scaling.{name} must be >= 1, got {getattr(self, name)}")
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"scaling.{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.dim % self.heads or (self.dim // self.heads) % 4:
             raise ValueError(f"scaling.dim ({self.dim}) / heads ({self.heads}) must be a multiple of 4 "
                              "(the 2-D algebraic encoding needs two even blocks per head)")
@@ -139,11 +143,13 @@ def scaling_defaults() -> dict:
     return dict(scaling_section(ScalingConfig()), quick=False)
 
 
-def scaling_config(section: dict, top_level: dict) -> ScalingConfig:
-    """The ScalingConfig of the CLI's ``scaling:`` block and top-level settings."""
-    values = dict(section)
+def scaling_config(section: dict, top_level: dict, explicit: Iterable[str] = ()) -> ScalingConfig:
+    """The ScalingConfig of the CLI's ``scaling:`` block and top-level settings.
+    ``quick`` sets the sizes of QUICK, but not the fields named in ``explicit``
+    (those the user gave: an explicit value wins over the preset)."""
+    values, explicit = dict(section), set(explicit)
     if values.pop("quick", False):
-        values.update(QUICK)
+        values.update({k: v for k, v in QUICK.items() if k not in explicit})
     values.update({field: top_level[key] for field, key in _FROM_TOP_LEVEL.items()})
     return ScalingConfig.from_dict(values)
 
