@@ -12,11 +12,13 @@ from typing import Callable, Optional
 
 import torch
 
+from .checkpoints import MANIFEST, CheckpointError, CheckpointStore, load_checkpoint_file, write_atomic
 from .config import ConfigError, dump_config, flatten, mode_view, set_key
 from .data import Splits, load_splits
 from .optional import require
 from .report import print_table
 from .tracking import Tracker
+from .validate import check_values
 from .train import Distributed, Trainer, build_model, resolve_device, set_seed
 
 __all__ = ["run_name", "load_data", "train", "checkpoint_file", "load_trained", "test"]
@@ -58,44 +60,48 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
     dist.init(device)
     if cfg["num_threads"]:
         torch.set_num_threads(int(cfg["num_threads"]))
+    saved = None
     if resume is not None:
         run_dir = resume if resume else os.path.join(cfg["out_dir"], run_name(cfg))
-        last = os.path.join(run_dir, "last.pt")
-        if not os.path.exists(last):
-            raise ConfigError(f"--resume: {last} does not exist (name the run with -Dname=... or pass its folder)")
-        saved = torch.load(last, map_location="cpu", weights_only=False)
-        cfg = saved["config"]
-        for item in resume_overrides:
-            key, raw = item.split("=", 1)
-            set_key(cfg, defaults or flatten(cfg), key.strip(), raw)
-        cfg["name"] = os.path.basename(os.path.normpath(run_dir))
+        cfg, saved = _resume_state(run_dir, cfg, resume_overrides, defaults)
     else:
         cfg = copy.deepcopy(cfg)
         cfg["name"] = run_name(cfg)
         run_dir = os.path.join(cfg["out_dir"], cfg["name"])
-        saved = None
     if cfg["seed"] is None:
         cfg["seed"] = _draw_seed(dist)
     set_seed(int(cfg["seed"]) + dist.rank)
     splits = load_data(cfg)
     model = build_model(cfg, splits)
+    store = CheckpointStore(run_dir)
     if dist.is_main:
         os.makedirs(run_dir, exist_ok=True)
+        removed = store.clean()
+        if removed:
+            print(f"removed {len(removed)} temporary file(s) of interrupted writes from {run_dir}", flush=True)
+        if resume is None and os.path.exists(store.path("last")):
+            print(f"note: {run_dir} held an earlier run; this run replaces it (--resume continues a run)", flush=True)
+        store.start(cfg, fresh=resume is None)
         print("resolved config:\n" + dump_config(mode_view(cfg)).rstrip(), flush=True)
-        with open(os.path.join(run_dir, "config.yml"), "w") as f:
-            f.write(dump_config(cfg))
+        write_atomic(os.path.join(run_dir, "config.yml"), dump_config(cfg).encode())
         print(f"data: {splits.describe()}\nmodel: {model.num_parameters():,} parameters, device {device}, "
               f"run folder {run_dir}", flush=True)
     tracker = Tracker(run_dir, enabled=not cfg["no_wandb"], is_main=dist.is_main)
+    # metrics.jsonl holds each epoch once: lines past the resumed epoch (and the test line) go
+    tracker.keep_epochs(saved["epoch"] if saved is not None else 0)
     tracker.start(dict(cfg, num_parameters=model.num_parameters()), cfg["name"], reuse_run=tracker_run)
-    trainer = Trainer(cfg, splits, model, device, run_dir, tracker, dist, progress=progress)
+    trainer = Trainer(cfg, splits, model, device, run_dir, tracker, dist, progress=progress, store=store)
     if saved is not None:
         trainer.load_state(saved)
         print(f"resumed {run_dir} after epoch {trainer.epoch}", flush=True)
     start = time.perf_counter()
     result = trainer.fit(epoch_callback)
     # test metrics of the best checkpoint
-    best = torch.load(trainer.checkpoint_path("best"), map_location="cpu", weights_only=False)
+    try:
+        best = store.load("best")
+    except CheckpointError as e:  # damaged on disk after it was written: the last state stands in
+        print(f"warning: {e}; the test metrics are those of the last epoch's model", flush=True)
+        best = trainer.state()
     trainer.module.load_state_dict(best["model"])
     test_metrics = trainer.evaluate(*splits.test)
     summary = {
@@ -107,8 +113,7 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
     if dist.is_main:
         tracker.log({"test/acc": test_metrics["acc"], "test/loss": test_metrics["loss"]}, step=trainer.epoch)
         tracker.summary({**summary, "val/best_acc": result["best_val_acc"]})
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2).encode())
         print_table(f"final metrics ({cfg['name']})", [
             ("best val accuracy", f"{summary['best_val_acc']:.4f} (epoch {summary['best_epoch']})"),
             ("test accuracy (best checkpoint)", f"{summary['test/acc']:.4f}"),
@@ -122,6 +127,37 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
         tracker.finish()
     summary["history"] = result["history"]
     return summary
+
+
+def _resume_state(run_dir: str, given: dict, overrides: tuple,
+                  defaults: Optional[dict]) -> tuple[dict, Optional[dict]]:
+    """(config, training state) to resume ``run_dir`` from: the newest intact
+    checkpoint, or, when none was written or survived, the run's saved config
+    (the run starts over), or, when the run was killed before it saved even
+    that, the ``given`` config of the command line."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"--resume: {run_dir} does not exist (name the run with -Dname=... or pass its folder)")
+    store = CheckpointStore(run_dir)
+    try:
+        saved, tag = store.load_resumable()
+        cfg = saved["config"] if saved is not None else store.config()
+    except CheckpointError as e:
+        raise ConfigError(f"--resume: {e}") from None
+    if saved is None and cfg is None:
+        print(f"resume: {run_dir} holds neither an intact checkpoint nor the run's {MANIFEST}; the run "
+              "starts over with the config of this command line", flush=True)
+        cfg = given
+    elif saved is None:
+        print(f"resume: {run_dir} holds no intact checkpoint; the run starts over from its saved config", flush=True)
+    elif tag != "last":
+        print(f"resume: continuing from {tag}.pt (epoch {saved['epoch']}), the newest intact checkpoint", flush=True)
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        key, raw = item.split("=", 1)
+        set_key(cfg, defaults or flatten(cfg), key.strip(), raw)
+    check_values(cfg)
+    cfg["name"] = os.path.basename(os.path.normpath(run_dir))
+    return cfg, saved
 
 
 def checkpoint_file(cfg: dict) -> str:
@@ -142,7 +178,10 @@ def checkpoint_file(cfg: dict) -> str:
 def load_trained(cfg: dict):
     """(run config, model with the checkpoint's weights, splits, device, checkpoint path)."""
     path = checkpoint_file(cfg)
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        saved = load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise ConfigError(f"-mode={cfg['mode']}: {e}") from None
     run_cfg = copy.deepcopy(saved["config"])
     splits = load_data(run_cfg)
     model = build_model(run_cfg, splits)

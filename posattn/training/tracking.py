@@ -15,6 +15,7 @@ import netrc
 import os
 from typing import Any, Optional
 
+from .checkpoints import write_atomic
 from .optional import require
 
 __all__ = ["Tracker", "wandb_credentials", "SUMMARIES"]
@@ -87,6 +88,24 @@ class Tracker:
     def _define_summaries(self) -> None:
         for name, summary in SUMMARIES.items():
             self.run.define_metric(name, summary=summary)
+
+    def keep_epochs(self, last_epoch: int) -> None:
+        """Keeps in metrics.jsonl only the lines of epochs 1..``last_epoch`` (the
+        epochs a resumed run does not train again); the test line and a line torn
+        by a kill go too. So each epoch's line is there exactly once."""
+        if not self.is_main or not os.path.exists(self._metrics_path):
+            return
+        kept = []
+        with open(self._metrics_path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("epoch"), int) and row["epoch"] <= last_epoch \
+                        and not any(k.startswith("test/") for k in row):
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        write_atomic(self._metrics_path, "".join(kept).encode())
 
     def log(self, metrics: dict, step: Optional[int] = None) -> None:
         if not self.is_main:

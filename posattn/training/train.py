@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import tempfile
 import time
 from typing import Callable, Optional
 
@@ -15,10 +14,11 @@ from tqdm.auto import tqdm
 
 from ..nn import ModelConfig, TransformerClassifier
 from ..nn.performer import PERFORMER_DEFAULTS, PERFORMER_VARIANTS
+from .checkpoints import CheckpointStore
 from .data import Splits, batches
 from .tracking import Tracker
 
-__all__ = ["build_model", "model_config", "Trainer", "resolve_device", "set_seed", "save_atomic", "Distributed"]
+__all__ = ["build_model", "model_config", "Trainer", "resolve_device", "set_seed", "Distributed"]
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "noam")
@@ -65,24 +65,6 @@ def model_config(cfg: dict, splits: Splits) -> ModelConfig:
 
 def build_model(cfg: dict, splits: Splits) -> TransformerClassifier:
     return TransformerClassifier(model_config(cfg, splits))
-
-
-def save_atomic(obj, path: str) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename: a
-    crash leaves the previous file intact, never a half-written one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class Distributed:
@@ -142,12 +124,16 @@ def lr_factor(schedule: str, step: int, warmup: int, total: int) -> float:
 class Trainer:
     """Trains a classifier on in-memory splits; checkpoints every epoch.
 
-    Files in ``run_dir``: ``last.pt`` (every epoch, atomically), ``best.pt`` (best
-    validation accuracy), ``metrics.jsonl``.
+    Files in ``run_dir`` (see :mod:`.checkpoints`): ``last.pt`` (every epoch),
+    ``best.pt`` (best validation accuracy), ``manifest.json`` and ``metrics.jsonl``.
+    Each epoch logs its metrics, then writes best.pt, then last.pt: whatever
+    instant a kill lands on, resuming from the newest intact checkpoint trains the
+    missing epochs again and rewrites what they wrote, identically.
     """
 
     def __init__(self, cfg: dict, splits: Splits, model: TransformerClassifier, device: torch.device,
-                 run_dir: str, tracker: Tracker, dist: Optional[Distributed] = None, progress: bool = True):
+                 run_dir: str, tracker: Tracker, dist: Optional[Distributed] = None, progress: bool = True,
+                 store: Optional[CheckpointStore] = None):
         t = cfg["train"]
         if t["optimizer"] not in OPTIMIZERS:
             raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {t['optimizer']!r}")
@@ -158,6 +144,7 @@ class Trainer:
                 raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
         self.cfg, self.t, self.splits, self.device, self.run_dir = cfg, t, splits, device, run_dir
         self.tracker, self.dist, self.progress = tracker, dist or Distributed(), progress
+        self.store = store or CheckpointStore(run_dir)
         self.model = model.to(device)
         self.module = self.model  # unwrapped (for checkpoints and stats)
         if self.dist.active:
@@ -198,9 +185,6 @@ class Trainer:
         random.setstate(state["python_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-
-    def checkpoint_path(self, tag: str) -> str:
-        return os.path.join(self.run_dir, f"{tag}.pt")
 
     # --- evaluation ------------------------------------------------------
 
@@ -297,10 +281,12 @@ class Trainer:
                 self.best_val_acc = val["acc"]
             metrics["val/best_acc"] = self.best_val_acc
             if self.dist.is_main:
-                save_atomic(self.state(), self.checkpoint_path("last"))
-                if improved:
-                    save_atomic(self.state(), self.checkpoint_path("best"))
+                # This order keeps every state on disk resumable (class docstring).
                 self.tracker.log(metrics, step=self.epoch)
+                state = self.state()
+                if improved:
+                    self.store.save("best", state)
+                self.store.save("last", state)
                 print(f"epoch {self.epoch}/{self.t['epochs']}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
                       f"val loss {val['loss']:.4f} acc {val['acc']:.4f} | {train['per_sample_ms']:.2f} ms/sample"
                       f"{' (best)' if improved else ''}", flush=True)
