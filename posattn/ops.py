@@ -92,7 +92,9 @@ def relpos_attention(
         out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
 
     A query always keeps itself under the box and causal masks. If a query had
-    every key masked anyway, its output row is zeros and its lse is -inf (no NaN).
+    every key masked anyway, its output row is zeros and its lse is -inf. A NaN
+    or inf reaching a kept logit or value makes the row NaN, as in the
+    reference. Differentiable once: a gradient of the gradient raises.
 
     Returns:
         ``out`` (B, H, N, Dv), or ``(out, lse)`` if ``return_lse``.

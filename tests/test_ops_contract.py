@@ -191,3 +191,13 @@ def test_apply_maps_backward_fake_checks_its_arguments():
             torch.ops.posattn.apply_maps_backward(fx, fx, fmaps[:, :2], findex, True, True)
     with pytest.raises(ValueError, match="must be on one device|must be on cpu"):
         torch.ops.posattn.apply_maps_backward(x.to("meta"), x, maps, index, True, True)
+
+
+def test_apply_maps_propagates_nan_like_the_reference():
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    maps = torch.randn(3, 3, 2, 2, 2, dtype=torch.float64)
+    index = torch.randint(0, 3, (5, 2))
+    x[1, 2, 3, 1] = float("nan")
+    maps[index[0, 1], 0, 1, 0, 1] = float("inf")
+    y, y_ref = ops.apply_maps(x, maps, index), ref.apply_maps(x, maps, index)
+    assert y.isnan().any() and torch.equal(y.isnan(), y_ref.isnan()) and torch.equal(y.isinf(), y_ref.isinf())
