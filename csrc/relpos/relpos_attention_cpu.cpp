@@ -28,10 +28,12 @@ namespace {
 using tiling::Box;
 using tiling::Grid;
 
-// Queries per tile and keys per chunk. A tile of ~32 queries keeps the GEMMs
-// efficient while the offset box (tile extent + chunk extent - 1 per axis)
-// stays close to the chunk size.
-constexpr int64_t kTileTarget = 32;
+// Queries per tile (see tiling::tile_target) and keys per chunk. Measured on
+// 32x32 and 64x64 grids (BENCHMARKS.md): dense, 64-query tiles amortise the
+// positional GEMM over the offset box (1.5x faster than 32 at 32x32); with a
+// span box, tiles of 8-32 queries keep the union of their boxes small.
+constexpr int64_t kDenseTile = 64;
+constexpr int64_t kMinTile = 8;
 constexpr int64_t kChunkTarget = 1024;
 
 template <typename T>
@@ -90,17 +92,22 @@ Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigm
   p.causal = causal;
   p.mode = s.mode;
   p.scale = scale;
-  tiling::choose_tile(p.g, kTileTarget, p.tile);
-  p.ntiles = tiling::num_tiles(p.g, p.tile);
+  int64_t mean_half[kMaxGridDims] = {};  // the heads share the tiles: sized for their mean box
   if (p.has_box) {
     const at::Tensor sig = sigma->to(at::kDouble).contiguous();
     const double* sp = sig.data_ptr<double>();
     const int64_t G_in = static_cast<int64_t>(s.grid.size());
     p.half.resize(p.H * G);
     for (int64_t h = 0; h < p.H; ++h)
-      for (int d = 0; d < G; ++d)
+      for (int d = 0; d < G; ++d) {
         p.half[h * G + d] = span_half_width(sp[h * G_in + p.g.axis[d]], threshold, p.g.n[d]);
+        mean_half[d] += p.half[h * G + d];
+      }
+    for (int d = 0; d < G; ++d) mean_half[d] = p.H > 0 ? (mean_half[d] + p.H / 2) / p.H : 0;
   }
+  const int64_t target = tiling::tile_target(p.g, p.has_box ? mean_half : nullptr, kDenseTile, kMinTile);
+  tiling::choose_tile(p.g, target, p.tile);
+  p.ntiles = tiling::num_tiles(p.g, p.tile);
   return p;
 }
 

@@ -74,6 +74,29 @@ inline void choose_tile(const Grid& g, int64_t target, int64_t* tile) {
   }
 }
 
+// How many queries a tile should hold. Without a span box (`half` == nullptr)
+// the tile's keys are the whole grid and the positional term is one GEMM
+// against the offset box (tile extent + grid extent - 1 per axis), so larger
+// tiles amortise it: `dense_target`. With a box, a tile attends to the union
+// of its queries' boxes (tile extent + 2 half per axis), so the tile is the
+// largest (halving from `dense_target`, at least `min_target`) whose union
+// holds at most 1.5x the keys of one query's box.
+inline int64_t tile_target(const Grid& g, const int64_t* half, int64_t dense_target, int64_t min_target) {
+  if (half == nullptr) return dense_target;
+  double box = 1.0;
+  for (int d = 0; d < g.ndim; ++d) box *= static_cast<double>(std::min<int64_t>(2 * half[d] + 1, g.n[d]));
+  int64_t target = dense_target;
+  for (; target > min_target; target /= 2) {
+    int64_t tile[kMaxGridDims];
+    choose_tile(g, target, tile);
+    double region = 1.0;
+    for (int d = 0; d < g.ndim; ++d)
+      region *= static_cast<double>(std::min<int64_t>(tile[d] + 2 * half[d], g.n[d]));
+    if (region <= 1.5 * box) break;
+  }
+  return std::max(target, min_target);
+}
+
 inline int64_t num_tiles(const Grid& g, const int64_t* tile) {
   int64_t t = 1;
   for (int d = 0; d < g.ndim; ++d) t *= (g.n[d] + tile[d] - 1) / tile[d];

@@ -121,3 +121,21 @@ TEST_CASE("chunks partition the region and stay near the target size", "[tiling]
     }
   }
 }
+
+TEST_CASE("tile target: dense tiles are large; with a span box, the union of boxes stays small", "[tiling]") {
+  const int64_t shape[] = {32, 32};
+  const Grid g = squeeze_grid(shape, 2);
+  CHECK(tile_target(g, nullptr, 64, 8) == 64);
+  const int64_t h5[] = {5, 5}, h11[] = {11, 11}, h0[] = {0, 0}, wide[] = {31, 31};
+  CHECK(tile_target(g, h5, 64, 8) == 8);     // 2x4 tile: 12x14 keys for 11x11 boxes (1.39x)
+  CHECK(tile_target(g, h11, 64, 8) == 32);   // 4x8 tile: 26x30 keys for 23x23 boxes (1.47x)
+  CHECK(tile_target(g, h0, 64, 8) == 8);     // one key per query: never below the minimum
+  CHECK(tile_target(g, wide, 64, 8) == 64);  // a box as large as the grid: dense tiles
+  for (const int64_t* half : {h5, h11}) {    // the union of the chosen tile's boxes is <= 1.5x a box
+    const int64_t target = tile_target(g, half, 64, 8);
+    int64_t tile[kMaxGridDims];
+    choose_tile(g, target, tile);
+    const double box = static_cast<double>((2 * half[0] + 1) * (2 * half[1] + 1));
+    CHECK((tile[0] + 2 * half[0]) * (tile[1] + 2 * half[1]) <= 1.5 * box);
+  }
+}
