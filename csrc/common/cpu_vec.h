@@ -10,8 +10,33 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace posattn {
 namespace cpu {
+
+// While alive, the calling thread flushes denormal results and inputs to zero
+// (x86: MXCSR's FTZ and DAZ bits); the thread's mode is restored after. Under
+// a narrow span the softmax weights of far keys are ~1e-38, and every product
+// with a denormal costs ~100 cycles: 32x32, sigma 0.02 ran 4.5x slower.
+// Values below 1.2e-38 (float) / 2.2e-308 (double) become 0, far below the
+// kernels' rounding error. A no-op elsewhere.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#else
+  FlushDenormals() {}
+#endif
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+};
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -151,6 +176,42 @@ inline double sum(const double* a, int64_t n) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += a[i];
   return total;
+}
+
+// One pass of the softmax backward over a line with an additive span:
+//   ds = p (dp - rd);  dp <- scale ds;  returns sum ds and sum ds x.
+inline void softmax_backward_line(const float* p, float* dp, const float* x, float rd, float scale,
+                                  int64_t n, float& sum_ds, float& sum_ds_x) {
+  v8f acc = splat8(0.0f), accx = splat8(0.0f);
+  const v8f r8 = splat8(rd), s8 = splat8(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f ds = load8(p + i) * (load8(dp + i) - r8);
+    acc += ds;
+    accx += ds * load8(x + i);
+    store8(dp + i, ds * s8);
+  }
+  float total = hsum8(acc), total_x = hsum8(accx);
+  for (; i < n; ++i) {
+    const float ds = p[i] * (dp[i] - rd);
+    total += ds;
+    total_x += ds * x[i];
+    dp[i] = ds * scale;
+  }
+  sum_ds = total;
+  sum_ds_x = total_x;
+}
+inline void softmax_backward_line(const double* p, double* dp, const double* x, double rd, double scale,
+                                  int64_t n, double& sum_ds, double& sum_ds_x) {
+  double total = 0.0, total_x = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double ds = p[i] * (dp[i] - rd);
+    total += ds;
+    total_x += ds * x[i];
+    dp[i] = ds * scale;
+  }
+  sum_ds = total;
+  sum_ds_x = total_x;
 }
 
 }  // namespace cpu

@@ -318,22 +318,34 @@ void finish_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const T
       }
       std::fill(sl, sl + v.t0, neg_inf<T>());
       std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
-      if (Tb != nullptr) {
-        // Offset-box entries of the kept keys (those of masked keys may lie outside).
-        const T* __restrict tp = Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0);
-        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * (sl[i] + tp[i - v.t0]);
-      } else {
-        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] = scale * sl[i];
-      }
-      if (st == nullptr) continue;
-      if (p.mode == SpanMode::kAdd) {
-        const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0;
+      // The kept keys t0 .. t1 - 1 of the line, in one pass: scale, positional
+      // term (its offset-box entries; those of masked keys may lie outside the
+      // box), span.
+      const int64_t n = v.t1 - v.t0;
+      T* __restrict sk = sl + v.t0;
+      const T* __restrict tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
+      if (st == nullptr) {
+        if (tp != nullptr) {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i];
+        }
+      } else if (p.mode == SpanMode::kAdd) {
+        const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0 + v.t0;
         const T cq = v.cq;
-        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] -= cq + qd[i];
+        if (tp != nullptr) {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) - (cq + qd[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] - (cq + qd[i]);
+        }
       } else {
-        const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0;
+        const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0 + v.t0;
         const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
-        for (int64_t i = v.t0; i < v.t1; ++i) sl[i] *= gc * gd[i];
+        if (tp != nullptr) {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) * (gc * gd[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] * (gc * gd[i]);
+        }
       }
     }
   }
@@ -414,6 +426,7 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
   const int64_t total = p.B * p.H * p.ntiles;
   at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+    const cpu::FlushDenormals flush;  // far keys' tiny weights must not be denormals
     Scratch<T> sc;
     TileGeom t;
     ChunkGeom c;
@@ -497,13 +510,13 @@ void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
   const int G = p.g.ndim;
   const T* xl = st.xsq_at(G - 1) + lv.dl0;
   const int64_t n = lv.t1 - lv.t0;
-  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = pl[i] * (dl[i] - rd);  // dS
   T sum_dq, sum_dq_x;
-  if (p.mode == SpanMode::kAdd) {  // dquad = -dS, dA = dS
-    sum_dq = -cpu::sum(dl + lv.t0, n);
-    sum_dq_x = -cpu::dot(dl + lv.t0, xl + lv.t0, n);
-    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] *= scale;
+  if (p.mode == SpanMode::kAdd) {  // dquad = -dS, dA = dS: one fused pass
+    cpu::softmax_backward_line(pl + lv.t0, dl + lv.t0, xl + lv.t0, rd, scale, n, sum_dq, sum_dq_x);
+    sum_dq = -sum_dq;
+    sum_dq_x = -sum_dq_x;
   } else {  // dquad = -dS * s, dA = dS * exp(-quad)
+    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = pl[i] * (dl[i] - rd);  // dS
     T* dqd = Scratch<T>::get(sc.line, n);
     for (int64_t i = 0; i < n; ++i) dqd[i] = -dl[lv.t0 + i] * sl[lv.t0 + i];
     sum_dq = cpu::sum(dqd, n);
@@ -550,6 +563,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
   const int64_t D = p.D, Dv = p.Dv, N = p.N, G = p.g.ndim;
   const int64_t ngroups = split.ngroups, nparts = split.nparts;
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
+    const cpu::FlushDenormals flush;
     Scratch<T> sc;
     TileGeom t;
     ChunkGeom c;
