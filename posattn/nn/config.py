@@ -73,6 +73,7 @@ _AT_LEAST = {  # int fields -> smallest valid value
 }
 _UNIT = ("dropout", "input_dropout", "span.threshold")  # floats in [0, 1)
 _POSITIVE = ("pe.w0", "span.init", "span.min_sigma")  # floats > 0
+_NON_NEGATIVE = ("span.penalty",)  # floats >= 0
 
 
 def _bad(name: str, what: str, value: Any) -> ValueError:
@@ -107,6 +108,8 @@ def _check_fields(obj: Any, prefix: str = "") -> None:
                 raise _bad(name, "in [0, 1)", value)
             if name in _POSITIVE and value <= 0:
                 raise _bad(name, "a finite number > 0", value)
+            if name in _NON_NEGATIVE and value < 0:
+                raise _bad(name, "a finite number >= 0", value)
 
 
 @dataclass
@@ -149,6 +152,9 @@ class SpanConfig:
     threshold: float = 0.0
     min_sigma: float = 1e-3
     units: str = "normalised"
+    # Weight of the mean sigma added to the training loss (the adaptive span of
+    # Sukhbaatar et al., 2019): spans narrow unless the data pay for their width.
+    penalty: float = 0.0
 
 
 @dataclass

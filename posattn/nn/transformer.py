@@ -188,6 +188,16 @@ class TransformerClassifier(nn.Module):
         """Each layer's span module (None where a layer has none)."""
         return [getattr(b.attention, "span", None) for b in self.blocks]
 
+    def span_penalty(self) -> Optional[torch.Tensor]:
+        """``span.penalty`` times the mean sigma over the layers' spans (heads and
+        axes), a scalar to add to the training loss; None without a penalty or
+        without learnable spans."""
+        weight = self.config.span.penalty
+        sigmas = [s.sigma().mean() for s in self.spans() if s is not None and s.learnable]
+        if not weight or not sigmas:
+            return None
+        return weight * torch.stack(sigmas).mean()
+
     def span_stats(self, grid: Optional[Sequence[int]] = None) -> dict:
         """Per-layer sigma, box sizes and kept-key fraction, flat keys for logging
         (``layer{i}/sigma``, ``layer{i}/box``, ``layer{i}/keep_fraction``), for

@@ -231,7 +231,11 @@ class Trainer:
                 xb, yb = xb.to(self.device), yb.to(self.device)
                 logits = self.model(xb)
                 loss = F.cross_entropy(logits, yb, reduction="sum")
-                (loss / group_size).backward()
+                objective = loss / group_size
+                penalty = self.module.span_penalty()  # span.penalty: once per step over the group
+                if penalty is not None:
+                    objective = objective + penalty * (len(yb) / group_size)
+                objective.backward()
                 loss_sum += loss.item()
                 correct += (logits.argmax(-1) == yb).sum().item()
                 seen += len(yb)
