@@ -146,20 +146,8 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
     B, H, N, D = q.shape
     normalise_grid(grid, N)
     for name, t in tensors.items():
-        if t is None:
-            continue
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"relpos_attention: {name} must be a floating-point tensor, got {t.dtype}")
-        if t.dtype != q.dtype:
-            raise TypeError(
-                f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
-                "all tensor arguments must share one dtype"
-            )
-        if t.device != q.device:
-            raise ValueError(
-                f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
-                "all tensors must be on one device"
-            )
+        if t is not None:
+            _check_like_q(name, t, q)
     if k.shape != q.shape:
         raise ValueError(f"relpos_attention: k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, H, N) or v.shape[3] < 1:
@@ -191,6 +179,21 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
                          f"(largest finite value {dtype_max})")
 
 
+def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    """A floating-point tensor of q's dtype and device (check_float_tensor in relpos_checks.cpp)."""
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"relpos_attention: {name} must be a floating-point tensor, got {t.dtype}")
+    if t.dtype != q.dtype:
+        raise TypeError(
+            f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
+            "all tensor arguments must share one dtype"
+        )
+    if t.device != q.device:
+        raise ValueError(
+            f"relpos_attention: {name} is on {t.device} but q is on {q.device}; all tensors must be on one device"
+        )
+
+
 def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
                                 scale, out, lse) -> None:
     """The forward's checks plus those of the backward's own tensors (as
@@ -204,12 +207,7 @@ def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, s
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"relpos_attention_backward: {name} must be a tensor, got {type(t).__name__}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
-                            "all tensor arguments must share one dtype")
-        if t.device != q.device:
-            raise ValueError(f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
-                             "all tensors must be on one device")
+        _check_like_q(name, t, q)
         if tuple(t.shape) != shapes[name]:
             raise ValueError(f"relpos_attention_backward: {name} must have shape {shapes[name]}, "
                              f"got {tuple(t.shape)}")

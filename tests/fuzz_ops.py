@@ -79,15 +79,15 @@ def break_grid(rng, grid):
 
 
 def relpos_case(rng):
-    """(description, callable) of one invalid relpos_attention call."""
+    """(description, argument broken, callable) of one invalid relpos_attention call."""
     args = valid_relpos(rng)
     target = rng.choice(RELPOS_TENSORS + ("grid", "threshold", "scale", "span_mode", "causal", "sigma values"))
     if target in RELPOS_TENSORS:
         args[target], kind = break_tensor(rng, args[target], target)
-        if target in ("q_pos", "rel", "sigma") and args[target] is None:
-            target = "threshold" if target == "sigma" else target  # a missing sigma: the threshold needs it
-            if target != "threshold":
-                kind = "only one of q_pos and rel"
+        if args[target] is None and target in ("q_pos", "rel"):
+            kind = "only one of q_pos and rel"
+        elif args[target] is None and target == "sigma":
+            target = "threshold"  # a threshold without sigma: the error names the threshold
     elif target == "grid":
         args["grid"], kind = break_grid(rng, args["grid"])  # (a bool grid: torch's binding reads True as 1)
     elif target == "sigma values":
@@ -96,8 +96,7 @@ def relpos_case(rng):
         args["sigma"].view(-1)[rng.randrange(args["sigma"].numel())] = bad
         kind, target = f"value {bad}", "sigma"
     elif target == "span_mode":
-        args["span_mode"], kind = rng.choice([("gauss", "name"), ("", "empty"), ("ADD", "case")]), "value"
-        args["span_mode"] = args["span_mode"][0]
+        args["span_mode"], kind = rng.choice([("gauss", "unknown name"), ("", "empty"), ("ADD", "upper case")])
     elif target == "causal":
         args["causal"] = rng.choice(["no", None, 2])
         kind = repr(args["causal"])
