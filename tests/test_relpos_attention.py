@@ -8,6 +8,14 @@ import torch
 from posattn import ops, reference
 from conftest import make_relpos_inputs
 
+
+@pytest.fixture(params=["tiled", "window"], autouse=True)
+def cpu_kernel(request, monkeypatch):
+    """Every case runs on both CPU kernels: with a threshold, POSATTN_CPU_KERNEL picks
+    the tiled one or the windowed one (which the automatic rule keeps for small boxes)."""
+    monkeypatch.setenv("POSATTN_CPU_KERNEL", request.param)
+    return request.param
+
 # 1-D, 2-D, 3-D grids with odd sizes and size-1 axes.
 GRIDS = [[1], [7], [13], [1, 5], [3, 5], [5, 1], [4, 1, 3], [2, 3, 4], [3, 3, 1, 2]]
 # (q_pos/rel, span mode or None, threshold, causal)

@@ -63,29 +63,37 @@ inline float hmax8(v8f v) {
   return m;
 }
 
-// exp on 8 floats (Cephes polynomial on [-ln2/2, ln2/2], about 1 ulp).
-// Inputs below the float range (and -inf) give exactly 0; NaN stays NaN;
-// inputs above 88.37 are clamped (the kernels only pass x - max <= 0).
-inline v8f exp8(v8f x) {
-  const v8f lo = splat8(-87.3365447505531f), hi = splat8(88.3762626647949f);
-  const v8f magic = splat8(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  v8f xc = select8(x < lo, lo, x);
-  xc = select8(xc > hi, hi, xc);
-  const v8f t = xc * 1.44269504088896341f + magic;
-  const v8f n = t - magic;
-  const v8i ni = reinterpret_cast<v8i>(t) - reinterpret_cast<v8i>(magic);
-  v8f r = xc - n * 0.693359375f;
+// exp on a vector of floats VF (any width; VI: the int32 vector of the same
+// width), Cephes polynomial on [-ln2/2, ln2/2], about 1 ulp. Inputs below the
+// float range (and -inf) give exactly 0; NaN stays NaN; inputs above 88.37 are
+// clamped (the kernels only pass x - max <= 0).
+template <typename VF, typename VI>
+inline VF exp_vec(VF x) {
+  const VF zero = {};
+  const VF lo = zero - 87.3365447505531f, hi = zero + 88.3762626647949f;
+  const VF magic = zero + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const VI below = x < lo;
+  VF xc = (VF)((below & (VI)lo) | (~below & (VI)x));
+  const VI above = xc > hi;
+  xc = (VF)((above & (VI)hi) | (~above & (VI)xc));
+  const VF t = xc * 1.44269504088896341f + magic;
+  const VF n = t - magic;
+  const VI ni = (VI)t - (VI)magic;
+  VF r = xc - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  v8f p = splat8(1.9875691500e-4f);
+  VF p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const v8f y = p * r * r + r + 1.0f;
-  const v8f pow2 = reinterpret_cast<v8f>((ni + 127) << 23);
-  return select8(x < lo, splat8(0.0f), y * pow2);
+  const VF y = p * r * r + r + 1.0f;
+  const VF pow2 = (VF)((ni + 127) << 23);
+  const VF e = y * pow2;
+  return (VF)(~below & (VI)e);
 }
+
+inline v8f exp8(v8f x) { return exp_vec<v8f, v8i>(x); }
 
 inline float exp1(float x) {
   float buf[8] = {x, x, x, x, x, x, x, x};

@@ -1,0 +1,163 @@
+// What the relpos_attention CPU kernels (tiled and windowed) share: the
+// problem description filled once per call, the span's per-axis tables, and
+// how the backward splits its work into tasks.
+#pragma once
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "../common/grid_index.h"
+#include "relpos_checks.h"
+#include "relpos_tiling.h"
+
+namespace posattn {
+namespace relpos_cpu {
+
+using tiling::Box;
+using tiling::Grid;
+
+// Queries per tile of the tiled kernel (see tiling::tile_target). Measured on
+// 32x32 and 64x64 grids (BENCHMARKS.md): dense, 64-query tiles amortise the
+// positional GEMM over the offset box (1.5x faster than 32 at 32x32); with a
+// span box, tiles of 8-32 queries keep the union of their boxes small.
+constexpr int64_t kDenseTile = 64;
+constexpr int64_t kMinTile = 8;
+
+template <typename T>
+constexpr T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+// ---------------------------------------------------------------------------
+// Problem description shared by forward and backward (dtype independent).
+struct Problem {
+  int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
+  Grid g;
+  int64_t rel_stride[kMaxGridDims] = {};  // row stride of each kept axis in rel
+  int64_t U = 0;
+  bool has_pos = false, has_sigma = false, has_box = false, causal = false;
+  SpanMode mode = SpanMode::kAdd;
+  double scale = 1.0;
+  int64_t tile[kMaxGridDims] = {};
+  int64_t ntiles = 0;
+  std::vector<int64_t> half;  // (H, G) span half widths of the kept axes
+  const int64_t* half_of(int64_t h) const { return has_box ? half.data() + h * g.ndim : nullptr; }
+};
+
+// Per-axis lookup tables of the Gaussian span, indexed by the offset delta
+// along the axis: quad_d(delta) = 0.5 (x_d / sigma_{h,d})^2, its exp(-.), and
+// the head-independent x_d^2 (for d sigma).
+template <typename T>
+struct SpanTables {
+  std::vector<T> quad, gauss, xsq;
+  int64_t center[kMaxGridDims] = {};  // where delta = 0 sits for each axis
+  int64_t per_head = 0;
+  const T* quad_at(int64_t h, int d) const { return quad.data() + h * per_head + center[d]; }
+  const T* gauss_at(int64_t h, int d) const { return gauss.data() + h * per_head + center[d]; }
+  const T* xsq_at(int d) const { return xsq.data() + center[d]; }
+};
+
+inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma,
+                     double threshold, double scale, bool causal) {
+  Problem p;
+  p.B = s.B;
+  p.H = s.H;
+  p.N = s.N;
+  p.D = s.D;
+  p.Dv = s.Dv;
+  p.g = tiling::squeeze_grid(s.grid.data(), static_cast<int>(s.grid.size()));
+  const int G = p.g.ndim;
+  p.U = num_offsets(p.g.n, G);
+  int64_t stride = 1;
+  for (int d = G - 1; d >= 0; --d) {
+    p.rel_stride[d] = stride;
+    stride *= 2 * p.g.n[d] - 1;
+  }
+  p.has_pos = s.has_pos;
+  p.has_sigma = s.has_sigma;
+  p.has_box = threshold > 0.0;
+  p.causal = causal;
+  p.mode = s.mode;
+  p.scale = scale;
+  int64_t mean_half[kMaxGridDims] = {};  // the heads share the tiles: sized for their mean box
+  if (p.has_box) {
+    const at::Tensor sig = sigma->to(at::kDouble).contiguous();
+    const double* sp = sig.data_ptr<double>();
+    const int64_t G_in = static_cast<int64_t>(s.grid.size());
+    p.half.resize(p.H * G);
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int d = 0; d < G; ++d) {
+        p.half[h * G + d] = span_half_width(sp[h * G_in + p.g.axis[d]], threshold, p.g.n[d]);
+        mean_half[d] += p.half[h * G + d];
+      }
+    for (int d = 0; d < G; ++d) mean_half[d] = p.H > 0 ? (mean_half[d] + p.H / 2) / p.H : 0;
+  }
+  const int64_t target = tiling::tile_target(p.g, p.has_box ? mean_half : nullptr, kDenseTile, kMinTile);
+  tiling::choose_tile(p.g, target, p.tile);
+  p.ntiles = tiling::num_tiles(p.g, p.tile);
+  return p;
+}
+
+template <typename T>
+SpanTables<T> make_span_tables(const Problem& p, const at::Tensor& sigma) {
+  SpanTables<T> st;
+  const int G = p.g.ndim;
+  int64_t total = 0;
+  for (int d = 0; d < G; ++d) {
+    st.center[d] = total + p.g.n[d] - 1;
+    total += 2 * p.g.n[d] - 1;
+  }
+  st.per_head = total;
+  st.quad.resize(p.H * total);
+  st.gauss.resize(p.H * total);
+  st.xsq.resize(total);
+  const at::Tensor sig = sigma.to(at::kDouble).contiguous();
+  const double* sp = sig.data_ptr<double>();
+  const int64_t G_in = sigma.size(1);
+  for (int d = 0; d < G; ++d) {
+    const int64_t n = p.g.n[d];
+    for (int64_t delta = -(n - 1); delta <= n - 1; ++delta) {
+      const double x = normalised_offset(delta, n);
+      st.xsq[st.center[d] + delta] = static_cast<T>(x * x);
+      for (int64_t h = 0; h < p.H; ++h) {
+        const double z = x / sp[h * G_in + p.g.axis[d]];
+        const double quad = 0.5 * z * z;
+        st.quad[h * total + st.center[d] + delta] = static_cast<T>(quad);
+        st.gauss[h * total + st.center[d] + delta] = static_cast<T>(std::exp(-quad));
+      }
+    }
+  }
+  return st;
+}
+
+// A backward task is (head, group of batch elements, part of the query
+// tiles). It owns private d rel / d sigma accumulators (reduced over tasks
+// afterwards, no atomics) and accumulates d k / d v of its (b, h) pairs into
+// dk_acc / dv_acc at slot (b h, part): the outputs themselves when there is
+// one part, per-part buffers summed afterwards when a (b, h) pair is split
+// over several tasks (few pairs, many threads).
+struct BackwardSplit {
+  int64_t ngroups = 1;  // groups of batch elements per head
+  int64_t nparts = 1;   // parts of the query tiles per (b, h); > 1 only if ngroups == B
+  int64_t tasks(int64_t H) const { return H * ngroups * nparts; }
+};
+
+inline BackwardSplit choose_split(int64_t B, int64_t H, int64_t ntiles, int64_t nthreads) {
+  BackwardSplit s;
+  const int64_t target = 2 * nthreads;
+  if (B * H >= target) {
+    s.ngroups = std::max<int64_t>(1, std::min<int64_t>(B, (target + H - 1) / H));
+  } else {
+    s.ngroups = B;
+    s.nparts = std::max<int64_t>(1, std::min<int64_t>(ntiles, (target + B * H - 1) / (B * H)));
+  }
+  return s;
+}
+
+}  // namespace relpos_cpu
+}  // namespace posattn
