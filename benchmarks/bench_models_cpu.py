@@ -1,13 +1,15 @@
 """CPU benchmark of the posattn.nn models: one training step (forward + backward)
 of the thesis classifier, on the fused operator against the same model on the
-dense reference (what the module would cost without the operator), and with a
-span threshold; plus the Performer variants for scale.
+dense reference (what the module would cost without the operator), with a span
+threshold, and with plain SDPA attention instead (no positional term: the
+floor); plus the Performer variants for scale (--no-performers skips them).
 
 Median of repeated steps after warm-up, in one process; prints ratios.
 
 Usage:
   python benchmarks/bench_models_cpu.py                     # 14x14 and 28x28, batch 32
   python benchmarks/bench_models_cpu.py --grid 28x28 --batch 16 --repeats 5
+  python benchmarks/bench_models_cpu.py --grid 28x28 --no-performers
 """
 from __future__ import annotations
 
@@ -51,9 +53,11 @@ def bench_grid(grid, args):
     rows = {}
     rows["fused"] = step_seconds(thesis_model(grid, "fused"), x, y, args.repeats)
     rows["fused_span_thr"] = step_seconds(thesis_model(grid, "fused", args.sigma), x, y, args.repeats)
+    sdpa = TransformerClassifier(grid=grid, attention="sdpa", pe={"name": "none"})
+    rows["sdpa"] = step_seconds(sdpa, x, y, args.repeats)
     if ref_bytes < args.max_reference_gib * 2**30:
         rows["reference"] = step_seconds(thesis_model(grid, "reference"), x, y, args.repeats)
-    for cls in (Performer, NoPosPerformer, RelativePerformer, ClippedRelativePerformer):
+    for cls in () if args.no_performers else (Performer, NoPosPerformer, RelativePerformer, ClippedRelativePerformer):
         m = cls(in_channels=1, num_classes=10, grid=grid, dim=64, depth=6, heads=8, ffn_dim=128)
         rows[cls.__name__] = step_seconds(m, x, y, args.repeats)
     keep = thesis_model(grid, "fused", args.sigma).span_stats(grid)["layer0/keep_fraction"]
@@ -67,6 +71,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sigma", type=float, default=0.1, help="initial span sigma of the threshold run")
     p.add_argument("--max-reference-gib", type=float, default=8.0)
+    p.add_argument("--no-performers", action="store_true", help="time only the thesis model and its SDPA twin")
     p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
     args = p.parse_args()
     recs = []
@@ -88,11 +93,16 @@ def main():
             print(f"  fused vs reference backend: {rows['reference'] / rows['fused']:.2f}x faster")
         else:
             print("  reference backend skipped (its N x N tensors would exceed --max-reference-gib)")
+        print(f"  fused / same model on plain SDPA (no positional term): {rows['fused'] / rows['sdpa']:.2f}x the time")
         print(f"  span threshold {THRESHOLD} at sigma {args.sigma} (keeps {100 * keep:.1f}% of keys): "
               f"{rows['fused'] / rows['fused_span_thr']:.2f}x faster than dense")
         recs.append(record("models", case, f"span threshold ({100 * keep:.0f}% kept)", "dense", 1e3 * rows["fused_span_thr"],
                            1e3 * rows["fused"]))
-        recs.append(record("models", case, "fused backend", "Performer (FAVOR+)", 1e3 * rows["fused"], 1e3 * rows["Performer"]))
+        recs.append(record("models", case, "fused backend", "SDPA attention, no positions", 1e3 * rows["fused"],
+                           1e3 * rows["sdpa"]))
+        if "Performer" in rows:
+            recs.append(record("models", case, "fused backend", "Performer (FAVOR+)", 1e3 * rows["fused"],
+                               1e3 * rows["Performer"]))
     write_records(args.json, recs)
 
 

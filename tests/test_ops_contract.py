@@ -27,10 +27,12 @@ def _both(x, grid, kw):
     return ops.relpos_attention(**args), ref.relpos_attention(**args)
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "window"])  # POSATTN_CPU_KERNEL (with a threshold)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("grid,kw", CONFIGS)
 @pytest.mark.parametrize("where", ["q", "k", "v", "q_pos", "rel", "inf_k"])
-def test_nan_and_inf_propagate_as_in_the_reference(grid, kw, where, dtype):
+def test_nan_and_inf_propagate_as_in_the_reference(grid, kw, where, dtype, kernel, monkeypatch):
+    monkeypatch.setenv("POSATTN_CPU_KERNEL", kernel)
     x = make_relpos_inputs(grid, sigma=True, dtype=dtype, seed=3)
     N = x["q"].shape[2]
     j = N // 2

@@ -216,14 +216,16 @@ def test_only_lse_used_in_loss():
 
 
 @pytest.mark.parametrize("threads", [1, 3, 8])
-def test_backward_split_over_query_tiles(threads):
-    """Few (batch, head) pairs and many threads: the backward splits a pair's tiles over tasks."""
+@pytest.mark.parametrize("thr", [0.0, 0.3])
+def test_backward_split_over_query_tiles(threads, thr):
+    """Few (batch, head) pairs and many threads: the backward (and the windowed forward)
+    split a pair's tiles or runs over tasks."""
     grid = [9, 11]
     x = make_relpos_inputs(grid, B=1, H=1, D=6, Dv=3, sigma=True, requires_grad=True)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        (o1, l1), (o2, l2) = run_both(x, grid, "multiply", 0.0, False)
+        (o1, l1), (o2, l2) = run_both(x, grid, "multiply", thr, False)
         g1 = grads((o1, l1), list(x.values()))
     finally:
         torch.set_num_threads(previous)

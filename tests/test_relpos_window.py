@@ -83,6 +83,26 @@ def test_window_gradcheck(grid, causal, mode):
     assert torch.autograd.gradcheck(f, tuple(x.values()), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_window_split_over_runs(threads):
+    """One (batch, head) pair, lines of several runs: forward and backward split the runs over tasks."""
+    grid = [2, 150]
+    x = narrow_inputs(grid, 0.03, H=1)
+    x = {k: (v[:1].detach().requires_grad_() if v.dim() == 4 else v) for k, v in x.items()}
+    kw = dict(grid=grid, threshold=0.1, causal=True, return_lse=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        o1, l1 = ops.relpos_attention(**x, **kw)
+        g1 = loss_grads(o1, l1, list(x.values()))
+    finally:
+        torch.set_num_threads(previous)
+    o2, l2 = reference.relpos_attention(**x, **kw)
+    torch.testing.assert_close(o1, o2, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g1, loss_grads(o2, l2, list(x.values()))):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_automatic_choice_agrees_with_both_kernels(monkeypatch):
     x = narrow_inputs([40, 40], 0.03, D=8, Dv=8)
     kw = dict(grid=[40, 40], threshold=0.1, return_lse=True)
@@ -96,8 +116,9 @@ def test_automatic_choice_agrees_with_both_kernels(monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_bad_kernel_name_is_a_clear_error(monkeypatch):
+@pytest.mark.parametrize("thr", [0.0, 0.1])
+def test_bad_kernel_name_is_a_clear_error(monkeypatch, thr):
     monkeypatch.setenv("POSATTN_CPU_KERNEL", "fastest")
     x = narrow_inputs([30], 0.05)
     with pytest.raises(ValueError, match="POSATTN_CPU_KERNEL must be 'auto', 'tiled' or 'window', got 'fastest'"):
-        ops.relpos_attention(**x, grid=[30], threshold=0.1)
+        ops.relpos_attention(**x, grid=[30], threshold=thr)

@@ -287,6 +287,7 @@ template <typename T>
 void weighted_sum_all(const T* const* wrow, const T* const* src, int64_t nrows, int64_t lds,
                       int64_t Dn, int64_t np, T* outT) {
   int64_t d = 0;
+  for (; d + 8 <= Dn; d += 8) weighted_sum<T, 8>(wrow, src, nrows, lds, d, np, outT);
   for (; d + 4 <= Dn; d += 4) weighted_sum<T, 4>(wrow, src, nrows, lds, d, np, outT);
   for (; d < Dn; ++d) weighted_sum<T, 1>(wrow, src, nrows, lds, d, np, outT);
 }
@@ -324,6 +325,7 @@ void gather_line(const T* const* c, const int64_t* dx, int64_t m, const T* src, 
                  int64_t Dn, int64_t np, T* dst, int64_t ldd) {
   if (m == 0) return;
   int64_t d = 0;
+  for (; d + 8 <= Dn; d += 8) gather_block<T, 8>(c, dx, m, src, lds, d, np, dst, ldd);
   for (; d + 4 <= Dn; d += 4) gather_block<T, 4>(c, dx, m, src, lds, d, np, dst, ldd);
   for (; d < Dn; ++d) gather_block<T, 1>(c, dx, m, src, lds, d, np, dst, ldd);
 }
@@ -435,15 +437,18 @@ void gather_relbox(const Window& w, const T* relh, int64_t D, T* relbox) {
 }  // namespace
 
 bool use_window(const Problem& p) {
-  if (!p.has_box || p.N <= 0 || p.D <= 0 || p.Dv <= 0) return false;
   // POSATTN_CPU_KERNEL=tiled|window overrides the choice (tests run both
-  // kernels on every case; benchmarks compare them).
-  if (const char* force = std::getenv("POSATTN_CPU_KERNEL")) {
-    const std::string f(force);
-    if (f == "tiled") return false;
-    if (f == "window") return true;
-    TORCH_CHECK_VALUE(f.empty() || f == "auto", "POSATTN_CPU_KERNEL must be 'auto', 'tiled' or 'window', got '", f, "'");
+  // kernels on every case; benchmarks compare them). Checked on every call, so
+  // that a misspelt value is an error even where it would change nothing.
+  int force = 0;  // 1: window, -1: tiled
+  if (const char* env = std::getenv("POSATTN_CPU_KERNEL")) {
+    const std::string f(env);
+    TORCH_CHECK_VALUE(f.empty() || f == "auto" || f == "tiled" || f == "window",
+                      "POSATTN_CPU_KERNEL must be 'auto', 'tiled' or 'window', got '", f, "'");
+    force = f == "window" ? 1 : f == "tiled" ? -1 : 0;
   }
+  if (!p.has_box || p.N <= 0 || p.D <= 0 || p.Dv <= 0) return false;
+  if (force != 0) return force > 0;
   const int G = p.g.ndim;
   const int64_t L = p.g.n[G - 1];
   if (round_up(L, Vec<float>::W) * 2 > 3 * L) return false;  // short lines waste most vector lanes
