@@ -37,7 +37,7 @@ def command(args, name: str, threshold: float) -> list[str]:
         sys.executable, os.path.join(ROOT, "cmd", "main.py"), "-no_wandb=T", f"-Dname={name}",
         f"-Dout_dir={args.runs}", "-Dmodel.patch_size=1", "-Dmodel.dim=32", "-Dmodel.depth=2",
         "-Dmodel.heads=4", "-Dmodel.ffn_dim=64", "-Dpe.hidden_dim=32", "-Dspan.enabled=true",
-        f"-Dspan.threshold={threshold}", f"-Dspan.penalty={args.penalty}", f"-Ddata.small_dataset={args.images}",
+        f"-Dspan.threshold={threshold}", f"-Dspan.penalty={args.penalty}", f"-Dspan.init={args.span_init}", f"-Ddata.small_dataset={args.images}",
         f"-Dtrain.epochs={args.epochs}", "-Dtrain.batch_size=32", f"-Dtrain.lr={args.lr}",
         "-Dtrain.warmup_steps=20", f"-Dnum_threads={args.threads}", "-Dseed=1",
     ]
@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1000, help="training images (data.small_dataset)")
     p.add_argument("--penalty", type=float, default=2.0, help="span.penalty")
     p.add_argument("--lr", type=float, default=0.008)
+    p.add_argument("--span-init", type=float, default=0.3, help="span.init: the spans' starting sigma")
     p.add_argument("--threads", type=int, default=0, help="num_threads (0: torch's default)")
     p.add_argument("--plot-only", action="store_true", help="only plot the runs in --runs")
     p.add_argument("--rerun", action="store_true", help="train runs that have finished already again")
@@ -125,9 +126,7 @@ def main() -> None:
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads.",
         "",
-        "Command: `python experiments/span_speedup.py"
-        + (f" --epochs {args.epochs}" if args.epochs != 10 else "")
-        + (f" --images {args.images}" if args.images != 1000 else "") + "`",
+        "Command: `" + " ".join(["python", "experiments/span_speedup.py", *sys.argv[1:]]) + "`",
         "",
         "| epoch | threshold 0.1: s | kept | sigma | dense: s | dense / threshold |",
         "|---|---|---|---|---|---|",

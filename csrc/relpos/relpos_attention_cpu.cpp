@@ -424,17 +424,15 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
                      const T* glse, T* dq, T* dk_acc, T* dv_acc, T* dqpos, T* drel_part,
                      double* dsig_part, BackwardSplit split) {
   const int64_t D = p.D, Dv = p.Dv, N = p.N, G = p.g.ndim;
-  const int64_t ngroups = split.ngroups, nparts = split.nparts;
+  const int64_t nparts = split.nparts;
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
     const cpu::FlushDenormals flush;
     Scratch<T> sc;
     TileGeom t;
     ChunkGeom c;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t part = task % nparts;
-      const int64_t h = task / nparts / ngroups, grp = task / nparts % ngroups;
-      const int64_t b0 = grp * p.B / ngroups, b1 = (grp + 1) * p.B / ngroups;
-      const int64_t tile0 = part * p.ntiles / nparts, tile1 = (part + 1) * p.ntiles / nparts;
+      const TaskRange tr = task_range(split, task, p.B, p.ntiles);
+      const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, tile0 = tr.u0, tile1 = tr.u1, part = tr.part;
       T* drel_acc = p.has_pos ? drel_part + task * p.U * D : nullptr;
       double* dsig_acc = dsig_part + task * G;
       const T* relh = p.has_pos ? rel + h * p.U * D : nullptr;

@@ -147,6 +147,24 @@ struct BackwardSplit {
   int64_t tasks(int64_t H) const { return H * ngroups * nparts; }
 };
 
+// What task `task` of a split covers: head h, batch elements [b0, b1), part
+// `part` of the (b, h) pair's `units` (tiles or runs): [u0, u1).
+struct TaskRange {
+  int64_t h = 0, b0 = 0, b1 = 0, part = 0, u0 = 0, u1 = 0;
+};
+
+inline TaskRange task_range(const BackwardSplit& s, int64_t task, int64_t B, int64_t units) {
+  TaskRange t;
+  t.part = task % s.nparts;
+  t.h = task / s.nparts / s.ngroups;
+  const int64_t grp = task / s.nparts % s.ngroups;
+  t.b0 = grp * B / s.ngroups;
+  t.b1 = (grp + 1) * B / s.ngroups;
+  t.u0 = t.part * units / s.nparts;
+  t.u1 = (t.part + 1) * units / s.nparts;
+  return t;
+}
+
 inline BackwardSplit choose_split(int64_t B, int64_t H, int64_t ntiles, int64_t nthreads) {
   BackwardSplit s;
   const int64_t target = 2 * nthreads;

@@ -46,32 +46,28 @@ constexpr int kVecBytes = 64;
 constexpr int kVecBytes = 32;
 #endif
 
+// W lanes of T, and the integer vector of the same width that comparisons give.
+template <typename T, typename Lane>
+struct VecOf {
+  typedef T V __attribute__((vector_size(kVecBytes)));
+  typedef Lane I __attribute__((vector_size(kVecBytes)));
+  typedef Lane lane_t;
+  static constexpr int W = kVecBytes / static_cast<int>(sizeof(T));
+  static I iota() {
+    I v = {};
+    for (int i = 0; i < W; ++i) v[i] = i;
+    return v;
+  }
+};
+
 template <typename T>
 struct Vec;
 template <>
-struct Vec<float> {
-  typedef float V __attribute__((vector_size(kVecBytes)));
-  typedef int32_t I __attribute__((vector_size(kVecBytes)));
-  typedef int32_t lane_t;
-  static constexpr int W = kVecBytes / 4;
-  static I iota() {
-    I v = {};
-    for (int i = 0; i < W; ++i) v[i] = i;
-    return v;
-  }
+struct Vec<float> : VecOf<float, int32_t> {
   static V exp(V x) { return cpu::exp_vec<V, I>(x); }
 };
 template <>
-struct Vec<double> {
-  typedef double V __attribute__((vector_size(kVecBytes)));
-  typedef int64_t I __attribute__((vector_size(kVecBytes)));
-  typedef int64_t lane_t;
-  static constexpr int W = kVecBytes / 8;
-  static I iota() {
-    I v = {};
-    for (int i = 0; i < W; ++i) v[i] = i;
-    return v;
-  }
+struct Vec<double> : VecOf<double, int64_t> {
   static V exp(V x) {
     for (int i = 0; i < W; ++i) x[i] = std::exp(x[i]);
     return x;
@@ -265,6 +261,18 @@ inline void shifted_dots(const T* a, int64_t lda, const T* b, int64_t ldb, const
   }
 }
 
+// shifted_dots for a run-time number of rows U <= 4.
+template <typename T, typename Fin>
+inline void shifted_dots_n(int U, const T* a, int64_t lda, const T* b, int64_t ldb, const int64_t* shift,
+                           int64_t D, int64_t np, T* const* out, bool accumulate, Fin fin) {
+  switch (U) {
+    case 4: shifted_dots<T, 4>(a, lda, b, ldb, shift, D, np, out, accumulate, fin); break;
+    case 3: shifted_dots<T, 3>(a, lda, b, ldb, shift, D, np, out, accumulate, fin); break;
+    case 2: shifted_dots<T, 2>(a, lda, b, ldb, shift, D, np, out, accumulate, fin); break;
+    default: shifted_dots<T, 1>(a, lda, b, ldb, shift, D, np, out, accumulate, fin); break;
+  }
+}
+
 // outT[(d0 + u) * np + i] = sum_r w_r[i] * src_r[(d0 + u) * lds + i] for u < U.
 template <typename T, int U>
 inline void weighted_sum(const T* const* wrow, const T* const* src, int64_t nrows, int64_t lds,
@@ -418,14 +426,27 @@ void run_scores(const Problem& p, const Window& w, const RowSpan<T>* rs, const R
       const V s = acc * mul[u] - sub[u];
       return vselect<T>(lanes_in<T>(i, lo[u], hi[u]), s, ninf);
     };
-    switch (U) {
-      case 4: shifted_dots<T, 4>(qt, ldq, b, w.Lk, shift, D, np, out, pos, fin); break;
-      case 3: shifted_dots<T, 3>(qt, ldq, b, w.Lk, shift, D, np, out, pos, fin); break;
-      case 2: shifted_dots<T, 2>(qt, ldq, b, w.Lk, shift, D, np, out, pos, fin); break;
-      default: shifted_dots<T, 1>(qt, ldq, b, w.Lk, shift, D, np, out, pos, fin); break;
-    }
+    shifted_dots_n<T>(U, qt, ldq, b, w.Lk, shift, D, np, out, pos, fin);
     a += U;
   }
+}
+
+// (Dn, np) block: the sum over the kept rows of weights[row] (a row of the
+// score block, stride wld) times the row's shifted run of `lines` (Dn features).
+template <typename T>
+const T* rows_times_shifted(Buf<T>& bf, const T* weights, int64_t wld, const std::vector<T>& lines,
+                            int64_t Dn, const Window& w, const Run& run) {
+  const int64_t nrows = static_cast<int64_t>(bf.rows.size());
+  bf.wp.resize(nrows);
+  bf.sp.resize(nrows);
+  for (int64_t a = 0; a < nrows; ++a) {
+    const Row& row = bf.rows[a];
+    bf.wp[a] = weights + row.r * wld;
+    bf.sp[a] = lines.data() + row.kl * Dn * w.Lk + w.pad + run.x0 + row.dx;
+  }
+  T* outT = Buf<T>::get(bf.outT, Dn * run.np);
+  weighted_sum_all<T>(bf.wp.data(), bf.sp.data(), nrows, w.Lk, Dn, run.np, outT);
+  return outT;
 }
 
 template <typename T>
@@ -473,15 +494,12 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
   const int64_t units = window_units(p);
   const BackwardSplit split = choose_split(p.B, p.H, units, at::get_num_threads());
-  const int64_t ngroups = split.ngroups, nparts = split.nparts;
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
     const cpu::FlushDenormals flush;
     Buf<T> bf;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t part = task % nparts;
-      const int64_t h = task / nparts / ngroups, grp = task / nparts % ngroups;
-      const int64_t b0 = grp * p.B / ngroups, b1 = (grp + 1) * p.B / ngroups;
-      const int64_t u0 = part * units / nparts, u1 = (part + 1) * units / nparts;
+      const TaskRange tr = task_range(split, task, p.B, units);
+      const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, u0 = tr.u0, u1 = tr.u1;
       const Window w = make_window(p, h, W);
       RowSpan<T> rs;
       if (st != nullptr) rs = make_row_span(p, *st, w, h);
@@ -504,7 +522,6 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
           run_scores<T>(p, w, st != nullptr ? &rs : nullptr, run, bf.rows, qt, np, bf.kt.data(),
                         p.has_pos ? qpos + (bh * N + tok0) * D : nullptr, relbox, S);
           // Softmax over the kept rows, lane by lane (NaN sticks, as in the tiled kernel).
-          const int64_t nrows = static_cast<int64_t>(bf.rows.size());
           T* lane = Buf<T>::get(bf.lane, 2 * np);  // m, l per lane
           for (int64_t i = 0; i < np; i += W) {
             V m = vsplat<T>(neg_inf<T>());
@@ -527,15 +544,7 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
             vstore(lane + np + i, l);
           }
           // out^T = sum over rows of P times the rows' shifted values.
-          bf.wp.resize(nrows);
-          bf.sp.resize(nrows);
-          for (int64_t a = 0; a < nrows; ++a) {
-            const Row& row = bf.rows[a];
-            bf.wp[a] = S + row.r * np;
-            bf.sp[a] = bf.vt.data() + row.kl * Dv * w.Lk + w.pad + run.x0 + row.dx;
-          }
-          T* outT = Buf<T>::get(bf.outT, Dv * np);
-          weighted_sum_all<T>(bf.wp.data(), bf.sp.data(), nrows, w.Lk, Dv, np, outT);
+          const T* outT = rows_times_shifted(bf, S, np, bf.vt, Dv, w, run);
           for (int64_t i = 0; i < run.n; ++i) {
             const T m = lane[i], l = lane[np + i];
             T* orow = out + (bh * N + tok0 + i) * Dv;
@@ -564,16 +573,14 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
   const int G = p.g.ndim;
   const int64_t units = window_units(p);
-  const int64_t ngroups = split.ngroups, nparts = split.nparts;
+  const int64_t nparts = split.nparts;
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
     const cpu::FlushDenormals flush;
     Buf<T> bf;
     std::vector<double> dsig_row;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t part = task % nparts;
-      const int64_t h = task / nparts / ngroups, grp = task / nparts % ngroups;
-      const int64_t b0 = grp * p.B / ngroups, b1 = (grp + 1) * p.B / ngroups;
-      const int64_t u0 = part * units / nparts, u1 = (part + 1) * units / nparts;
+      const TaskRange tr = task_range(split, task, p.B, units);
+      const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, u0 = tr.u0, u1 = tr.u1, part = tr.part;
       const Window w = make_window(p, h, W);
       const RowSpan<T>* rsp = nullptr;
       RowSpan<T> rs;
@@ -637,12 +644,7 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
               o[u] = dc + bf.rows[a + u].r * ld;
             }
             auto id = [](int, int64_t, V x) { return x; };
-            switch (U) {
-              case 4: shifted_dots<T, 4>(dot, ld, vb, w.Lk, shift, Dv, np, o, false, id); break;
-              case 3: shifted_dots<T, 3>(dot, ld, vb, w.Lk, shift, Dv, np, o, false, id); break;
-              case 2: shifted_dots<T, 2>(dot, ld, vb, w.Lk, shift, Dv, np, o, false, id); break;
-              default: shifted_dots<T, 1>(dot, ld, vb, w.Lk, shift, Dv, np, o, false, id); break;
-            }
+            shifted_dots_n<T>(U, dot, ld, vb, w.Lk, shift, Dv, np, o, false, id);
             a += U;
           }
           // P = exp(s - lse); dS = P (dP - rowd); the span's chain; dC = scale dA.
@@ -674,15 +676,7 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
             }
           }
           // dQ^T = sum over rows of dC times the rows' shifted keys.
-          bf.wp.resize(nrows);
-          bf.sp.resize(nrows);
-          for (int64_t a = 0; a < nrows; ++a) {
-            const Row& row = bf.rows[a];
-            bf.wp[a] = dc + row.r * ld;
-            bf.sp[a] = bf.kt.data() + row.kl * D * w.Lk + w.pad + run.x0 + row.dx;
-          }
-          T* dqT = Buf<T>::get(bf.outT, D * np);
-          weighted_sum_all<T>(bf.wp.data(), bf.sp.data(), nrows, w.Lk, D, np, dqT);
+          const T* dqT = rows_times_shifted(bf, dc, ld, bf.kt, D, w, run);
           for (int64_t i = 0; i < n; ++i) {
             T* o = dq + (bh * N + tok0 + i) * D;
             for (int64_t d = 0; d < D; ++d) o[d] = dqT[d * np + i];
