@@ -37,6 +37,7 @@ namespace relpos_cpu {
 namespace {
 
 constexpr int64_t kRun = 64;  // queries per run: a multiple of every vector width below
+constexpr int64_t kMaxBox = 16384;  // the automatic choice's largest box (3 blocks of ~6 MiB in float32)
 
 // The widest vectors the build targets: 64 bytes with AVX-512, else 32 (AVX2
 // registers; pairs of SSE ones on older x86, NEON pairs elsewhere).
@@ -473,10 +474,16 @@ bool use_window(const Problem& p) {
   const int G = p.g.ndim;
   const int64_t L = p.g.n[G - 1];
   if (round_up(L, Vec<float>::W) * 2 > 3 * L) return false;  // short lines waste most vector lanes
+  // The largest box (as a fraction of the keys) for which the windowed kernel
+  // is the faster one: the tiled kernel's GEMMs gain with the head dim.
+  // Measured fwd+bwd break-even on 2 cores (BENCHMARKS.md): about 1/2 of the
+  // keys at D = 8, 0.45 at 16, 0.28 at 32, 0.22 at 64.
+  const double limit = p.D <= 16 ? 0.5 : p.D <= 32 ? 0.25 : 0.2;
   for (int64_t h = 0; h < p.H; ++h) {
     int64_t box = 1;
     for (int d = 0; d < G; ++d) box *= 2 * p.half_of(h)[d] + 1;
-    if (box * 4 > p.N) return false;
+    // kMaxBox bounds the per-thread score blocks (box rows x (kRun + 2 W)).
+    if (static_cast<double>(box) > limit * static_cast<double>(p.N) || box > kMaxBox) return false;
   }
   return true;
 }

@@ -13,8 +13,9 @@ namespace posattn {
 namespace relpos_cpu {
 
 // True when the windowed kernels should run: a threshold is set and every
-// head's box holds at most a quarter of the keys (beyond that, the tiled
-// kernel's GEMMs are faster). The environment variable POSATTN_CPU_KERNEL =
+// head's box holds at most 1/2 of the keys (head dim <= 16), 1/4 (<= 32) or
+// 1/5 (larger) and at most 16384 offsets (beyond that, the tiled kernel's
+// GEMMs are faster), on grids whose last axis fills >= 2/3 of its lanes. The environment variable POSATTN_CPU_KERNEL =
 // tiled | window | auto (default) overrides the choice when a threshold is set.
 bool use_window(const Problem& p);
 
