@@ -1,4 +1,6 @@
-// CPU kernels of posattn::relpos_attention: flash-attention style forward
+// CPU entry points of posattn::relpos_attention, which run the windowed
+// kernels (relpos_window_cpu.h) for small span boxes, and the tiled kernels
+// below otherwise: flash-attention style forward
 // (online softmax over key chunks) and backward (recomputed from the saved
 // log-sum-exp), with the relative positional term computed per (query tile,
 // key chunk) as one small GEMM against the box of offsets the pair spans.

@@ -113,7 +113,6 @@ struct Window {
   int G = 0;
   int64_t L = 0, nlines = 0, Lp = 0, pad = 0, Lk = 0;
   int64_t nx = 0, nob = 0, nbox = 0;
-  int64_t tokstride[kMaxGridDims] = {};
   std::vector<int64_t> ob_off;    // (nob, G) outer offsets (the last entry unused)
   std::vector<int64_t> ob_delta;  // (nob) token delta of the outer offset
   std::vector<int64_t> ob_rel;    // (nob) rel row of (outer offset, dx = -pad)
@@ -137,9 +136,9 @@ Window make_window(const Problem& p, int64_t h, int W) {
     w.nob *= ext[d];
   }
   w.nbox = w.nob * w.nx;
-  int64_t stride = 1;
+  int64_t tokstride[kMaxGridDims] = {}, stride = 1;  // token-order stride of each axis
   for (int d = G - 1; d >= 0; --d) {
-    w.tokstride[d] = stride;
+    tokstride[d] = stride;
     stride *= p.g.n[d];
   }
   w.ob_off.assign(w.nob * G, 0);
@@ -152,7 +151,7 @@ Window make_window(const Problem& p, int64_t h, int W) {
     for (int d = 0; d < G - 1; ++d) {
       const int64_t o = e[d] - half[d];
       w.ob_off[ob * G + d] = o;
-      delta += o * w.tokstride[d];
+      delta += o * tokstride[d];
       row += (o + p.g.n[d] - 1) * p.rel_stride[d];
     }
     w.ob_delta[ob] = delta;
