@@ -38,30 +38,29 @@ class FlushDenormals {
   FlushDenormals& operator=(const FlushDenormals&) = delete;
 };
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+// The widest vectors the build targets: 64 bytes with AVX-512, else 32 (AVX2
+// registers; pairs of SSE ones on older x86, NEON pairs elsewhere). On the
+// AVX-512 Xeon of BENCHMARKS.md, 64-byte rows ran the softmax passes about
+// twice as fast as 32-byte ones.
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#else
+constexpr int kVecBytes = 32;
+#endif
 
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
-inline v8f select8(v8i mask, v8f a, v8f b) {  // mask lanes are 0 or -1
-  return reinterpret_cast<v8f>((mask & reinterpret_cast<v8i>(a)) |
-                               (~mask & reinterpret_cast<v8i>(b)));
-}
-inline float hsum8(v8f v) {
-  float s = 0.0f;
-  for (int i = 0; i < 8; ++i) s += v[i];
-  return s;
-}
-inline float hmax8(v8f v) {
-  float m = v[0];
-  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
-  return m;
-}
+// W lanes of T, and the integer vector of the same width that comparisons give.
+template <typename T, typename Lane>
+struct VecOf {
+  typedef T V __attribute__((vector_size(kVecBytes)));
+  typedef Lane I __attribute__((vector_size(kVecBytes)));
+  typedef Lane lane_t;
+  static constexpr int W = kVecBytes / static_cast<int>(sizeof(T));
+  static I iota() {
+    I v = {};
+    for (int i = 0; i < W; ++i) v[i] = i;
+    return v;
+  }
+};
 
 // exp on a vector of floats VF (any width; VI: the int32 vector of the same
 // width), Cephes polynomial on [-ln2/2, ln2/2], about 1 ulp. Inputs below the
@@ -93,28 +92,82 @@ inline VF exp_vec(VF x) {
   return (VF)(~below & (VI)e);
 }
 
-inline v8f exp8(v8f x) { return exp_vec<v8f, v8i>(x); }
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> : VecOf<float, int32_t> {
+  static V exp(V x) { return exp_vec<V, I>(x); }
+};
+template <>
+struct Vec<double> : VecOf<double, int64_t> {
+  static V exp(V x) {
+    for (int i = 0; i < W; ++i) x[i] = std::exp(x[i]);
+    return x;
+  }
+};
 
-inline float exp1(float x) {
-  float buf[8] = {x, x, x, x, x, x, x, x};
-  return exp8(load8(buf))[0];
+template <typename T>
+inline typename Vec<T>::V vload(const T* p) {
+  typename Vec<T>::V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
 }
+template <typename T>
+inline void vstore(T* p, typename Vec<T>::V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <typename T>
+inline typename Vec<T>::V vsplat(T x) {
+  typename Vec<T>::V v = {};
+  return v + x;
+}
+template <typename T>
+inline typename Vec<T>::V vselect(typename Vec<T>::I mask, typename Vec<T>::V a, typename Vec<T>::V b) {
+  using I = typename Vec<T>::I;
+  using V = typename Vec<T>::V;
+  return (V)((mask & (I)a) | (~mask & (I)b));
+}
+template <typename T>
+inline T vhsum(typename Vec<T>::V v) {
+  T s = T(0);
+  for (int i = 0; i < Vec<T>::W; ++i) s += v[i];
+  return s;
+}
+// Lanes i .. i + W - 1 that lie in [lo, hi).
+template <typename T>
+inline typename Vec<T>::I lanes_in(int64_t i, int64_t lo, int64_t hi) {
+  using I = typename Vec<T>::I;
+  using lane_t = typename Vec<T>::lane_t;
+  const I idx = Vec<T>::iota() + static_cast<lane_t>(i);
+  return (idx >= static_cast<lane_t>(lo)) & (idx < static_cast<lane_t>(hi));
+}
+
+inline float exp1(float x) { return Vec<float>::exp(vsplat<float>(x))[0]; }
 inline double exp1(double x) { return std::exp(x); }
+
+// Row primitives, float in vectors of Vec<float>::W lanes; double scalar (the
+// gradcheck dtype, where std::exp keeps full accuracy).
+using VF = Vec<float>::V;
+using VI = Vec<float>::I;
+constexpr int kWF = Vec<float>::W;
 
 // max_i x[i] (-inf for n == 0), or NaN if any x[i] is NaN: a NaN logit must
 // reach the output, not be skipped as if its key were masked.
 inline float row_max(const float* x, int64_t n) {
-  v8f m = splat8(-std::numeric_limits<float>::infinity());
-  v8i nan = v8i{0, 0, 0, 0, 0, 0, 0, 0};
+  VF m = vsplat<float>(-std::numeric_limits<float>::infinity());
+  VI nan = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const v8f v = load8(x + i);
-    m = select8(v > m, v, m);
+  for (; i + kWF <= n; i += kWF) {
+    const VF v = vload<float>(x + i);
+    m = vselect<float>(v > m, v, m);
     nan |= (v != v);
   }
-  float r = hmax8(m);
+  float r = m[0];
   bool any_nan = false;
-  for (int l = 0; l < 8; ++l) any_nan |= nan[l] != 0;
+  for (int l = 0; l < kWF; ++l) {
+    r = m[l] > r ? m[l] : r;
+    any_nan |= nan[l] != 0;
+  }
   for (; i < n; ++i) {
     r = x[i] > r ? x[i] : r;
     any_nan |= x[i] != x[i];
@@ -132,15 +185,15 @@ inline double row_max(const double* x, int64_t n) {
 
 // y[i] = exp(x[i] - shift); returns sum_i y[i]. x and y may alias.
 inline float exp_shift_sum(const float* x, float* y, int64_t n, float shift) {
-  const v8f s = splat8(shift);
-  v8f acc = splat8(0.0f);
+  const VF s = vsplat<float>(shift);
+  VF acc = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const v8f e = exp8(load8(x + i) - s);
-    store8(y + i, e);
+  for (; i + kWF <= n; i += kWF) {
+    const VF e = Vec<float>::exp(vload<float>(x + i) - s);
+    vstore<float>(y + i, e);
     acc += e;
   }
-  float total = hsum8(acc);
+  float total = vhsum<float>(acc);
   for (; i < n; ++i) {
     y[i] = exp1(x[i] - shift);
     total += y[i];
@@ -158,10 +211,10 @@ inline double exp_shift_sum(const double* x, double* y, int64_t n, double shift)
 
 // sum_i a[i] * b[i].
 inline float dot(const float* a, const float* b, int64_t n) {
-  v8f acc = splat8(0.0f);
+  VF acc = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc += load8(a + i) * load8(b + i);
-  float total = hsum8(acc);
+  for (; i + kWF <= n; i += kWF) acc += vload<float>(a + i) * vload<float>(b + i);
+  float total = vhsum<float>(acc);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }
@@ -173,10 +226,10 @@ inline double dot(const double* a, const double* b, int64_t n) {
 
 // sum_i a[i].
 inline float sum(const float* a, int64_t n) {
-  v8f acc = splat8(0.0f);
+  VF acc = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc += load8(a + i);
-  float total = hsum8(acc);
+  for (; i + kWF <= n; i += kWF) acc += vload<float>(a + i);
+  float total = vhsum<float>(acc);
   for (; i < n; ++i) total += a[i];
   return total;
 }
@@ -190,16 +243,16 @@ inline double sum(const double* a, int64_t n) {
 //   ds = p (dp - rd);  dp <- scale ds;  returns sum ds and sum ds x.
 inline void softmax_backward_line(const float* p, float* dp, const float* x, float rd, float scale,
                                   int64_t n, float& sum_ds, float& sum_ds_x) {
-  v8f acc = splat8(0.0f), accx = splat8(0.0f);
-  const v8f r8 = splat8(rd), s8 = splat8(scale);
+  VF acc = {}, accx = {};
+  const VF rv = vsplat<float>(rd), sv = vsplat<float>(scale);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const v8f ds = load8(p + i) * (load8(dp + i) - r8);
+  for (; i + kWF <= n; i += kWF) {
+    const VF ds = vload<float>(p + i) * (vload<float>(dp + i) - rv);
     acc += ds;
-    accx += ds * load8(x + i);
-    store8(dp + i, ds * s8);
+    accx += ds * vload<float>(x + i);
+    vstore<float>(dp + i, ds * sv);
   }
-  float total = hsum8(acc), total_x = hsum8(accx);
+  float total = vhsum<float>(acc), total_x = vhsum<float>(accx);
   for (; i < n; ++i) {
     const float ds = p[i] * (dp[i] - rd);
     total += ds;

@@ -190,52 +190,49 @@ bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileG
   return v.t0 < v.t1;
 }
 
-// Final logits s (Bq x Bk, masked = -inf) of a tile against a chunk, from the
-// raw products S = Q K^T (in `s` on entry) and Tb = Qpos relbox^T (Bq x R).
+// Final logits of query r (Bk, masked = -inf) against a chunk, from its raw
+// products with the keys (in `srow` on entry) and Tb = Qpos relbox^T (Bq x R).
 template <typename T>
-void finish_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
-                   const ChunkGeom& c, const T* Tb, T* s) {
+void finish_row(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
+                const ChunkGeom& c, const T* Tb, int64_t r, T* srow) {
   const T scale = static_cast<T>(p.scale);
   const int G = p.g.ndim;
-  for (int64_t r = 0; r < t.Bq; ++r) {
-    T* srow = s + r * c.Bk;
-    for (int64_t l = 0; l < c.nlines; ++l) {
-      T* __restrict sl = srow + l * c.L;
-      LineView<T> v;
-      if (!line_view<T>(p, st, h, t, c, r, l, v)) {
-        std::fill(sl, sl + c.L, neg_inf<T>());
-        continue;
-      }
-      std::fill(sl, sl + v.t0, neg_inf<T>());
-      std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
-      // The kept keys t0 .. t1 - 1 of the line, in one pass: scale, positional
-      // term (its offset-box entries; those of masked keys may lie outside the
-      // box), span.
-      const int64_t n = v.t1 - v.t0;
-      T* __restrict sk = sl + v.t0;
-      const T* __restrict tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
-      if (st == nullptr) {
-        if (tp != nullptr) {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i];
-        }
-      } else if (p.mode == SpanMode::kAdd) {
-        const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0 + v.t0;
-        const T cq = v.cq;
-        if (tp != nullptr) {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) - (cq + qd[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] - (cq + qd[i]);
-        }
+  for (int64_t l = 0; l < c.nlines; ++l) {
+    T* __restrict sl = srow + l * c.L;
+    LineView<T> v;
+    if (!line_view<T>(p, st, h, t, c, r, l, v)) {
+      std::fill(sl, sl + c.L, neg_inf<T>());
+      continue;
+    }
+    std::fill(sl, sl + v.t0, neg_inf<T>());
+    std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
+    // The kept keys t0 .. t1 - 1 of the line, in one pass: scale, positional
+    // term (its offset-box entries; those of masked keys may lie outside the
+    // box), span.
+    const int64_t n = v.t1 - v.t0;
+    T* __restrict sk = sl + v.t0;
+    const T* __restrict tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
+    if (st == nullptr) {
+      if (tp != nullptr) {
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]);
       } else {
-        const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0 + v.t0;
-        const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
-        if (tp != nullptr) {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) * (gc * gd[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] * (gc * gd[i]);
-        }
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i];
+      }
+    } else if (p.mode == SpanMode::kAdd) {
+      const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0 + v.t0;
+      const T cq = v.cq;
+      if (tp != nullptr) {
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) - (cq + qd[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] - (cq + qd[i]);
+      }
+    } else {
+      const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0 + v.t0;
+      const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
+      if (tp != nullptr) {
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) * (gc * gd[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] * (gc * gd[i]);
       }
     }
   }
@@ -292,11 +289,13 @@ const T* chunk_relbox(const Problem& p, const ChunkGeom& c, const T* relh, Scrat
   return rb;
 }
 
-// Raw products and final logits of a tile against a chunk, into sc.s.
-template <typename T>
+// Raw products and final logits of a tile against a chunk, into sc.s; calls
+// row_fn(r, srow) on each row as soon as it is final (while it is in L1: the
+// softmax passes over it follow at once, not after the whole tile).
+template <typename T, typename RowFn>
 T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
                      const ChunkGeom& c, const T* qt, const T* qpt, const T* kc,
-                     const T* relbox, Scratch<T>& sc) {
+                     const T* relbox, Scratch<T>& sc, RowFn row_fn) {
   T* s = Scratch<T>::get(sc.s, t.Bq * c.Bk);
   cpu::gemm<T>(false, true, t.Bq, c.Bk, p.D, T(1), qt, p.D, kc, p.D, T(0), s, c.Bk);
   T* tb = nullptr;
@@ -304,7 +303,11 @@ T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const
     tb = Scratch<T>::get(sc.tb, t.Bq * c.R);
     cpu::gemm<T>(false, true, t.Bq, c.R, p.D, T(1), qpt, p.D, relbox, p.D, T(0), tb, c.R);
   }
-  finish_scores<T>(p, st, h, t, c, tb, s);
+  for (int64_t r = 0; r < t.Bq; ++r) {
+    T* srow = s + r * c.Bk;
+    finish_row<T>(p, st, h, t, c, tb, r, srow);
+    row_fn(r, srow);
+  }
   return s;
 }
 
@@ -350,16 +353,14 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
         const T *kc, *vc;
         chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
         const T* relbox = p.has_pos ? chunk_relbox(p, c, rel + h * p.U * D, sc) : nullptr;
-        T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
         // Online softmax: rescale the running sums to the new row maximum.
-        for (int64_t r = 0; r < Bq; ++r) {
-          T* sr = s + r * c.Bk;
+        T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc, [&](int64_t r, T* sr) {
           // A NaN (in the logits, or already in m) sticks: it makes the row NaN.
           const T cm = cpu::row_max(sr, c.Bk);
           const T mnew = (cm != cm || m[r] != m[r]) ? cm + m[r] : std::max(m[r], cm);
           if (mnew == neg_inf<T>()) {  // nothing kept yet for this query
             std::fill(sr, sr + c.Bk, T(0));
-            continue;
+            return;
           }
           const T sum = cpu::exp_shift_sum(sr, sr, c.Bk, mnew);
           const T alpha = cpu::exp1(m[r] - mnew);
@@ -369,7 +370,7 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
           }
           l[r] = l[r] * alpha + sum;
           m[r] = mnew;
-        }
+        });
         cpu::gemm<T>(false, false, Bq, Dv, c.Bk, T(1), s, c.Bk, vc, Dv, T(1), acc, Dv);
       }
       T* obh = out + bh * N * Dv;
@@ -482,22 +483,22 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             const T *kc, *vc;
             chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
             const T* relbox = p.has_pos ? chunk_relbox(p, c, relh, sc) : nullptr;
-            T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc);
-            // Probabilities.
-            T* pb = Scratch<T>::get(sc.pbuf, Bq * Bk);
-            for (int64_t r = 0; r < Bq; ++r) cpu::exp_shift_sum(s + r * Bk, pb + r * Bk, Bk, lser[r]);
-            // dP = dO V^T, then dS = P (dP - rowd) and the chain through the span.
+            // dP = dO V^T first, so that each row's probabilities, dS = P (dP -
+            // rowd), the chain through the span and dC's copy into the offset
+            // box (positional term) follow its logits while they are in L1.
             T* dc = Scratch<T>::get(sc.dc, Bq * Bk);
             cpu::gemm<T>(false, true, Bq, Bk, Dv, T(1), dot, Dv, vc, Dv, T(0), dc, Bk);
+            T* pb = Scratch<T>::get(sc.pbuf, Bq * Bk);
+            T* dtb = p.has_pos ? Scratch<T>::get(sc.dtb, Bq * c.R) : nullptr;
             const T scale = static_cast<T>(p.scale);
-            T* dtb = nullptr;  // dC scattered into the offset box (positional term)
-            if (p.has_pos) {
-              dtb = Scratch<T>::get(sc.dtb, Bq * c.R);
-              std::fill(dtb, dtb + Bq * c.R, T(0));
-            }
-            for (int64_t r = 0; r < Bq; ++r) {
+            tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc, [&](int64_t r, T* sr) {
+              T* pr = pb + r * Bk;
+              cpu::exp_shift_sum(sr, pr, Bk, lser[r]);
+              T* dtr = dtb != nullptr ? dtb + r * c.R : nullptr;
+              if (dtr != nullptr) std::fill(dtr, dtr + c.R, T(0));
+              const T rd = rowd[r];
               for (int64_t l = 0; l < c.nlines; ++l) {
-                T* dl = dc + r * Bk + l * c.L;  // dP on entry, dC on exit
+                T* __restrict dl = dc + r * Bk + l * c.L;  // dP on entry, dC on exit
                 LineView<T> lv;
                 if (!line_view<T>(p, st, h, t, c, r, l, lv)) {
                   std::fill(dl, dl + c.L, T(0));
@@ -505,19 +506,27 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
                 }
                 std::fill(dl, dl + lv.t0, T(0));
                 std::fill(dl + lv.t1, dl + c.L, T(0));
-                const T* pl = pb + r * Bk + l * c.L;
+                const T* __restrict pl = pr + l * c.L;
+                T* __restrict tl = dtr != nullptr ? dtr + (c.base[r] + c.line_e[l]) : nullptr;
                 if (st == nullptr) {
-                  for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rowd[r]);
+                  if (tl != nullptr) {
+                    for (int64_t i = lv.t0; i < lv.t1; ++i) {
+                      const T ds = scale * pl[i] * (dl[i] - rd);
+                      dl[i] = ds;
+                      tl[i] = ds;
+                    }
+                  } else {
+                    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rd);
+                  }
                 } else {
-                  line_span_backward(p, *st, h, lv, pl, s + r * Bk + l * c.L, rowd[r], scale,
+                  line_span_backward(p, *st, h, lv, pl, sr + l * c.L, rd, scale,
                                      t.coord.data() + r * G, c.line_coord.data() + l * G, dl,
                                      dsig_acc, sc);
+                  if (tl != nullptr)
+                    for (int64_t i = lv.t0; i < lv.t1; ++i) tl[i] = dl[i];
                 }
-                if (dtb != nullptr)
-                  std::memcpy(dtb + r * c.R + (c.base[r] + c.line_e[l] + lv.t0), dl + lv.t0,
-                              (lv.t1 - lv.t0) * sizeof(T));
               }
-            }
+            });
             // dQ += dC K, dK += dC^T Q, dV += P^T dO.
             cpu::gemm<T>(false, false, Bq, D, Bk, T(1), dc, Bk, kc, D, T(1), dqt, D);
             if (c.contiguous) {

@@ -39,71 +39,12 @@ namespace {
 constexpr int64_t kRun = 64;  // queries per run: a multiple of every vector width below
 constexpr int64_t kMaxBox = 16384;  // the automatic choice's largest box (3 blocks of ~6 MiB in float32)
 
-// The widest vectors the build targets: 64 bytes with AVX-512, else 32 (AVX2
-// registers; pairs of SSE ones on older x86, NEON pairs elsewhere).
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#else
-constexpr int kVecBytes = 32;
-#endif
-
-// W lanes of T, and the integer vector of the same width that comparisons give.
-template <typename T, typename Lane>
-struct VecOf {
-  typedef T V __attribute__((vector_size(kVecBytes)));
-  typedef Lane I __attribute__((vector_size(kVecBytes)));
-  typedef Lane lane_t;
-  static constexpr int W = kVecBytes / static_cast<int>(sizeof(T));
-  static I iota() {
-    I v = {};
-    for (int i = 0; i < W; ++i) v[i] = i;
-    return v;
-  }
-};
-
-template <typename T>
-struct Vec;
-template <>
-struct Vec<float> : VecOf<float, int32_t> {
-  static V exp(V x) { return cpu::exp_vec<V, I>(x); }
-};
-template <>
-struct Vec<double> : VecOf<double, int64_t> {
-  static V exp(V x) {
-    for (int i = 0; i < W; ++i) x[i] = std::exp(x[i]);
-    return x;
-  }
-};
-
-template <typename T>
-inline typename Vec<T>::V vload(const T* p) {
-  typename Vec<T>::V v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-template <typename T>
-inline void vstore(T* p, typename Vec<T>::V v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-template <typename T>
-inline typename Vec<T>::V vsplat(T x) {
-  typename Vec<T>::V v = {};
-  return v + x;
-}
-template <typename T>
-inline typename Vec<T>::V vselect(typename Vec<T>::I mask, typename Vec<T>::V a, typename Vec<T>::V b) {
-  using I = typename Vec<T>::I;
-  using V = typename Vec<T>::V;
-  return (V)((mask & (I)a) | (~mask & (I)b));
-}
-// Lanes i .. i + W - 1 that lie in [lo, hi).
-template <typename T>
-inline typename Vec<T>::I lanes_in(int64_t i, int64_t lo, int64_t hi) {
-  using I = typename Vec<T>::I;
-  using lane_t = typename Vec<T>::lane_t;
-  const I idx = Vec<T>::iota() + static_cast<lane_t>(i);
-  return (idx >= static_cast<lane_t>(lo)) & (idx < static_cast<lane_t>(hi));
-}
+using cpu::lanes_in;
+using cpu::Vec;
+using cpu::vload;
+using cpu::vselect;
+using cpu::vsplat;
+using cpu::vstore;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
