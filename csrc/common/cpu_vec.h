@@ -11,7 +11,7 @@
 #include <limits>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace posattn {
@@ -116,6 +116,61 @@ template <typename T>
 inline void vstore(T* p, typename Vec<T>::V v) {
   std::memcpy(p, &v, sizeof(v));
 }
+// The first n (< W) lanes at p, the others 0 (nothing beyond p + n is read),
+// and the store of the first n lanes: the tails of rows whose length is not a
+// multiple of W (a 28-key line of a 28x28 grid), without a scalar loop.
+template <typename T>
+inline typename Vec<T>::V vload_n(const T* p, int64_t n) {
+  typename Vec<T>::V v;
+#if defined(__AVX512F__)
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+  if constexpr (sizeof(T) == 4) {
+    const __m512 x = _mm512_maskz_loadu_ps(m, p);
+    std::memcpy(&v, &x, sizeof(v));
+  } else {
+    const __m512d x = _mm512_maskz_loadu_pd(static_cast<__mmask8>(m), p);
+    std::memcpy(&v, &x, sizeof(v));
+  }
+#else
+  T buf[Vec<T>::W] = {};
+  std::memcpy(buf, p, n * sizeof(T));
+  std::memcpy(&v, buf, sizeof(v));
+#endif
+  return v;
+}
+template <typename T>
+inline void vstore_n(T* p, typename Vec<T>::V v, int64_t n) {
+#if defined(__AVX512F__)
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+  if constexpr (sizeof(T) == 4) {
+    __m512 x;
+    std::memcpy(&x, &v, sizeof(v));
+    _mm512_mask_storeu_ps(p, m, x);
+  } else {
+    __m512d x;
+    std::memcpy(&x, &v, sizeof(v));
+    _mm512_mask_storeu_pd(p, static_cast<__mmask8>(m), x);
+  }
+#else
+  T buf[Vec<T>::W];
+  std::memcpy(buf, &v, sizeof(v));
+  std::memcpy(p, buf, n * sizeof(T));
+#endif
+}
+
+// y[i] = f(ld) for i < n, in vectors with a masked tail: f computes one
+// vector of lanes, loading each operand row a through ld(a) (lanes i .. of a).
+template <typename T, typename F>
+inline void map_vec(T* y, int64_t n, F f) {
+  constexpr int W = Vec<T>::W;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) vstore<T>(y + i, f([&](const T* a) { return vload<T>(a + i); }));
+  if (i < n) {
+    const int64_t m = n - i;
+    vstore_n<T>(y + i, f([&](const T* a) { return vload_n<T>(a + i, m); }), m);
+  }
+}
+
 template <typename T>
 inline typename Vec<T>::V vsplat(T x) {
   typename Vec<T>::V v = {};

@@ -30,6 +30,9 @@ namespace posattn {
 namespace {
 
 using namespace relpos_cpu;
+using cpu::map_vec;
+using cpu::Vec;
+using cpu::vsplat;
 
 constexpr int64_t kChunkTarget = 1024;
 
@@ -212,27 +215,29 @@ void finish_row(const Problem& p, const SpanTables<T>* st, int64_t h, const Tile
     const int64_t n = v.t1 - v.t0;
     T* __restrict sk = sl + v.t0;
     const T* __restrict tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
+    using V = typename Vec<T>::V;
+    const V sv = vsplat<T>(scale);
     if (st == nullptr) {
       if (tp != nullptr) {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]);
+        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)); });
       } else {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i];
+        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk); });
       }
     } else if (p.mode == SpanMode::kAdd) {
       const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0 + v.t0;
-      const T cq = v.cq;
+      const V cq = vsplat<T>(v.cq);
       if (tp != nullptr) {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) - (cq + qd[i]);
+        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)) - (cq + ld(qd)); });
       } else {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] - (cq + qd[i]);
+        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk) - (cq + ld(qd)); });
       }
     } else {
       const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0 + v.t0;
-      const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
+      const V gc = vsplat<T>(static_cast<T>(std::exp(-static_cast<double>(v.cq))));
       if (tp != nullptr) {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * (sk[i] + tp[i]) * (gc * gd[i]);
+        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)) * (gc * ld(gd)); });
       } else {
-        for (int64_t i = 0; i < n; ++i) sk[i] = scale * sk[i] * (gc * gd[i]);
+        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk) * (gc * ld(gd)); });
       }
     }
   }
@@ -497,6 +502,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
               T* dtr = dtb != nullptr ? dtb + r * c.R : nullptr;
               if (dtr != nullptr) std::fill(dtr, dtr + c.R, T(0));
               const T rd = rowd[r];
+              const typename Vec<T>::V rdv = vsplat<T>(rd), sv = vsplat<T>(scale);
               for (int64_t l = 0; l < c.nlines; ++l) {
                 T* __restrict dl = dc + r * Bk + l * c.L;  // dP on entry, dC on exit
                 LineView<T> lv;
@@ -508,23 +514,17 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
                 std::fill(dl + lv.t1, dl + c.L, T(0));
                 const T* __restrict pl = pr + l * c.L;
                 T* __restrict tl = dtr != nullptr ? dtr + (c.base[r] + c.line_e[l]) : nullptr;
+                const int64_t n = lv.t1 - lv.t0;
+                T* __restrict dk = dl + lv.t0;
                 if (st == nullptr) {
-                  if (tl != nullptr) {
-                    for (int64_t i = lv.t0; i < lv.t1; ++i) {
-                      const T ds = scale * pl[i] * (dl[i] - rd);
-                      dl[i] = ds;
-                      tl[i] = ds;
-                    }
-                  } else {
-                    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] = scale * pl[i] * (dl[i] - rd);
-                  }
+                  const T* __restrict pk = pl + lv.t0;
+                  map_vec<T>(dk, n, [&](auto ld) { return sv * ld(pk) * (ld(dk) - rdv); });
                 } else {
                   line_span_backward(p, *st, h, lv, pl, sr + l * c.L, rd, scale,
                                      t.coord.data() + r * G, c.line_coord.data() + l * G, dl,
                                      dsig_acc, sc);
-                  if (tl != nullptr)
-                    for (int64_t i = lv.t0; i < lv.t1; ++i) tl[i] = dl[i];
                 }
+                if (tl != nullptr) map_vec<T>(tl + lv.t0, n, [&](auto ld) { return ld(dk); });
               }
             });
             // dQ += dC K, dK += dC^T Q, dV += P^T dO.

@@ -169,3 +169,26 @@ TEST_CASE("FlushDenormals flushes denormal results while alive and restores the 
   const float after = tiny * small;
   CHECK(after == before);
 }
+
+TEST_CASE("map_vec covers every length, touches nothing beyond n (float and double)", "[vec]") {
+  auto check = [](auto zero) {
+    using T = decltype(zero);
+    constexpr int W = Vec<T>::W;
+    for (int64_t n = 0; n <= 3 * W + 1; ++n) {
+      std::vector<T> a(n + W, T(0)), y(n + W, T(-7));
+      for (int64_t i = 0; i < n + W; ++i) a[i] = static_cast<T>(i) + T(0.5);
+      const T* ap = a.data();
+      T* yp = y.data();
+      map_vec<T>(yp, n, [&](auto ld) { return ld(ap) * T(2) + ld(yp); });
+      for (int64_t i = 0; i < n; ++i) REQUIRE(y[i] == (static_cast<T>(i) + T(0.5)) * T(2) - T(7));
+      for (int64_t i = n; i < n + W; ++i) REQUIRE(y[i] == T(-7));  // past the end: untouched
+    }
+    // Masked-off lanes load as 0.
+    std::vector<T> b(W, T(3));
+    const auto v = vload_n<T>(b.data(), 1);
+    CHECK(v[0] == T(3));
+    for (int i = 1; i < W; ++i) CHECK(v[i] == T(0));
+  };
+  check(0.0f);
+  check(0.0);
+}
