@@ -653,8 +653,14 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
                                            at::get_num_threads());
   const int64_t ntasks = split.tasks(shape.H);
   const int64_t G = p.g.ndim;
-  at::Tensor drel_part =
-      shape.has_pos ? at::zeros({ntasks, p.U, shape.D}, q.options()) : at::Tensor();
+  // One task per head (the usual split): its d rel goes straight into drel.
+  // Otherwise per-task partials, summed below; at 64x64 with a small box the
+  // allocation, page faults and sum of those (ntasks, U, D) buffers took a
+  // quarter of the backward.
+  const bool drel_direct = shape.has_pos && ntasks == shape.H;
+  at::Tensor drel_part = !shape.has_pos ? at::Tensor()
+                         : drel_direct  ? drel
+                                        : at::zeros({ntasks, p.U, shape.D}, q.options());
   at::Tensor dsig_part = at::zeros({ntasks, G}, q.options().dtype(at::kDouble));
   at::Tensor dk_acc = dk, dv_acc = dv;
   if (split.nparts > 1) {
@@ -677,7 +683,8 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
     dk.copy_(dk_acc.sum(2));
     dv.copy_(dv_acc.sum(2));
   }
-  if (shape.has_pos) drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
+  if (shape.has_pos && !drel_direct)
+    drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
   if (shape.has_sigma) {
     // d sigma_{h,d} = sum_pairs dquad * d quad / d sigma = -(sum dquad x_d^2) / sigma^3.
     const at::Tensor acc = dsig_part.view({shape.H, ntasks / shape.H, G}).sum(1);
