@@ -232,3 +232,25 @@ def test_backward_split_over_query_tiles(threads, thr):
     g2 = grads((o2, l2), list(x.values()))
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "B,H,threads",
+    [(1, 2, 1), (4, 4, 2), (2, 1, 2), (3, 2, 2)],  # one backward task per head / per-task d rel partials
+)
+@pytest.mark.parametrize("thr", [0.0, 0.3])
+def test_backward_drel_per_head_or_partials(B, H, threads, thr):
+    """d rel is accumulated straight into the output with one backward task per head,
+    through per-task partials otherwise; both match the reference."""
+    grid = [5, 7]
+    x = make_relpos_inputs(grid, B=B, H=H, D=5, sigma=True, requires_grad=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        (o1, l1), (o2, l2) = run_both(x, grid, "add", thr, False)
+        g1 = grads((o1, l1), list(x.values()))
+    finally:
+        torch.set_num_threads(previous)
+    g2 = grads((o2, l2), list(x.values()))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
