@@ -222,10 +222,15 @@ def test_backward_split_over_query_tiles(threads, thr):
     split a pair's tiles or runs over tasks."""
     grid = [9, 11]
     x = make_relpos_inputs(grid, B=1, H=1, D=6, Dv=3, sigma=True, requires_grad=True)
+    assert_grads_match_with_threads(x, grid, "multiply", thr, threads)
+
+
+def assert_grads_match_with_threads(x, grid, mode, thr, threads):
+    """The op's gradients, computed on `threads` threads, against the reference's."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        (o1, l1), (o2, l2) = run_both(x, grid, "multiply", thr, False)
+        (o1, l1), (o2, l2) = run_both(x, grid, mode, thr, False)
         g1 = grads((o1, l1), list(x.values()))
     finally:
         torch.set_num_threads(previous)
@@ -244,13 +249,4 @@ def test_backward_drel_per_head_or_partials(B, H, threads, thr):
     through per-task partials otherwise; both match the reference."""
     grid = [5, 7]
     x = make_relpos_inputs(grid, B=B, H=H, D=5, sigma=True, requires_grad=True)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        (o1, l1), (o2, l2) = run_both(x, grid, "add", thr, False)
-        g1 = grads((o1, l1), list(x.values()))
-    finally:
-        torch.set_num_threads(previous)
-    g2 = grads((o2, l2), list(x.values()))
-    for a, b in zip(g1, g2):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert_grads_match_with_threads(x, grid, "add", thr, threads)
