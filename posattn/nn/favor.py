@@ -51,7 +51,9 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, is_query: bool, ep
     (m, D) -> (..., N, m) with ``E[phi(q) . phi(k)] ~ exp(q . k / sqrt(D))``.
 
     A max is subtracted for stability (per query row, or per (batch, head) for
-    keys); it cancels in the attention's normalisation.
+    keys). Because of ``eps`` it does not cancel exactly in the attention's
+    normalisation, so it is differentiated like the rest (as in the Performer
+    code of Horn et al.): the gradient is the derivative of this forward.
     """
     x = x * x.shape[-1] ** -0.25
     wx = x @ projection.T
@@ -60,7 +62,7 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, is_query: bool, ep
         stab = wx.amax(dim=-1, keepdim=True)
     else:
         stab = wx.amax(dim=(-1, -2), keepdim=True)
-    return projection.shape[0] ** -0.5 * (torch.exp(wx - sq - stab.detach()) + eps)
+    return projection.shape[0] ** -0.5 * (torch.exp(wx - sq - stab) + eps)
 
 
 def linear_attention(q_feat: torch.Tensor, k_feat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
