@@ -182,17 +182,22 @@ def test_span_in_cells_keeps_the_same_width_on_every_grid():
 
 
 def test_every_attention_shares_the_multi_head_base():
-    from posattn.nn import (AlgebraicSelfAttention, ClippedRelativeAttention, FavorAttention, MultiHeadSelfAttention,
-                            RelativeFavorAttention, SDPAttention)
+    from posattn.nn import (AlgebraicSelfAttention, ClippedRelativeAttention, ClippedWindowAttention, FavorAttention,
+                            MultiHeadSelfAttention, RelativeFavorAttention, SDPAttention)
 
     built = [PositionalSelfAttention(16, 4), SDPAttention(16, 4), AlgebraicSelfAttention(16, 4), FavorAttention(16, 4),
-             RelativeFavorAttention(16, 4, ndim=2), ClippedRelativeAttention(16, 4, ndim=2)]
+             RelativeFavorAttention(16, 4, ndim=2), ClippedWindowAttention(16, 4, ndim=2)]
     x = torch.randn(2, 12, 16)
     for attn in built:
         assert isinstance(attn, MultiHeadSelfAttention)
         assert attn.head_dim == 4 and attn.qkv.out_features == 48 and attn.proj.in_features == 16
         q, k, v = attn.heads_qkv(x)
         assert q.shape == k.shape == v.shape == (2, 4, 12, 4)
+    # strategy 2 as the paper: keys for the content heads only
+    attn = ClippedRelativeAttention(16, 4, ndim=2)
+    assert isinstance(attn, MultiHeadSelfAttention) and attn.qkv.out_features == 40
+    q, k, v = attn.heads_qkv(x)
+    assert q.shape == v.shape == (2, 4, 12, 4) and k.shape == (2, 2, 12, 4)
     for cls, extra in ((SDPAttention, {}), (FavorAttention, {}), (ClippedRelativeAttention, {"ndim": 1})):
         with pytest.raises(ValueError, match=f"{cls.__name__}: dim \\(10\\) must be a positive multiple of heads"):
             cls(10, 3, **extra)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from nn_helpers import LargestTensor
 from posattn.nn import (
     ClippedRelativeAttention,
+    ClippedWindowAttention,
     ClippedRelativePerformer,
     FavorAttention,
     NoPosPerformer,
@@ -16,7 +17,7 @@ from posattn.nn import (
     RelativePerformer,
 )
 from posattn.nn.attention import split_heads
-from posattn.nn.favor import favor_features, linear_attention, orthogonal_gaussian
+from posattn.nn.favor import clipped_relative_attention, favor_features, linear_attention, manhattan_window, orthogonal_gaussian
 
 
 def test_orthogonal_gaussian_blocks_are_orthogonal():
@@ -135,8 +136,8 @@ def test_relative_favor_logits_are_translation_equivariant():
     assert not torch.allclose(la_s[:, 1:, 3:, 1:, 3:], la[:, :5, :6, :5, :6])
 
 
-def dense_clipped_reference(attn, x, grid):
-    """The relative heads of ClippedRelativeAttention computed with N x N matrices."""
+def dense_window_reference(attn, x, grid):
+    """The relative heads of ClippedWindowAttention computed with N x N matrices."""
     hr = attn.rel_heads
     q, k, v = (split_heads(t, attn.heads)[:, :hr] for t in attn.qkv(x).chunk(3, dim=-1))
     N = math.prod(grid)
@@ -150,9 +151,9 @@ def dense_clipped_reference(attn, x, grid):
 
 
 @pytest.mark.parametrize("grid", [[9], [5, 6], [3, 1, 4]])
-def test_clipped_relative_heads_match_dense_reference(grid):
+def test_clipped_window_heads_match_dense_reference(grid):
     torch.manual_seed(0)
-    attn = ClippedRelativeAttention(16, 4, len(grid), clip=2).double()
+    attn = ClippedWindowAttention(16, 4, len(grid), clip=2).double()
     with torch.no_grad():
         attn.rel.normal_()
     x = torch.randn(2, math.prod(grid), 16, dtype=torch.float64)
@@ -160,7 +161,94 @@ def test_clipped_relative_heads_match_dense_reference(grid):
     attn.proj.register_forward_hook(lambda m, inp, out: captured.setdefault("merged", inp[0]))
     attn(x, grid)
     rel_part = captured["merged"].view(2, -1, 4, 4)[:, :, :2].transpose(1, 2)
-    torch.testing.assert_close(rel_part, dense_clipped_reference(attn, x, grid), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(rel_part, dense_window_reference(attn, x, grid), rtol=1e-10, atol=1e-10)
+
+
+def test_clipped_window_gradients_and_class_token():
+    torch.manual_seed(0)
+    attn = ClippedWindowAttention(16, 4, 2, clip=3)
+    x = torch.randn(2, 1 + 20, 16, requires_grad=True)
+    attn(x, [4, 5], has_cls=True).square().sum().backward()
+    assert attn.rel.grad.abs().max() > 0 and x.grad[:, 0].abs().max() > 0
+
+
+def paper_clipped_dense(attn, x, grid, has_cls):
+    """Strategy 2 of Horn et al. with (T, T) matrices, float64: the relative heads score
+    key j for query i with phi(q_i) . phi(r[min(|pos_j - pos_i|_1, c)]) (the class token,
+    outside the grid, with the far row r[c]) and normalise the scores."""
+    hc, c, D = attn.content_heads, attn.clip, attn.head_dim
+    q, v, _ = attn.qkv(x).split([attn.dim, attn.dim, hc * D], dim=-1)
+    q, v = split_heads(q, attn.heads)[:, hc:], split_heads(v, attn.heads)[:, hc:]
+    N = math.prod(grid)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in grid], indexing="ij"), -1).reshape(N, -1)
+    dist = (coords[None] - coords[:, None]).abs().sum(-1).clamp(max=c)
+    if has_cls:
+        dist = F.pad(dist, (1, 0, 1, 0), value=c)
+    if attn.attend_rel.kernel == "softmax":
+        table = q @ attn.rel.T / math.sqrt(D)  # (B, Hr, T, c + 1) logits
+        logits = table.gather(-1, dist.expand(*table.shape[:2], -1, -1))
+        return logits.softmax(-1) @ v
+    proj = attn.attend_rel.projection
+    table = favor_features(q, proj, True) @ favor_features(attn.rel, proj, False).T
+    scores = table.gather(-1, dist.expand(*table.shape[:2], -1, -1))
+    return scores / scores.sum(-1, keepdim=True) @ v
+
+
+def clipped_rel_part(attn, x, grid, has_cls):
+    """The relative heads' output of ClippedRelativeAttention (before the output projection)."""
+    captured = {}
+    handle = attn.proj.register_forward_hook(lambda m, inp, out: captured.setdefault("merged", inp[0]))
+    attn(x, grid, has_cls=has_cls)
+    handle.remove()
+    B, T, _ = x.shape
+    return captured["merged"].view(B, T, attn.heads, attn.head_dim)[:, :, attn.content_heads:].transpose(1, 2)
+
+
+@pytest.mark.parametrize("kernel", ["favor", "softmax"])
+@pytest.mark.parametrize("grid,clip,heads,has_cls", [
+    ([13], 4, 4, False), ([5, 7], 4, 4, True), ([9, 1], 3, 3, False), ([1, 6], 2, 5, True),
+    ([3, 1, 4], 2, 4, True), ([4, 5, 3], 3, 2, False), ([6, 6], 1, 2, True), ([7], 9, 2, False),
+])
+def test_clipped_relative_matches_dense_paper_formula(kernel, grid, clip, heads, has_cls):
+    """The O(N) strategy 2 against the paper's formula with (T, T) scores, float64, forward and gradients:
+    1-D/2-D/3-D, odd sizes, size-1 axes, windows larger and smaller than the grid, odd head counts."""
+    torch.manual_seed(len(grid) * 10 + clip)
+    attn = ClippedRelativeAttention(6 * heads, heads, len(grid), clip=clip, kernel=kernel).double()
+    with torch.no_grad():
+        attn.rel.normal_()  # the paper starts from zeros: every key alike
+    T = math.prod(grid) + int(has_cls)
+    x = torch.randn(2, T, 6 * heads, dtype=torch.float64, requires_grad=True)
+    ours, dense = clipped_rel_part(attn, x, grid, has_cls), paper_clipped_dense(attn, x, grid, has_cls)
+    torch.testing.assert_close(ours, dense, rtol=1e-10, atol=1e-12)
+    w = torch.randn_like(dense)
+    g_ours = torch.autograd.grad((ours * w).sum(), [x, attn.rel])
+    g_dense = torch.autograd.grad((dense * w).sum(), [x, attn.rel])
+    for a, b in zip(g_ours, g_dense):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_clipped_relative_attention_gradcheck():
+    torch.manual_seed(0)
+    scores = (torch.rand(1, 2, 1 + 12, 4, dtype=torch.float64) + 0.1).requires_grad_()
+    v = torch.randn(1, 2, 1 + 12, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, v: clipped_relative_attention(s, v, [3, 4], has_cls=True), (scores, v))
+
+
+def test_manhattan_window_counts():
+    assert len(manhattan_window(2, 4)) == 25  # the paper's c = 4 diamond
+    assert len(manhattan_window(1, 4)) == 7 and len(manhattan_window(3, 2)) == 7 and manhattan_window(2, 1) == [(0, 0)]
+
+
+def test_clipped_relative_is_the_papers_parametrisation():
+    attn = ClippedRelativeAttention(40, 5, 2, clip=4)
+    assert attn.content_heads == 2 and attn.rel_heads == 3  # heads // 2 content heads, as the paper's code
+    assert attn.rel.shape == (5, 8) and attn.rel.abs().max() == 0  # one zero table shared by the relative heads
+    assert attn.qkv.out_features == 2 * 40 + 2 * 8  # no key projection for the relative heads
+    with torch.no_grad():  # a zero table: the relative heads average all values
+        x = torch.randn(2, 1 + 12, 40)
+        out = clipped_rel_part(attn, x, [3, 4], True)
+        v = split_heads(attn.qkv(x)[..., 40:80], 5)[:, 2:]
+        torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand_as(out), rtol=1e-5, atol=1e-6)
 
 
 def test_clipped_relative_gradients_and_class_token():
@@ -169,14 +257,17 @@ def test_clipped_relative_gradients_and_class_token():
     x = torch.randn(2, 1 + 20, 16, requires_grad=True)
     attn(x, [4, 5], has_cls=True).square().sum().backward()
     assert attn.rel.grad.abs().max() > 0 and x.grad[:, 0].abs().max() > 0
+    with pytest.raises(ValueError, match="built for 2-D grids"):
+        attn(torch.randn(1, 20, 16), [20])
 
 
-@pytest.mark.parametrize("module", ["favor", "relative_favor"])
+@pytest.mark.parametrize("module", ["favor", "relative_favor", "clipped_relative"])
 def test_favor_attentions_keep_memory_linear_in_n(module):
     torch.manual_seed(0)
     grid = [48, 48]
     N = 48 * 48
-    attn = FavorAttention(16, 2) if module == "favor" else RelativeFavorAttention(16, 2, 2, num_frequencies=4)
+    attn = {"favor": lambda: FavorAttention(16, 2), "relative_favor": lambda: RelativeFavorAttention(16, 2, 2, num_frequencies=4),
+            "clipped_relative": lambda: ClippedRelativeAttention(16, 2, 2, clip=4)}[module]()
     x = torch.randn(1, N, 16, requires_grad=True)
     with LargestTensor() as mode:
         attn(x, grid).sum().backward()

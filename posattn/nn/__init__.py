@@ -8,7 +8,7 @@
   :class:`PositionalSelfAttention` (fused operator), :class:`SDPAttention` (content only,
   for baselines), :class:`AlgebraicSelfAttention` (with :class:`AlgebraicEncoder`).
 - Kernelizable attention: :class:`FavorAttention`, :class:`RelativeFavorAttention`,
-  :class:`ClippedRelativeAttention`.
+  :class:`ClippedRelativeAttention` (and its local-window variant :class:`ClippedWindowAttention`).
 - :class:`EncoderBlock`, :class:`TransformerClassifier` (+ :class:`ModelConfig`), and the
   Performer family (:class:`Performer`, :class:`NoPosPerformer`, :class:`RelativePerformer`,
   :class:`ClippedRelativePerformer`); :class:`TreeTransformer` over the nodes of trees.
@@ -17,7 +17,7 @@ from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
 from .attention import MultiHeadSelfAttention, PositionalSelfAttention, SDPAttention
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
-from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
+from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
 from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
 from .registry import POSITIONAL_ENCODINGS, build_absolute_encoding, build_relative_encoder, encoding_kind
 from .relative import LookupRelativeEncoder, RelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
@@ -27,7 +27,7 @@ from .transformer import EncoderBlock, TransformerClassifier, TreeTransformer
 __all__ = [
     "AbsoluteEncoding", "LearnableSinusoidEncoding", "LearnedAbsoluteEncoding", "SinusoidalAbsoluteEncoding",
     "PositionalSelfAttention", "SDPAttention", "ModelConfig", "PerformerConfig", "PositionalEncodingConfig", "SpanConfig",
-    "ClippedRelativeAttention", "FavorAttention", "RelativeFavorAttention",
+    "ClippedRelativeAttention", "ClippedWindowAttention", "FavorAttention", "RelativeFavorAttention",
     "ClippedRelativePerformer", "NoPosPerformer", "Performer", "RelativePerformer", "performer_config",
     "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",
     "LookupRelativeEncoder", "RelativeEncoder", "SinusoidalRelativeEncoder", "SirenRelativeEncoder",

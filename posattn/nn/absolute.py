@@ -98,7 +98,8 @@ class LearnedAbsoluteEncoding(AbsoluteEncoding):
 class LearnableSinusoidEncoding(AbsoluteEncoding):
     """sin/cos of the integer coordinate times learned inverse frequencies (the
     Performer paper's encoding). ``dim / (2 ndim)`` frequencies, shared by the
-    axes, initialised to ``10000 ** (-2 i / (dim / ndim))``; per axis the
+    axes, initialised to ``base ** (-2 i / (dim / ndim))`` (the Performer paper uses
+    base = 1000 x the longest axis for its absolute encoding); per axis the
     features are [sin(p f), cos(p f)]."""
 
     def __init__(self, dim: int, ndim: int, base: float = 10000.0):

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 ATTENTIONS = ("relpos", "favor", "relative_favor", "clipped_relative", "sdpa")
+CLIPPED_FORMS = ("paper", "window")
 CAUSAL_ATTENTIONS = ("relpos", "sdpa")  # the attentions with a causal mask (j <= i in token order)
 NORMS = ("post", "pre", "none")
 POOLINGS = ("last", "mean", "max", "cls")
@@ -164,8 +165,9 @@ class PerformerConfig:
     num_features: Optional[int] = None
     feature_redraw_interval: int = 1000
     kernel: str = "favor"
-    num_frequencies: int = 8
+    num_frequencies: int = 4  # strategy 1: frequencies per axis (the paper's pos_scales)
     clip: int = 4
+    clipped_form: str = "paper"  # strategy 2: "paper" (Horn et al.'s code) | "window" (a local-window variant)
 
 
 @dataclass
@@ -239,6 +241,7 @@ class ModelConfig:
         _choice("span.mode", self.span.mode, SPAN_MODES)
         _choice("span.units", self.span.units, SPAN_UNITS)
         _choice("performer.kernel", self.performer.kernel, ("favor", "softmax"))
+        _choice("performer.clipped_form", self.performer.clipped_form, CLIPPED_FORMS)
         kind = encoding_kind(self.pe.name)
         if kind == "relative" and self.attention != "relpos":
             raise ValueError(

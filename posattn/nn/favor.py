@@ -8,6 +8,7 @@ orthogonal random features, so attention costs O(N m D) time and O(N m) memory
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Optional, Sequence
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from .._grid import grid_coords
 from .absolute import LearnableSinusoidEncoding
-from .attention import MultiHeadSelfAttention, check_tokens, class_token_attention
+from .attention import MultiHeadSelfAttention, check_tokens, class_token_attention, split_heads
 
 __all__ = [
     "orthogonal_gaussian",
@@ -26,6 +27,9 @@ __all__ = [
     "FavorAttention",
     "RelativeFavorAttention",
     "ClippedRelativeAttention",
+    "ClippedWindowAttention",
+    "clipped_relative_attention",
+    "manhattan_window",
     "KERNELS",
 ]
 
@@ -98,14 +102,18 @@ class _FavorKernel(nn.Module):
         self.projection.copy_(orthogonal_gaussian(self.num_features, self.feature_dim, dtype=p.dtype, device=p.device))
         self.calls_since_redraw.zero_()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "softmax":
-            return F.scaled_dot_product_attention(q, k, v)
+    def step_projection(self, dtype: torch.dtype) -> torch.Tensor:
+        """The projection for this forward (redrawn first when a training forward is due)."""
         if self.training and self.feature_redraw_interval > 0:
             if int(self.calls_since_redraw) >= self.feature_redraw_interval:
                 self.redraw()
             self.calls_since_redraw += 1
-        proj = self.projection.to(q.dtype)
+        return self.projection.to(dtype)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "softmax":
+            return F.scaled_dot_product_attention(q, k, v)
+        proj = self.step_projection(q.dtype)
         return linear_attention(favor_features(q, proj, True), favor_features(k, proj, False), v)
 
 
@@ -147,19 +155,22 @@ class RelativeFavorAttention(FavorAttention):
     depends only on the offset: with the softmax kernel the attention is exactly
     translation equivariant. The class token has zero positional features.
 
-    Args (beyond FavorAttention's): ``ndim`` grid rank, ``num_frequencies`` F per axis.
+    Args (beyond FavorAttention's): ``ndim`` grid rank, ``num_frequencies`` F per
+    axis, ``base``: the initial inverse frequencies are ``base ** (-i / F)``,
+    i < F. Defaults as in the paper's code: F = 4, base = 2 x the longest axis
+    (64 for its 32 x 32 images), a and b drawn from N(0, 1).
     """
 
-    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 8, num_features: Optional[int] = None,
-                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
-        if ndim < 1 or num_frequencies < 1:
-            raise ValueError(f"RelativeFavorAttention: ndim and num_frequencies must be >= 1, got {ndim}, {num_frequencies}")
+    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 4, num_features: Optional[int] = None,
+                 feature_redraw_interval: int = 1000, kernel: str = "favor", base: float = 64.0):
+        if ndim < 1 or num_frequencies < 1 or not base > 1:
+            raise ValueError(f"RelativeFavorAttention: ndim and num_frequencies must be >= 1 and base > 1, "
+                             f"got {ndim}, {num_frequencies}, {base}")
         self.ndim, self.num_frequencies = ndim, num_frequencies
         super().__init__(dim, heads, num_features, feature_redraw_interval, kernel)
-        self.positions = LearnableSinusoidEncoding(2 * ndim * num_frequencies, ndim)
-        scale = (ndim * num_frequencies) ** -0.5
-        self.rot_a = nn.Parameter(torch.randn(heads, ndim, num_frequencies) * scale)
-        self.rot_b = nn.Parameter(torch.randn(heads, ndim, num_frequencies) * scale)
+        self.positions = LearnableSinusoidEncoding(2 * ndim * num_frequencies, ndim, base=base)
+        self.rot_a = nn.Parameter(torch.randn(heads, ndim, num_frequencies))
+        self.rot_b = nn.Parameter(torch.randn(heads, ndim, num_frequencies))
 
     def _feature_dim(self) -> int:
         return self.head_dim + 2 * self.ndim * self.num_frequencies
@@ -189,8 +200,128 @@ class RelativeFavorAttention(FavorAttention):
         return self.output(self.attend(*self.queries_keys_values(x, grid, has_cls)))
 
 
+def manhattan_window(ndim: int, clip: int) -> list[tuple[int, ...]]:
+    """The offsets of Manhattan length < ``clip`` in ``ndim`` dimensions (the
+    keys strategy 2 scores with their own row; all others take the far row)."""
+    span = range(-(clip - 1), clip)
+    return [o for o in itertools.product(span, repeat=ndim) if sum(abs(d) for d in o) < clip]
+
+
+def clipped_relative_attention(scores: torch.Tensor, v: torch.Tensor, grid: Sequence[int], has_cls: bool = False) -> torch.Tensor:
+    """The relative heads of strategy 2 in O(N) memory.
+
+    Args:
+        scores: (B, H, T, c + 1) positive scores ``s[i, d]`` of query i against
+            table row d (``phi(q_i) . phi(r_d)``); row c is the far row.
+        v: (B, H, T, Dv) values; T = prod(grid) (+1: a class token at index 0).
+        grid: the token grid.
+        has_cls: the class token is outside the grid: scored with the far row
+            from and by every token.
+
+    Returns ``out_i = sum_j s[i, d_ij] v_j / sum_j s[i, d_ij]`` (B, H, T, Dv), with
+    ``d_ij = min(|pos_j - pos_i|_1, c)``. Every key first gets the far score (one
+    sum of v), then each window offset (|o|_1 < c) adds ``s[i, |o|_1] - s[i, c]``
+    times its shifted values: no (N, N) and no (N, W, Dv) tensor.
+    """
+    c = scores.shape[-1] - 1
+    B, H, T, Dv = v.shape
+    grid = [int(n) for n in grid]
+    start = int(has_cls)
+    far = scores[..., c]
+    num = far.unsqueeze(-1) * v.sum(dim=-2, keepdim=True)
+    den = far * T
+    if c == 0:
+        return num / den.unsqueeze(-1)
+    delta = (scores[..., :c] - far.unsqueeze(-1))[:, :, start:].reshape(B, H, *grid, c)
+    vg = v[:, :, start:].reshape(B, H, *grid, Dv)
+    pad = c - 1
+    vpad = F.pad(vg, (0, 0) + (pad, pad) * len(grid))  # zero values outside the grid
+    cells = [torch.arange(n, device=v.device) for n in grid]
+    num_g = den_g = None
+    for off in manhattan_window(len(grid), c):
+        inside = torch.ones((), dtype=v.dtype, device=v.device)
+        for axis, (o, idx) in enumerate(zip(off, cells)):
+            ok = ((idx + o >= 0) & (idx + o < grid[axis])).to(v.dtype)
+            inside = inside * ok.view([-1] + [1] * (len(grid) - 1 - axis))
+        w = delta[..., sum(abs(o) for o in off)] * inside  # (B, H, *grid)
+        shifted = vpad[(slice(None), slice(None)) + tuple(slice(pad + o, pad + o + n) for o, n in zip(off, grid))]
+        term = w.unsqueeze(-1) * shifted
+        num_g = term if num_g is None else num_g + term
+        den_g = w if den_g is None else den_g + w
+    num = num + F.pad(num_g.reshape(B, H, -1, Dv), (0, 0, start, 0))
+    den = den + F.pad(den_g.reshape(B, H, -1), (start, 0))
+    return num / den.unsqueeze(-1)
+
+
 class ClippedRelativeAttention(MultiHeadSelfAttention):
-    """Strategy 2 of Horn et al.: half the heads (``heads // 2``) use learned
+    """Strategy 2 of Horn et al. as in the paper's code: the first ``heads // 2``
+    heads are FAVOR+ attention over content; the other heads score key j for
+    query i by position alone,
+
+        score_ij = phi(q_i) . phi(r[min(|pos_j - pos_i|_1, clip)]),
+        out_i = sum_j score_ij v_j / sum_j score_ij,
+
+    with one learned table r of ``clip + 1`` rows (zero at start, shared by the
+    relative heads, so they start as uniform averages), every key at Manhattan
+    distance >= clip taking the far row r[clip], and phi the FAVOR+ features
+    (their own random projection; ``kernel="softmax"``: ``exp(q . r / sqrt(D))``
+    exactly). Keys have no content projection in the relative heads.
+
+    Time O(N (m + W) D) and memory O(N (m + D)) with W < (2 clip - 1)^G window
+    offsets (:func:`clipped_relative_attention`). The class token is outside
+    the grid: far from every token. (The paper's code appends it as an extra
+    pixel below the image's bottom-left corner, an artefact of its index arithmetic.)
+
+    ``forward(x, grid, has_cls=False)``: x (B, T, dim).
+    """
+
+    min_heads = 2  # at least one content and one relative head
+
+    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
+                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+        if clip < 1 or ndim < 1:
+            raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
+        super().__init__(dim, heads)
+        self.ndim, self.clip = ndim, clip
+        self.content_heads = heads // 2
+        self.rel_heads = heads - self.content_heads
+        # q and v for every head, k for the content heads only
+        self.qkv = nn.Linear(dim, 2 * dim + self.content_heads * self.head_dim)
+        self.rel = nn.Parameter(torch.zeros(clip + 1, self.head_dim))
+        self.attend = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
+        self.attend_rel = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
+
+    def heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, dim) -> q, v (B, H, T, D) and the content heads' k (B, H // 2, T, D)."""
+        q, v, k = self.qkv(x).split([self.dim, self.dim, self.content_heads * self.head_dim], dim=-1)
+        return split_heads(q, self.heads), split_heads(k, self.content_heads), split_heads(v, self.heads)
+
+    def relative_scores(self, q: torch.Tensor) -> torch.Tensor:
+        """(B, Hr, T, D) queries of the relative heads -> (B, Hr, T, clip + 1) positive scores."""
+        r = self.rel.to(q.dtype)
+        if self.attend_rel.kernel == "softmax":
+            logits = q @ r.T * self.head_dim ** -0.5
+            return torch.exp(logits - logits.amax(dim=-1, keepdim=True))  # the shift cancels in the ratio
+        proj = self.attend_rel.step_projection(q.dtype)
+        return favor_features(q, proj, True) @ favor_features(r, proj, False).T
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        grid = check_tokens(self, x, grid, has_cls, self.dim)
+        if len(grid) != self.ndim:
+            raise ValueError(f"ClippedRelativeAttention was built for {self.ndim}-D grids, got grid {grid}")
+        q, k, v = self.heads_qkv(x)
+        hc = self.content_heads
+        out_content = self.attend(q[:, :hc], k, v[:, :hc])
+        out_rel = clipped_relative_attention(self.relative_scores(q[:, hc:]), v[:, hc:], grid, has_cls)
+        return self.output(torch.cat([out_content, out_rel], dim=1))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads} ({self.rel_heads} relative), clip={self.clip}"
+
+
+class ClippedWindowAttention(MultiHeadSelfAttention):
+    """A local-window variant of strategy 2 (posattn's earlier reading of it, kept as
+    ``performer.clipped_form: window``; the paper's model is :class:`ClippedRelativeAttention`): half the heads (``heads // 2``) use learned
     relative embeddings by Manhattan distance, clipped at ``clip``, over the
     window ``|delta_d| <= clip - 1`` ((2 clip - 1)^G keys); the other heads are
     FAVOR+ without positions. For a relative head (Shaw et al.'s form)::
@@ -206,7 +337,7 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
     def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
                  feature_redraw_interval: int = 1000, kernel: str = "favor"):
         if clip < 1 or ndim < 1:
-            raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
+            raise ValueError(f"ClippedWindowAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
         super().__init__(dim, heads)
         self.ndim, self.clip = ndim, clip
         self.rel_heads = heads // 2
@@ -231,7 +362,7 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         if len(grid) != self.ndim:
-            raise ValueError(f"ClippedRelativeAttention was built for {self.ndim}-D grids, got grid {grid}")
+            raise ValueError(f"ClippedWindowAttention was built for {self.ndim}-D grids, got grid {grid}")
         q, k, v = self.heads_qkv(x)
         hr, start = self.rel_heads, int(has_cls)
         out_favor = self.attend(q[:, hr:], k[:, hr:], v[:, hr:])

@@ -1,8 +1,10 @@
 """The four models of Horn et al. (2021) as configured TransformerClassifiers.
 
 Defaults follow that paper's code: dim 128, depth 4, heads 4, feed-forward
-4 x dim with GELU, pre-LN, a class token read by one Linear layer, FAVOR+ with
-features redrawn every 1000 steps. Any ModelConfig field can be overridden.
+4 x dim with GELU, pre-LN, no dropout, a token per pixel, a class token read by
+one Linear layer, FAVOR+ with features redrawn every 1000 steps. Any ModelConfig
+field can be overridden. ``cmd/main.py -Dmodel.variant=<name>`` builds the same
+model (see ``posattn.training.train.apply_model_variant``).
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from .transformer import TransformerClassifier
 
 __all__ = ["Performer", "NoPosPerformer", "RelativePerformer", "ClippedRelativePerformer", "PERFORMER_VARIANTS"]
 
+# the model settings of the paper's code (lucidrains' Performer, no dropout), a token per pixel
 PERFORMER_DEFAULTS = dict(
-    dim=128, depth=4, heads=4, ffn_dim=512, dropout=0.1, input_dropout=0.0,
-    norm="pre", activation="gelu", pooling="cls", head="linear",
+    dim=128, depth=4, heads=4, ffn_dim=512, dropout=0.0, input_dropout=0.0,
+    norm="pre", activation="gelu", pooling="cls", head="linear", patch_size=1,
 )
 
 PERFORMER_VARIANTS = {

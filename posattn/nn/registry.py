@@ -39,7 +39,7 @@ RELATIVE_ENCODERS: dict[str, Callable[..., nn.Module]] = {
 ABSOLUTE_ENCODINGS: dict[str, Callable[..., nn.Module]] = {
     "abs_sinusoidal": lambda dim, grid, pe: SinusoidalAbsoluteEncoding(dim, len(grid)),
     "abs_learned": lambda dim, grid, pe: LearnedAbsoluteEncoding(dim, grid),
-    "abs_learnable_sinusoid": lambda dim, grid, pe: LearnableSinusoidEncoding(dim, len(grid)),
+    "abs_learnable_sinusoid": lambda dim, grid, pe: LearnableSinusoidEncoding(dim, len(grid), base=1000.0 * max(grid)),
 }
 
 # name -> builder(head_dim, heads, ndim, pe_config): orthogonal-power encodings (queries and keys rotated)

@@ -11,7 +11,7 @@ from torch import nn
 from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .attention import PositionalSelfAttention, SDPAttention
 from .config import ModelConfig
-from .favor import ClippedRelativeAttention, FavorAttention, RelativeFavorAttention
+from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
 from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
 from .span import DifferentiableSpan
 
@@ -68,8 +68,11 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
     if cfg.attention == "favor":
         return FavorAttention(cfg.dim, cfg.heads, **favor)
     if cfg.attention == "relative_favor":
-        return RelativeFavorAttention(cfg.dim, cfg.heads, ndim, p.num_frequencies, **favor)
-    return ClippedRelativeAttention(cfg.dim, cfg.heads, ndim, p.clip, **favor)
+        # the paper's initial frequencies: timescales up to twice the longest axis
+        longest = max(cfg.token_grid) if cfg.positions == "grid" else math.prod(cfg.token_grid)
+        return RelativeFavorAttention(cfg.dim, cfg.heads, ndim, p.num_frequencies, base=2.0 * longest, **favor)
+    clipped = ClippedRelativeAttention if p.clipped_form == "paper" else ClippedWindowAttention
+    return clipped(cfg.dim, cfg.heads, ndim, p.clip, **favor)
 
 
 class TransformerClassifier(nn.Module):

@@ -12,7 +12,7 @@ from .config import ConfigError, dump_config, flatten, load_config, load_yaml, m
 from .data import DataError
 from .scaling import run_study, scaling_config, scaling_defaults, scaling_section
 from .shift import shift_test
-from .train import resolve_device
+from .train import apply_model_variant, resolve_device
 from .validate import check_output_folders, check_values
 
 MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
@@ -118,11 +118,11 @@ def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Op
     elif mode == "shift_test":
         shift_test(cfg)
     elif mode == "local_sweep":
-        sweep.local_sweep(cfg, args.sweep_config, flatten(defaults), sweep_dir)
+        sweep.local_sweep(cfg, args.sweep_config, flatten(defaults), sweep_dir, given=explicit)
     elif mode == "sweep":
         sweep.create_sweep(args.sweep_config, flatten(defaults), sweep_dir)
     else:
-        sweep.run_agent(cfg, args.sweep_id, flatten(defaults))
+        sweep.run_agent(cfg, args.sweep_id, flatten(defaults), given=explicit)
 
 
 def main(argv: Optional[list[str]] = None, *, defaults_file: str, sweep_dir: Optional[str] = None) -> int:
@@ -136,6 +136,7 @@ def main(argv: Optional[list[str]] = None, *, defaults_file: str, sweep_dir: Opt
         explicit: set = set()
         cfg = resolve(args, defaults, explicit)
         check_values(cfg)
+        apply_model_variant(cfg, explicit)
         check_output_folders(cfg, args.resume)
         dispatch(args, cfg, defaults, sweep_dir, argv, explicit)
     except (CliError, ConfigError) as e:

@@ -70,26 +70,28 @@ def _set_native(cfg: dict, defaults_flat: dict, key: str, raw: Any) -> None:
     node[parts[-1]] = value
 
 
-def set_key(cfg: dict, defaults_flat: dict, key: str, raw: Any, ignored: Optional[set] = None) -> None:
+def set_key(cfg: dict, defaults_flat: dict, key: str, raw: Any, ignored: Optional[set] = None) -> list[str]:
     """Sets dot ``key`` of ``cfg`` to ``raw`` cast to the default's type. A thesis
     key sets the posattn keys it stands for; one that configures nothing is added
-    to ``ignored`` (or, without a set, reported on stderr at once)."""
+    to ``ignored`` (or, without a set, reported on stderr at once). Returns the
+    posattn keys it set."""
     entry = thesis.lookup(key)
     if entry is None:
         _set_native(cfg, defaults_flat, key, raw)
-        return
+        return [key]
     assignments = entry.translate(key, raw)
     if assignments is None:
         if ignored is None:
             warn_ignored([key])
         else:
             ignored.add(key)
-        return
+        return []
     for target, value in assignments.items():
         try:
             _set_native(cfg, defaults_flat, target, value)
         except ConfigError as e:
             raise ConfigError(f"{key} (the thesis' name of {target}): {e}") from None
+    return list(assignments)
 
 
 def warn_ignored(keys: Iterable[str]) -> None:
@@ -100,31 +102,33 @@ def warn_ignored(keys: Iterable[str]) -> None:
               "(README: 'The thesis' configuration keys')", file=sys.stderr, flush=True)
 
 
-def merge(cfg: dict, update: dict, defaults_flat: dict, ignored: Optional[set] = None) -> None:
-    """Applies a (nested) mapping of values over ``cfg``, checking every key."""
+def merge(cfg: dict, update: dict, defaults_flat: dict, ignored: Optional[set] = None) -> list[str]:
+    """Applies a (nested) mapping of values over ``cfg``, checking every key;
+    returns the posattn keys it set."""
+    keys: list[str] = []
     for key, value in flatten(update).items():
-        set_key(cfg, defaults_flat, key, value, ignored)
+        keys += set_key(cfg, defaults_flat, key, value, ignored)
+    return keys
 
 
 def load_config(defaults: dict, config_file: Optional[str] = None, overrides: Iterable[str] = (),
                 explicit: Optional[set] = None) -> dict:
     """``defaults``, then ``config_file`` (if any), then ``-D`` overrides ``key=value``.
     Thesis keys that configure nothing are named once on stderr. ``explicit``, if
-    given, receives the dot keys the file and the overrides set (as written)."""
+    given, receives the posattn dot keys the file and the overrides set (thesis
+    keys translated)."""
     defaults_flat = flatten(defaults)
     cfg = copy.deepcopy(defaults)
     ignored: set = set()
     explicit = set() if explicit is None else explicit
     if config_file:
         update = load_yaml(config_file)
-        merge(cfg, update, defaults_flat, ignored)
-        explicit.update(flatten(update))
+        explicit.update(merge(cfg, update, defaults_flat, ignored))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"-D{item}: expected -D<key>=<value>")
         key, raw = item.split("=", 1)
-        set_key(cfg, defaults_flat, key.strip(), raw, ignored)
-        explicit.add(key.strip())
+        explicit.update(set_key(cfg, defaults_flat, key.strip(), raw, ignored))
     warn_ignored(ignored)
     return cfg
 

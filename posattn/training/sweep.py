@@ -13,12 +13,13 @@ from __future__ import annotations
 import copy
 import os
 import statistics
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import runs
 from .config import ConfigError, load_yaml, set_key, warn_ignored
 from .optional import require
 from .report import pyplot, save_figure, write_csv
+from .train import apply_model_variant
 from .validate import check_values
 
 __all__ = ["load_sweep", "local_sweep", "create_sweep", "run_agent", "metric_value", "sweep_path", "METHODS"]
@@ -75,12 +76,19 @@ def load_sweep(path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str
     return sweep
 
 
-def _apply(cfg: dict, defaults_flat: dict, params: dict, ignored: set) -> dict:
-    """cfg with a run's parameter values; thesis keys that configure nothing go to ``ignored``."""
+def _apply(cfg: dict, defaults_flat: dict, params: dict, ignored: set, given: Iterable[str] = ()) -> dict:
+    """cfg with a run's parameter values, then the recipe of its ``model.variant``
+    (keeping the keys the command line ``given`` and the parameters set); thesis
+    keys that configure nothing go to ``ignored``."""
     run_cfg = copy.deepcopy(cfg)
+    given = set(given)
     for key, value in params.items():
-        set_key(run_cfg, defaults_flat, key, value, ignored)
+        given.update(set_key(run_cfg, defaults_flat, key, value, ignored))
     check_values(run_cfg)
+    try:
+        apply_model_variant(run_cfg, given)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return run_cfg
 
 
@@ -102,12 +110,13 @@ def metric_value(history: list, name: str, summary: Optional[dict] = None) -> Op
 
 
 def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str] = None,
-                train_fn: Callable = runs.train) -> list:
+                train_fn: Callable = runs.train, given: Iterable[str] = ()) -> list:
     """Runs a sweep on this machine, one configuration after another.
 
     Writes ``<out_dir>/<sweep name>/sweep_summary.csv`` (a row per run, written as
     runs finish) and ``sweep_metric.png`` (the metric per configuration).
-    ``train_fn`` trains one configuration (:func:`runs.train`; tests pass a stand-in).
+    ``train_fn`` trains one configuration (:func:`runs.train`; tests pass a stand-in);
+    ``given``: the keys the command line set (they keep their values under a model.variant).
     """
     sweeps = require("sweeps", "-mode=local_sweep (W&B's sweep engine)")
     sweep = load_sweep(path, defaults_flat, sweep_dir)
@@ -129,7 +138,7 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
             break
         params = {k: v["value"] for k, v in suggestion.config.items()}
         run_name = f"{name}-{len(engine_runs):03d}"
-        run_cfg = _apply(cfg, defaults_flat, params, set())  # load_sweep reported the ignored keys
+        run_cfg = _apply(cfg, defaults_flat, params, set(), given)  # load_sweep reported the ignored keys
         run_cfg["name"] = run_name
         run_cfg["out_dir"] = out_dir
         current = sweeps.SweepRun(name=run_name, state=sweeps.RunState.running, config=suggestion.config,
@@ -188,7 +197,8 @@ def create_sweep(path: Optional[str], defaults_flat: dict, sweep_dir: Optional[s
     return sweep_id
 
 
-def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn: Callable = runs.train) -> None:
+def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn: Callable = runs.train,
+              given: Iterable[str] = ()) -> None:
     """A W&B agent in this process: each run's values arrive through wandb.config
     (config keys or thesis keys; anything else is an error)."""
     if not sweep_id:
@@ -202,7 +212,7 @@ def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn:
         # "posattn" holds the resolved config a resumed run logged; "_..." are W&B's own
         params = {k: v for k, v in dict(run.config).items() if k != "posattn" and not k.startswith("_")}
         ignored: set = set()
-        run_cfg = _apply(cfg, defaults_flat, params, ignored)
+        run_cfg = _apply(cfg, defaults_flat, params, ignored, given)
         warn_ignored(ignored)
         run_cfg["name"] = run.name or run.id
         train_fn(run_cfg, tracker_run=run)

@@ -5,7 +5,7 @@ import math
 import os
 import random
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -18,12 +18,10 @@ from .checkpoints import CheckpointStore
 from .data import Splits, batches
 from .tracking import Tracker
 
-__all__ = ["build_model", "model_config", "Trainer", "resolve_device", "set_seed", "Distributed"]
+__all__ = ["build_model", "model_config", "apply_model_variant", "Trainer", "resolve_device", "set_seed", "Distributed"]
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "noam")
-# structural settings a Horn et al. variant brings (sizes stay the config's)
-VARIANT_KEYS = ("norm", "activation", "pooling", "head")
 
 
 def set_seed(seed: int) -> None:
@@ -42,6 +40,33 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def apply_model_variant(cfg: dict, given: Iterable[str] = ()) -> dict:
+    """``cfg`` with the recipe of ``model.variant`` (a Horn et al. model) applied in place:
+    its attention and positional encoding, and every model setting of
+    ``posattn.nn.<variant>()`` (dim 128, depth 4, heads 4, pre-LN, ...) except those
+    ``given`` names (the keys a config file, a -D override or a sweep set), so that
+    ``-Dmodel.variant=Performer`` and ``posattn.nn.Performer()`` build the same model.
+    A given attention or encoding that contradicts the variant is a ValueError."""
+    variant = cfg["model"].get("variant")
+    if not variant:
+        return cfg
+    if variant not in PERFORMER_VARIANTS:
+        raise ValueError(f"model.variant must be null or one of {', '.join(PERFORMER_VARIANTS)}; got {variant!r}")
+    given = set(given)
+    spec = PERFORMER_VARIANTS[variant]
+    for key, value in (("model.attention", spec["attention"]), ("positional_encoding", spec["pe"]["name"])):
+        section, _, name = key.rpartition(".")
+        node = cfg[section] if section else cfg
+        if key in given and node[name] != value:
+            raise ValueError(f"model.variant={variant} uses {key}={value}, but {key}={node[name]!r} was given; "
+                             "drop one of them")
+        node[name] = value
+    for key, value in PERFORMER_DEFAULTS.items():
+        if f"model.{key}" not in given:
+            cfg["model"][key] = value
+    return cfg
+
+
 def model_config(cfg: dict, splits: Splits) -> ModelConfig:
     """The ModelConfig of an experiment config for the loaded data."""
     m = dict(cfg["model"])
@@ -56,10 +81,9 @@ def model_config(cfg: dict, splits: Splits) -> ModelConfig:
     if variant:
         if variant not in PERFORMER_VARIANTS:
             raise ValueError(f"model.variant must be null or one of {', '.join(PERFORMER_VARIANTS)}; got {variant!r}")
-        spec = PERFORMER_VARIANTS[variant]
+        spec = PERFORMER_VARIANTS[variant]  # the rest of the recipe: apply_model_variant, when the config was resolved
         values["attention"] = spec["attention"]
         values["pe"]["name"] = spec["pe"]["name"]
-        values.update({k: PERFORMER_DEFAULTS[k] for k in VARIANT_KEYS})
     return ModelConfig.from_dict(values)
 
 
@@ -251,7 +275,8 @@ class Trainer:
         seconds = time.perf_counter() - start
         loss_sum, correct, seen = self.dist.sum([loss_sum, float(correct), float(seen)], self.device)
         return {"loss": loss_sum / max(seen, 1), "acc": correct / max(seen, 1), "seconds": seconds,
-                "per_sample_ms": 1e3 * seconds * self.dist.world_size / max(seen, 1)}
+                "per_sample_ms": 1e3 * seconds * self.dist.world_size / max(seen, 1),
+                "per_step_ms": 1e3 * seconds / max(len(groups), 1)}
 
     def span_metrics(self) -> dict:
         """Per-layer mean sigma and box size per axis, and kept-key fraction."""
@@ -277,7 +302,8 @@ class Trainer:
             metrics = {
                 "epoch": self.epoch, "train/loss": train["loss"], "train/acc": train["acc"],
                 "val/loss": val["loss"], "val/acc": val["acc"], "lr": self.scheduler.get_last_lr()[0],
-                "time/per_sample_ms": train["per_sample_ms"], "time/epoch_s": train["seconds"],
+                "time/per_sample_ms": train["per_sample_ms"], "time/per_step_ms": train["per_step_ms"],
+                "time/epoch_s": train["seconds"],
                 **self.span_metrics(),
             }
             improved = val["acc"] > self.best_val_acc
