@@ -208,6 +208,13 @@ def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = F
         yield x[idx], y[idx]
 
 
+def full_test_split(splits: Splits, name: str, root: str, pad_to: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every test image of ``name``, standardised with the training statistics of
+    ``splits`` (a run trained on a subset, data.small_dataset, saw a shrunk test split)."""
+    x, y = load_raw(name, root, "test")
+    return prepare(x, np.asarray(splits.mean), np.asarray(splits.std), pad_to, False), torch.from_numpy(y)
+
+
 def shifted_images(x: torch.Tensor, y: torch.Tensor, background: float, class_index: int, min_shift: int,
                    shifts: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Horn et al.'s shifted-image test set: test images of ``class_index`` with at

@@ -1,6 +1,7 @@
 """Horn et al.'s shifted-image evaluation (-mode=shift_test): accuracy of a
 trained model on test images of one class shifted horizontally by
--min_shift .. +min_shift pixels; writes a CSV and a plot."""
+-min_shift .. +min_shift pixels; writes a CSV and a plot. It uses the whole
+test split of the dataset, also for runs trained on a subset."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import os
 import torch
 
 from .config import ConfigError
-from .data import shifted_images
+from .data import full_test_split, shifted_images
 from .report import pyplot, save_figure, write_csv
 from .runs import load_trained
 
@@ -29,7 +30,10 @@ def shift_test(cfg: dict) -> dict:
     if len(set(round(b, 6) for b in background)) != 1:
         raise ConfigError("the shift test assumes one background value for all channels")
     shifts = list(range(-min_shift, min_shift + 1, step))
-    sets = shifted_images(*splits.test, background=background[0], class_index=cls, min_shift=min_shift, shifts=shifts)
+    d = run_cfg["data"]
+    # the whole test split, also for a run trained on a subset (which shrinks its test split)
+    test = full_test_split(splits, d["name"], d["root"], int(d["pad_to"])) if int(d["small_dataset"]) else splits.test
+    sets = shifted_images(*test, background=background[0], class_index=cls, min_shift=min_shift, shifts=shifts)
     n = len(sets[shifts[0]][1])
     if n == 0:
         raise ConfigError(f"no test image of class {cls} has {min_shift} empty columns on both sides; lower shift.min_shift")
