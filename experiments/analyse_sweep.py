@@ -1,0 +1,207 @@
+"""Statistics and plots of a local sweep that repeats settings over seeds.
+
+    python experiments/analyse_sweep.py runs/<sweep> [--out experiments/results/<sweep>] [--scale "..."]
+
+Reads ``runs/<sweep>/sweep_summary.csv`` (a row per run) and each run's
+``metrics.jsonl``, groups the runs by setting (every swept parameter except
+``seed``), and writes under ``--out``:
+
+- ``sweep_summary.csv``: the sweep's own summary, copied;
+- ``settings.csv`` and ``results.md``: per setting the number of seeds, validation
+  accuracy (best epoch) and test accuracy as mean ± sd, and the mean time per training step;
+- ``welch.csv`` (and in ``results.md``): Welch's t-test (unequal variances, two-sided,
+  uncorrected) of every pair of settings, on validation and on test accuracy;
+- ``accuracy.png``: accuracy per setting, mean ± sd with each seed as a dot;
+- ``span.png`` (runs with a differentiable span): learned sigma and kept-key fraction
+  per layer at the end of training, mean ± sd over seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from scipy import stats  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METRICS = ("val/best_acc", "test/acc")
+NOT_SETTINGS = {"run", "seed", "epochs", "train_seconds", *METRICS}
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def run_metrics(path: str) -> dict:
+    """Mean time per step over the epochs, and the last epoch's span statistics per layer."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        epochs = [row for row in map(json.loads, filter(str.strip, f)) if "epoch" in row]  # not the test line
+    out = {}
+    steps = [e["time/per_step_ms"] for e in epochs if isinstance(e.get("time/per_step_ms"), (int, float))]
+    if steps:
+        out["step_ms"] = statistics.fmean(steps)
+    last = epochs[-1] if epochs else {}
+    sigma, keep = {}, {}
+    for key, value in last.items():
+        m = re.fullmatch(r"span/layer(\d+)/sigma_axis(\d+)", key)
+        if m:
+            sigma.setdefault(int(m.group(1)), []).append(float(value))
+        m = re.fullmatch(r"span/layer(\d+)/keep_fraction", key)
+        if m:
+            keep[int(m.group(1))] = float(value)
+    if sigma:
+        out["sigma"] = [statistics.fmean(sigma[k]) for k in sorted(sigma)]  # mean over axes, per layer
+    if keep:
+        out["keep"] = [keep[k] for k in sorted(keep)]
+    return out
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def fmt(values: list[float]) -> str:
+    m, s = mean_sd(values)
+    return f"{m:.4f} ± {s:.4f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep_dir")
+    p.add_argument("--out", default=None, help="results folder (default experiments/results/<sweep name>)")
+    p.add_argument("--scale", default="", help="one line on the scale of the runs, written above the tables")
+    args = p.parse_args(argv)
+    summary = os.path.join(args.sweep_dir, "sweep_summary.csv")
+    if not os.path.exists(summary):
+        p.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
+    name = os.path.basename(os.path.normpath(args.sweep_dir))
+    out = args.out or os.path.join(ROOT, "experiments", "results", name)
+    os.makedirs(out, exist_ok=True)
+    shutil.copyfile(summary, os.path.join(out, "sweep_summary.csv"))
+
+    rows = read_csv(summary)
+    keys = [k for k in rows[0] if k not in NOT_SETTINGS and len({r[k] for r in rows}) > 1]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        r.update(run_metrics(os.path.join(args.sweep_dir, r["run"], "metrics.jsonl")))
+        label = " / ".join(r[k] for k in keys) or "all"
+        groups.setdefault(label, []).append(r)
+
+    settings = []
+    for label, runs in groups.items():
+        row = {"setting": label, "seeds": len(runs)}
+        for metric in METRICS:
+            m, s = mean_sd([float(r[metric]) for r in runs])
+            row[f"{metric} mean"], row[f"{metric} sd"] = f"{m:.4f}", f"{s:.4f}"
+        row["val/best_acc max"] = f"{max(float(r['val/best_acc']) for r in runs):.4f}"
+        steps = [r["step_ms"] for r in runs if "step_ms" in r]
+        row["ms per step"] = f"{statistics.fmean(steps):.0f}" if steps else ""
+        settings.append(row)
+    write_csv(os.path.join(out, "settings.csv"), settings)
+
+    welch = []
+    for a, b in itertools.combinations(groups, 2):
+        row = {"A": a, "B": b}
+        for metric in METRICS:
+            xa = [float(r[metric]) for r in groups[a]]
+            xb = [float(r[metric]) for r in groups[b]]
+            res = stats.ttest_ind(xa, xb, equal_var=False)
+            row[f"{metric} A-B"] = f"{statistics.fmean(xa) - statistics.fmean(xb):+.4f}"
+            row[f"{metric} p"] = f"{res.pvalue:.3g}"
+        welch.append(row)
+    if welch:
+        write_csv(os.path.join(out, "welch.csv"), welch)
+
+    lines = [f"# {name}", ""]
+    if args.scale:
+        lines += [f"Scale: {args.scale}", ""]
+    lines += [f"Setting: {' / '.join(keys) or '-'}; metric: validation accuracy at the best epoch, and test accuracy "
+              "of that checkpoint; mean ± sd over seeds.", "",
+              "| setting | seeds | val acc | val max | test acc | ms/step |", "|---|---|---|---|---|---|"]
+    for label, runs in groups.items():
+        steps = [r["step_ms"] for r in runs if "step_ms" in r]
+        step = f"{statistics.fmean(steps):.0f}" if steps else ""
+        lines.append(f"| {label} | {len(runs)} | {fmt([float(r['val/best_acc']) for r in runs])} | "
+                     f"{max(float(r['val/best_acc']) for r in runs):.4f} | {fmt([float(r['test/acc']) for r in runs])} | "
+                     f"{step} |")
+    if welch:
+        lines += ["", "Welch's t-test (two-sided, unequal variances, uncorrected for the number of pairs):", "",
+                  "| A | B | val A−B | p | test A−B | p |", "|---|---|---|---|---|---|"]
+        lines += [f"| {w['A']} | {w['B']} | {w['val/best_acc A-B']} | {w['val/best_acc p']} | {w['test/acc A-B']} | "
+                  f"{w['test/acc p']} |" for w in welch]
+    spans = {label: runs for label, runs in groups.items() if all("sigma" in r for r in runs)}
+    if spans:
+        lines += ["", "Learned span at the end of training, per layer (mean ± sd over seeds; sigma in units of the grid, "
+                  "mean over axes):", "", "| setting | layer | sigma | kept keys |", "|---|---|---|---|"]
+        for label, runs in spans.items():
+            for layer in range(len(runs[0]["sigma"])):
+                keep = [r["keep"][layer] for r in runs if "keep" in r]
+                lines.append(f"| {label} | {layer} | {fmt([r['sigma'][layer] for r in runs])} | "
+                             f"{fmt(keep) if keep else ''} |")
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+    labels = list(groups)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels)), 4))
+    for j, metric in enumerate(METRICS):
+        xs = [i + (j - 0.5) * 0.25 for i in range(len(labels))]
+        means = [mean_sd([float(r[metric]) for r in groups[l]]) for l in labels]
+        ax.errorbar(xs, [m for m, _ in means], yerr=[s for _, s in means], fmt="o", capsize=4, color=f"C{j}",
+                    label=f"{metric} (mean ± sd)")
+        for x, l in zip(xs, labels):
+            ax.scatter([x] * len(groups[l]), [float(r[metric]) for r in groups[l]], s=10, color=f"C{j}", alpha=0.4)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{name}" + (f"\n{args.scale}" if args.scale else ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "accuracy.png"), dpi=120)
+    plt.close(fig)
+
+    if spans:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        for i, (label, runs) in enumerate(spans.items()):
+            for ax, key, what in ((axes[0], "sigma", "learned sigma (grid units)"), (axes[1], "keep", "kept-key fraction")):
+                per_layer = list(zip(*[r[key] for r in runs if key in r]))
+                if not per_layer:
+                    continue
+                ms = [mean_sd(list(v)) for v in per_layer]
+                ax.errorbar(range(len(ms)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
+                            color=f"C{i}", label=label)
+                ax.set_xlabel("layer")
+                ax.set_ylabel(what)
+                ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{name}: span at the end of training (mean ± sd over seeds)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "span.png"), dpi=120)
+        plt.close(fig)
+    print("\n".join(lines))
+    print(f"\nwritten: {out}/ (sweep_summary.csv, settings.csv, welch.csv, results.md, accuracy.png"
+          + (", span.png)" if spans else ")"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
