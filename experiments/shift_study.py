@@ -46,13 +46,15 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def run_shift_test(sweep_dir: str, run: str, min_shift: int, step: int) -> list[dict]:
+def run_shift_test(sweep_dir: str, run: str, min_shift: int, step: int, exact: bool) -> list[dict]:
     out_dir, name = os.path.dirname(os.path.abspath(os.path.join(sweep_dir, run))), run
     cmd = [sys.executable, os.path.join(ROOT, "cmd", "main.py"), "-mode=shift_test", "-no_wandb=T",
-           f"-Dout_dir={out_dir}", f"-Dname={name}", f"-Dshift.min_shift={min_shift}", f"-Dshift.step={step}"]
+           f"-Dout_dir={out_dir}", f"-Dname={name}", f"-Dshift.min_shift={min_shift}", f"-Dshift.step={step}",
+           f"-Dshift.exact_kernel={str(exact).lower()}"]
     print("$ " + " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
-    return read_csv(os.path.join(out_dir, name, "shift_test", "shift_accuracy.csv"))
+    folder = "shift_test_exact_kernel" if exact else "shift_test"
+    return read_csv(os.path.join(out_dir, name, folder, "shift_accuracy.csv"))
 
 
 def main(argv=None) -> int:
@@ -61,6 +63,9 @@ def main(argv=None) -> int:
     p.add_argument("--min-shift", type=int, default=8)
     p.add_argument("--step", type=int, default=2)
     p.add_argument("--out", default=None, help="results folder (default experiments/results/<sweep name>)")
+    p.add_argument("--exact-kernel", action="store_true",
+                   help="evaluate with the exact softmax kernel instead of the FAVOR+ features (files *_exact_kernel.*)")
+    p.add_argument("--replot", action="store_true", help="redo the summary and plot from the shift_runs CSV written before")
     args = p.parse_args(argv)
     summary = os.path.join(args.sweep_dir, "sweep_summary.csv")
     if not os.path.exists(summary):
@@ -69,12 +74,18 @@ def main(argv=None) -> int:
     out = args.out or os.path.join(ROOT, "experiments", "results", name)
     os.makedirs(out, exist_ok=True)
 
-    per_run = []
-    for row in read_csv(summary):
-        for r in run_shift_test(args.sweep_dir, row["run"], args.min_shift, args.step):
-            per_run.append({"run": row["run"], "model": row["model.variant"], "seed": row.get("seed", ""),
-                            "shift": int(r["shift"]), "accuracy": float(r["accuracy"]), "images": int(r["images"])})
-    write_csv(os.path.join(out, "shift_runs.csv"), per_run)
+    suffix = "_exact_kernel" if args.exact_kernel else ""
+    runs_csv = os.path.join(out, f"shift_runs{suffix}.csv")
+    if args.replot:
+        per_run = [dict(r, shift=int(r["shift"]), accuracy=float(r["accuracy"]), images=int(r["images"]))
+                   for r in read_csv(runs_csv)]
+    else:
+        per_run = []
+        for row in read_csv(summary):
+            for r in run_shift_test(args.sweep_dir, row["run"], args.min_shift, args.step, args.exact_kernel):
+                per_run.append({"run": row["run"], "model": row["model.variant"], "seed": row.get("seed", ""),
+                                "shift": int(r["shift"]), "accuracy": float(r["accuracy"]), "images": int(r["images"])})
+        write_csv(runs_csv, per_run)
 
     models = list(dict.fromkeys(r["model"] for r in per_run))
     shifts = sorted({r["shift"] for r in per_run})
@@ -84,9 +95,9 @@ def main(argv=None) -> int:
             acc = [r["accuracy"] for r in per_run if r["model"] == model and r["shift"] == shift]
             table.append({"model": model, "shift": shift, "mean": f"{statistics.fmean(acc):.4f}",
                           "sd": f"{statistics.stdev(acc) if len(acc) > 1 else 0.0:.4f}", "seeds": len(acc)})
-    write_csv(os.path.join(out, "shift_accuracy.csv"), table)
+    write_csv(os.path.join(out, f"shift_accuracy{suffix}.csv"), table)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 5))
     for i, model in enumerate(models):
         rows = [t for t in table if t["model"] == model]
         color = f"C{i}"
@@ -98,11 +109,12 @@ def main(argv=None) -> int:
     ax.set_ylabel("accuracy on class 1")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower center")
-    ax.set_title(f"{name}: shifted-image test ({per_run[0]['images']} test images of class 1)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    kernel = ", exact softmax kernel" if args.exact_kernel else ""
+    ax.set_title(f"{name}: shifted-image test ({per_run[0]['images']} test images of class 1{kernel})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "shift_accuracy.png"), dpi=120)
-    print(f"written: {out}/shift_runs.csv, shift_accuracy.csv, shift_accuracy.png")
+    fig.savefig(os.path.join(out, f"shift_accuracy{suffix}.png"), dpi=120)
+    print(f"written: {out}/shift_runs{suffix}.csv, shift_accuracy{suffix}.csv, shift_accuracy{suffix}.png")
     for model in models:
         rows = [t for t in table if t["model"] == model]
         print(f"{model:>26}: " + " ".join(f"{float(t['mean']):.3f}" for t in rows))

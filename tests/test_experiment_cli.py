@@ -142,6 +142,22 @@ def test_shift_test_writes_csv_and_plot(tmp_path, capsys):
         assert f.read(4) == b"\x89PNG"
 
 
+def test_shift_test_exact_kernel_on_the_whole_test_split(tmp_path, capsys):
+    """A FAVOR+ model evaluated with the exact kernel, on every qualifying test image (the run saw a
+    shrunk test split); without positions, a shift by whole 4x4 patches changes nothing."""
+    assert run(tmp_path, "-Dname=p", "-Dmodel.variant=NoPosPerformer", "-Dmodel.patch_size=4", "-Dtrain.epochs=1") == 0
+    args = [f"-Dout_dir={tmp_path}", "-Dname=p", "-mode=shift_test", "-Dshift.min_shift=4", "-Dshift.step=4"]
+    assert cli_helpers.main([*args, "-Dshift.exact_kernel=true"]) == 0
+    assert "exact softmax kernel" in capsys.readouterr().out
+    with open(tmp_path / "p" / "shift_test_exact_kernel" / "shift_accuracy.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["shift"]) for r in rows] == [-4, 0, 4]
+    assert len({r["accuracy"] for r in rows}) == 1 and int(rows[0]["images"]) > 500  # of the 1000 test trousers
+    assert run(tmp_path, "-Dname=r", "-Dtrain.epochs=1") == 0
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-Dname=r", "-mode=shift_test", "-Dshift.exact_kernel=true"]) == 2
+    assert "the model has no FAVOR+ attention" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from ..nn.favor import _FavorKernel
 from .config import ConfigError
 from .data import full_test_split, shifted_images
 from .report import pyplot, save_figure, write_csv
@@ -26,6 +27,13 @@ def shift_test(cfg: dict) -> dict:
     min_shift, step, cls = int(s["min_shift"]), int(s["step"]), int(s["class_index"])
     if min_shift < 0 or step < 1:
         raise ConfigError(f"shift.min_shift must be >= 0 and shift.step >= 1, got {min_shift}, {step}")
+    exact = bool(s["exact_kernel"])
+    if exact:
+        kernels = [m for m in model.modules() if isinstance(m, _FavorKernel)]
+        if not kernels:
+            raise ConfigError("shift.exact_kernel: the model has no FAVOR+ attention")
+        for m in kernels:
+            m.kernel = "softmax"
     background = [(-m / sd) for m, sd in zip(splits.mean, splits.std)]
     if len(set(round(b, 6) for b in background)) != 1:
         raise ConfigError("the shift test assumes one background value for all channels")
@@ -45,12 +53,12 @@ def shift_test(cfg: dict) -> dict:
             logits = model(x[start : start + 512].to(device))
             correct += (logits.argmax(-1).cpu() == y[start : start + 512]).sum().item()
         results[shift] = correct / len(y)
-    out_dir = os.path.join(os.path.dirname(path), "shift_test")
+    out_dir = os.path.join(os.path.dirname(path), "shift_test_exact_kernel" if exact else "shift_test")
     os.makedirs(out_dir, exist_ok=True)
     write_csv(os.path.join(out_dir, "shift_accuracy.csv"),
               [{"shift": shift, "accuracy": f"{acc:.4f}", "images": n} for shift, acc in results.items()])
     _plot(results, os.path.join(out_dir, "shift_accuracy.png"), title=f"{run_cfg['name']}: class {cls}, {n} images")
-    print(f"\nshifted-image test ({n} test images of class {cls} with >= {min_shift} empty columns each side)")
+    print(f"\nshifted-image test{' (exact softmax kernel)' if exact else ''} ({n} test images of class {cls} with >= {min_shift} empty columns each side)")
     print(" shift: " + " ".join(f"{k:>6d}" for k in results))
     print("   acc: " + " ".join(f"{v:6.3f}" for v in results.values()))
     print(f"written: {out_dir}/shift_accuracy.csv and shift_accuracy.png", flush=True)

@@ -94,6 +94,7 @@ RULES: dict[str, Rule] = {
     "shift.min_shift": _int(0),
     "shift.step": _int(1),
     "shift.class_index": _int(0),
+    "shift.exact_kernel": _BOOL,
     "scaling.quick": _BOOL,
     "scaling.out": _TEXT,
 }
