@@ -234,6 +234,45 @@ def test_clipped_relative_attention_gradcheck():
     assert torch.autograd.gradcheck(lambda s, v: clipped_relative_attention(s, v, [3, 4], has_cls=True), (scores, v))
 
 
+@pytest.mark.parametrize("grid,has_cls", [([3], False), ([2, 3], False), ([3, 3], True)])
+def test_clipped_relative_attention_float32_window_holding_every_key(grid, has_cls):
+    """Far scores 1e9 times the window's: no cancellation in float32 where the window holds every
+    key (no far key is left), and the far keys dominate where some are."""
+    torch.manual_seed(0)
+    T = math.prod(grid) + int(has_cls)
+    scores = torch.rand(1, 2, T, 5, dtype=torch.float64) * 1e-9 + 1e-9
+    scores[..., 4] = 1.0
+    v = torch.randn(1, 2, T, 3, dtype=torch.float64)
+    N = math.prod(grid)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in grid], indexing="ij"), -1).reshape(N, -1)
+    dist = (coords[None] - coords[:, None]).abs().sum(-1).clamp(max=4)
+    if has_cls:
+        dist = F.pad(dist, (1, 0, 1, 0), value=4)
+    dense = scores.gather(-1, dist.expand(1, 2, -1, -1))
+    expected = dense / dense.sum(-1, keepdim=True) @ v
+    ours = clipped_relative_attention(scores.float(), v.float(), grid, has_cls)
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_clipped_relative_module_matches_dense_model_of_both_head_groups():
+    """The whole module (content and relative heads, output projection) against a dense float64 model,
+    exact softmax kernel, odd head count."""
+    torch.manual_seed(3)
+    grid, heads, dim = [4, 5], 5, 30
+    attn = ClippedRelativeAttention(dim, heads, 2, clip=3, kernel="softmax").double()
+    with torch.no_grad():
+        attn.rel.normal_()
+    x = torch.randn(2, 1 + 20, dim, dtype=torch.float64)
+    hc, D = attn.content_heads, attn.head_dim
+    q, v, k = attn.qkv(x).split([dim, dim, hc * D], dim=-1)
+    q, v, k = split_heads(q, heads), split_heads(v, heads), split_heads(k, hc)
+    content = ((q[:, :hc] @ k.transpose(-1, -2)) / math.sqrt(D)).softmax(-1) @ v[:, :hc]
+    rel = paper_clipped_dense(attn, x, grid, True)
+    out = torch.cat([content, rel], dim=1).transpose(1, 2).reshape(2, 21, dim)
+    torch.testing.assert_close(attn(x, grid, has_cls=True), attn.proj(out), rtol=1e-10, atol=1e-12)
+
+
 def test_manhattan_window_counts():
     assert len(manhattan_window(2, 4)) == 25  # the paper's c = 4 diamond
     assert len(manhattan_window(1, 4)) == 7 and len(manhattan_window(3, 2)) == 7 and manhattan_window(2, 1) == [(0, 0)]

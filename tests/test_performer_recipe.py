@@ -7,7 +7,7 @@ import cli_helpers
 from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer
 from posattn.training import sweep as sweep_mod
 from posattn.training.data import Splits
-from posattn.training.train import apply_model_variant, build_model
+from posattn.training.train import apply_model_variant, build_model, upgrade_saved_config
 
 MODELS = {"Performer": Performer, "NoPosPerformer": NoPosPerformer, "RelativePerformer": RelativePerformer,
           "ClippedRelativePerformer": ClippedRelativePerformer}
@@ -68,3 +68,30 @@ def test_sweep_parameters_are_given_keys(tmp_path):
     sweep_mod.local_sweep(cfg, str(path), cli_helpers.defaults_flat(), train_fn=fake_train, given={"model.depth"})
     assert [m["attention"] for m in seen] == ["favor", "clipped_relative"]
     assert all(m["dim"] == 32 and m["depth"] == 2 and m["heads"] == 4 and m["patch_size"] == 1 for m in seen)
+
+
+def test_thesis_keys_count_as_given():
+    """The thesis' num_layers stands for model.depth: the recipe keeps it."""
+    cfg = cli_model(["model.variant=Performer", "num_layers=2"]).config
+    assert cfg.depth == 2 and cfg.dim == 128
+
+
+def test_configs_saved_before_the_recipe_rebuild_their_models():
+    """A config saved before performer.clipped_form existed: the window form of strategy 2 and the
+    structural settings the variant forced then."""
+    given: set = set()
+    cfg = cli_helpers._load_config(cli_helpers.defaults(), None, ["model.variant=ClippedRelativePerformer"], given)
+    del cfg["performer"]["clipped_form"]  # as saved then: no recipe applied, post-LN defaults
+    model = build_model(upgrade_saved_config(cfg), splits())
+    assert type(model.blocks[0].attention).__name__ == "ClippedWindowAttention"
+    assert (model.config.norm, model.config.pooling, model.config.head) == ("pre", "cls", "linear")
+    fresh = cli_helpers.load_config(["model.variant=ClippedRelativePerformer"])
+    assert upgrade_saved_config(dict(fresh))["performer"]["clipped_form"] == "paper"
+
+
+def test_resume_cannot_change_the_variant(tmp_path, capsys):
+    tiny = ["-no_wandb=T", f"-Dout_dir={tmp_path}", "-Dname=r", "-Ddata.small_dataset=64", "-Dmodel.dim=16",
+            "-Dmodel.depth=1", "-Dmodel.ffn_dim=16", "-Dmodel.patch_size=4", "-Dtrain.epochs=1"]
+    assert cli_helpers.main([*tiny, "-Dmodel.variant=NoPosPerformer"]) == 0
+    assert cli_helpers.main([*tiny, "--resume", "-Dmodel.variant=Performer", "-Dtrain.epochs=2"]) == 2
+    assert "model.variant cannot change in a resumed run" in capsys.readouterr().err

@@ -219,37 +219,52 @@ def clipped_relative_attention(scores: torch.Tensor, v: torch.Tensor, grid: Sequ
             from and by every token.
 
     Returns ``out_i = sum_j s[i, d_ij] v_j / sum_j s[i, d_ij]`` (B, H, T, Dv), with
-    ``d_ij = min(|pos_j - pos_i|_1, c)``. Every key first gets the far score (one
-    sum of v), then each window offset (|o|_1 < c) adds ``s[i, |o|_1] - s[i, c]``
-    times its shifted values: no (N, N) and no (N, W, Dv) tensor.
+    ``d_ij = min(|pos_j - pos_i|_1, c)``. The far keys of a query are all keys
+    but its window (offsets |o|_1 < c inside the grid): the far term is
+    ``s[i, c] (sum_j v_j - window sum)`` over ``T - window size`` keys, and each
+    window offset adds its own score times its shifted values. Only positive
+    terms enter the denominator, so a window that holds every key leaves no
+    cancellation. No (N, N) and no (N, W, Dv) tensor; autograd keeps one
+    (B, H, N) weight per offset.
     """
     c = scores.shape[-1] - 1
     B, H, T, Dv = v.shape
     grid = [int(n) for n in grid]
     start = int(has_cls)
     far = scores[..., c]
-    num = far.unsqueeze(-1) * v.sum(dim=-2, keepdim=True)
-    den = far * T
+    v_sum = v.sum(dim=-2, keepdim=True)
     if c == 0:
-        return num / den.unsqueeze(-1)
-    delta = (scores[..., :c] - far.unsqueeze(-1))[:, :, start:].reshape(B, H, *grid, c)
+        return v_sum.expand_as(v) / T  # every key takes the one row
+    sg = scores[:, :, start:, :c].reshape(B, H, *grid, c)
     vg = v[:, :, start:].reshape(B, H, *grid, Dv)
     pad = c - 1
     vpad = F.pad(vg, (0, 0) + (pad, pad) * len(grid))  # zero values outside the grid
     cells = [torch.arange(n, device=v.device) for n in grid]
-    num_g = den_g = None
+    num = den = v_win = None
+    count = torch.zeros(grid, dtype=v.dtype, device=v.device)  # window keys inside the grid, per query
     for off in manhattan_window(len(grid), c):
+        if any(abs(o) >= n for o, n in zip(off, grid)):
+            continue  # the whole offset lies outside the grid
         inside = torch.ones((), dtype=v.dtype, device=v.device)
         for axis, (o, idx) in enumerate(zip(off, cells)):
             ok = ((idx + o >= 0) & (idx + o < grid[axis])).to(v.dtype)
             inside = inside * ok.view([-1] + [1] * (len(grid) - 1 - axis))
-        w = delta[..., sum(abs(o) for o in off)] * inside  # (B, H, *grid)
+        count = count + inside
+        w = sg[..., sum(abs(o) for o in off)] * inside  # (B, H, *grid)
         shifted = vpad[(slice(None), slice(None)) + tuple(slice(pad + o, pad + o + n) for o, n in zip(off, grid))]
         term = w.unsqueeze(-1) * shifted
-        num_g = term if num_g is None else num_g + term
-        den_g = w if den_g is None else den_g + w
-    num = num + F.pad(num_g.reshape(B, H, -1, Dv), (0, 0, start, 0))
-    den = den + F.pad(den_g.reshape(B, H, -1), (start, 0))
+        num = term if num is None else num + term
+        den = w if den is None else den + w
+        v_win = shifted if v_win is None else v_win + shifted
+    far_g = far[:, :, start:].reshape(B, H, *grid)
+    n_far = T - count  # exact small integers; 0 where the window holds every key
+    has_far = (n_far > 0).to(v.dtype).unsqueeze(-1)
+    v_far = (v_sum.reshape(B, H, *[1] * len(grid), Dv) - v_win) * has_far  # exactly 0 without far keys
+    num = (num + far_g.unsqueeze(-1) * v_far).reshape(B, H, -1, Dv)
+    den = (den + far_g * n_far).reshape(B, H, -1)
+    if has_cls:  # the class token's query: every key is far
+        num = torch.cat([far[:, :, :1, None] * v_sum, num], dim=2)
+        den = torch.cat([far[:, :, :1] * T, den], dim=2)
     return num / den.unsqueeze(-1)
 
 
@@ -267,10 +282,12 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
     (their own random projection; ``kernel="softmax"``: ``exp(q . r / sqrt(D))``
     exactly). Keys have no content projection in the relative heads.
 
-    Time O(N (m + W) D) and memory O(N (m + D)) with W < (2 clip - 1)^G window
+    Time O(N (m + W) D) and memory O(N (m + D + W)) with W < (2 clip - 1)^G window
     offsets (:func:`clipped_relative_attention`). The class token is outside
     the grid: far from every token. (The paper's code appends it as an extra
-    pixel below the image's bottom-left corner, an artefact of its index arithmetic.)
+    pixel below the image's bottom-left corner, an artefact of its index
+    arithmetic; and it never redraws the relative heads' features, which
+    posattn redraws with the content heads'.)
 
     ``forward(x, grid, has_cls=False)``: x (B, T, dim).
     """

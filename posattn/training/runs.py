@@ -19,7 +19,7 @@ from .optional import require
 from .report import print_table
 from .tracking import Tracker
 from .validate import check_values
-from .train import Distributed, Trainer, build_model, resolve_device, set_seed
+from .train import Distributed, Trainer, build_model, resolve_device, set_seed, upgrade_saved_config
 
 __all__ = ["run_name", "load_data", "train", "checkpoint_file", "load_trained", "test"]
 
@@ -151,9 +151,12 @@ def _resume_state(run_dir: str, given: dict, overrides: tuple,
         print(f"resume: {run_dir} holds no intact checkpoint; the run starts over from its saved config", flush=True)
     elif tag != "last":
         print(f"resume: continuing from {tag}.pt (epoch {saved['epoch']}), the newest intact checkpoint", flush=True)
-    cfg = copy.deepcopy(cfg)
+    cfg = upgrade_saved_config(copy.deepcopy(cfg))
     for item in overrides:
         key, raw = item.split("=", 1)
+        if key.strip() == "model.variant" and raw.strip() != str(cfg["model"].get("variant")):
+            raise ConfigError("--resume: model.variant cannot change in a resumed run (its recipe set the "
+                              "model the checkpoints hold); start a new run instead")
         set_key(cfg, defaults or flatten(cfg), key.strip(), raw)
     check_values(cfg)
     cfg["name"] = os.path.basename(os.path.normpath(run_dir))
@@ -182,7 +185,7 @@ def load_trained(cfg: dict):
         saved = load_checkpoint_file(path)
     except CheckpointError as e:
         raise ConfigError(f"-mode={cfg['mode']}: {e}") from None
-    run_cfg = copy.deepcopy(saved["config"])
+    run_cfg = upgrade_saved_config(copy.deepcopy(saved["config"]))
     splits = load_data(run_cfg)
     model = build_model(run_cfg, splits)
     model.load_state_dict(saved["model"])

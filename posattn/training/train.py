@@ -18,7 +18,7 @@ from .checkpoints import CheckpointStore
 from .data import Splits, batches
 from .tracking import Tracker
 
-__all__ = ["build_model", "model_config", "apply_model_variant", "Trainer", "resolve_device", "set_seed", "Distributed"]
+__all__ = ["build_model", "model_config", "apply_model_variant", "upgrade_saved_config", "Trainer", "resolve_device", "set_seed", "Distributed"]
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "noam")
@@ -64,6 +64,19 @@ def apply_model_variant(cfg: dict, given: Iterable[str] = ()) -> dict:
     for key, value in PERFORMER_DEFAULTS.items():
         if f"model.{key}" not in given:
             cfg["model"][key] = value
+    return cfg
+
+
+def upgrade_saved_config(cfg: dict) -> dict:
+    """A run config saved before ``performer.clipped_form`` existed (posattn before
+    2026-11-23) rebuilds the model it trained: strategy 2 in its window form and,
+    for a ``model.variant``, the norm, activation, pooling and head the variant
+    forced then. Changes ``cfg`` in place and returns it."""
+    performer = cfg.setdefault("performer", {})
+    if "clipped_form" not in performer:
+        performer["clipped_form"] = "window"
+        if (cfg.get("model") or {}).get("variant"):
+            cfg["model"].update({k: PERFORMER_DEFAULTS[k] for k in ("norm", "activation", "pooling", "head")})
     return cfg
 
 
