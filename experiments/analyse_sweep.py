@@ -31,6 +31,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from posattn.training.report import write_csv  # noqa: E402
 from scipy import stats  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,13 +43,6 @@ NOT_SETTINGS = {"run", "seed", "epochs", "train_seconds", *METRICS}
 def read_csv(path: str) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def run_metrics(path: str) -> dict:
@@ -85,18 +80,24 @@ def fmt(values: list[float]) -> str:
     return f"{m:.4f} ± {s:.4f}"
 
 
+def sweep_paths(parser: argparse.ArgumentParser, sweep_dir: str, out: str | None) -> tuple[str, str, str]:
+    """(the sweep's summary CSV, the sweep's name, the results folder, created)."""
+    summary = os.path.join(sweep_dir, "sweep_summary.csv")
+    if not os.path.exists(summary):
+        parser.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
+    name = os.path.basename(os.path.normpath(sweep_dir))
+    out = out or os.path.join(ROOT, "experiments", "results", name)
+    os.makedirs(out, exist_ok=True)
+    return summary, name, out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir")
     p.add_argument("--out", default=None, help="results folder (default experiments/results/<sweep name>)")
     p.add_argument("--scale", default="", help="one line on the scale of the runs, written above the tables")
     args = p.parse_args(argv)
-    summary = os.path.join(args.sweep_dir, "sweep_summary.csv")
-    if not os.path.exists(summary):
-        p.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
-    name = os.path.basename(os.path.normpath(args.sweep_dir))
-    out = args.out or os.path.join(ROOT, "experiments", "results", name)
-    os.makedirs(out, exist_ok=True)
+    summary, name, out = sweep_paths(p, args.sweep_dir, args.out)
     shutil.copyfile(summary, os.path.join(out, "sweep_summary.csv"))
 
     rows = read_csv(summary)

@@ -14,7 +14,6 @@ translation-equivariant model can follow exactly.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import subprocess
@@ -25,6 +24,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analyse_sweep import read_csv, sweep_paths  # noqa: E402  (beside this script)
+from posattn.training.report import write_csv  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Horn et al., Fashion-MNIST, shifts -8, -6, ..., +8 (their Table / Figure of the shifted-image test)
 PUBLISHED = {
@@ -32,18 +34,6 @@ PUBLISHED = {
     "RelativePerformer": [.896, .948, .982, .990, .992, .989, .989, .987, .984],
 }
 PUBLISHED_SHIFTS = list(range(-8, 9, 2))
-
-
-def read_csv(path: str) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def run_shift_test(sweep_dir: str, run: str, min_shift: int, step: int, exact: bool) -> list[dict]:
@@ -67,12 +57,7 @@ def main(argv=None) -> int:
                    help="evaluate with the exact softmax kernel instead of the FAVOR+ features (files *_exact_kernel.*)")
     p.add_argument("--replot", action="store_true", help="redo the summary and plot from the shift_runs CSV written before")
     args = p.parse_args(argv)
-    summary = os.path.join(args.sweep_dir, "sweep_summary.csv")
-    if not os.path.exists(summary):
-        p.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
-    name = os.path.basename(os.path.normpath(args.sweep_dir))
-    out = args.out or os.path.join(ROOT, "experiments", "results", name)
-    os.makedirs(out, exist_ok=True)
+    summary, name, out = sweep_paths(p, args.sweep_dir, args.out)
 
     suffix = "_exact_kernel" if args.exact_kernel else ""
     runs_csv = os.path.join(out, f"shift_runs{suffix}.csv")
