@@ -37,7 +37,7 @@ from scipy import stats  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("val/best_acc", "test/acc")
-NOT_SETTINGS = {"run", "seed", "epochs", "train_seconds", *METRICS}
+NOT_SETTINGS = {"run", "seed", "epochs", "train_seconds", *METRICS, "step_ms", "sigma", "keep"}  # + run_metrics' keys
 
 
 def read_csv(path: str) -> list[dict]:
@@ -80,34 +80,19 @@ def fmt(values: list[float]) -> str:
     return f"{m:.4f} ± {s:.4f}"
 
 
-def sweep_paths(parser: argparse.ArgumentParser, sweep_dir: str, out: str | None) -> tuple[str, str, str]:
-    """(the sweep's summary CSV, the sweep's name, the results folder, created)."""
-    summary = os.path.join(sweep_dir, "sweep_summary.csv")
-    if not os.path.exists(summary):
-        parser.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
-    name = os.path.basename(os.path.normpath(sweep_dir))
-    out = out or os.path.join(ROOT, "experiments", "results", name)
-    os.makedirs(out, exist_ok=True)
-    return summary, name, out
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("sweep_dir")
-    p.add_argument("--out", default=None, help="results folder (default experiments/results/<sweep name>)")
-    p.add_argument("--scale", default="", help="one line on the scale of the runs, written above the tables")
-    args = p.parse_args(argv)
-    summary, name, out = sweep_paths(p, args.sweep_dir, args.out)
-    shutil.copyfile(summary, os.path.join(out, "sweep_summary.csv"))
-
-    rows = read_csv(summary)
-    keys = [k for k in rows[0] if k not in NOT_SETTINGS and len({r[k] for r in rows}) > 1]
-    groups: dict[str, list[dict]] = {}
+def load_runs(sweep_dir: str) -> list[dict]:
+    """The rows of a sweep's summary, each with its run's metrics (:func:`run_metrics`)."""
+    rows = read_csv(os.path.join(sweep_dir, "sweep_summary.csv"))
     for r in rows:
-        r.update(run_metrics(os.path.join(args.sweep_dir, r["run"], "metrics.jsonl")))
-        label = " / ".join(r[k] for k in keys) or "all"
-        groups.setdefault(label, []).append(r)
+        r.update(run_metrics(os.path.join(sweep_dir, r["run"], "metrics.jsonl")))
+    return rows
 
+
+def report(groups: dict[str, list[dict]], out: str, name: str, scale: str = "", setting: str = "-",
+           pairs: list[tuple[str, str]] | None = None, published: dict[str, str] | None = None) -> list[str]:
+    """Writes settings.csv, welch.csv, results.md, accuracy.png (and span.png) for runs grouped by
+    setting label; ``pairs``: the Welch comparisons (default every pair); ``published``: a column of
+    published figures per label. Returns the lines of results.md."""
     settings = []
     for label, runs in groups.items():
         row = {"setting": label, "seeds": len(runs)}
@@ -121,7 +106,7 @@ def main(argv=None) -> int:
     write_csv(os.path.join(out, "settings.csv"), settings)
 
     welch = []
-    for a, b in itertools.combinations(groups, 2):
+    for a, b in pairs if pairs is not None else itertools.combinations(groups, 2):
         row = {"A": a, "B": b}
         for metric in METRICS:
             xa = [float(r[metric]) for r in groups[a]]
@@ -134,19 +119,22 @@ def main(argv=None) -> int:
         write_csv(os.path.join(out, "welch.csv"), welch)
 
     lines = [f"# {name}", ""]
-    if args.scale:
-        lines += [f"Scale: {args.scale}", ""]
-    lines += [f"Setting: {' / '.join(keys) or '-'}; metric: validation accuracy at the best epoch, and test accuracy "
+    if scale:
+        lines += [f"Scale: {scale}", ""]
+    extra = " published |" if published else ""
+    lines += [f"Setting: {setting}; metric: validation accuracy at the best epoch, and test accuracy "
               "of that checkpoint; mean ± sd over seeds.", "",
-              "| setting | seeds | val acc | val max | test acc | ms/step |", "|---|---|---|---|---|---|"]
+              "| setting | seeds | val acc | val max | test acc | ms/step |" + extra,
+              "|---|---|---|---|---|---|" + ("---|" if published else "")]
     for label, runs in groups.items():
         steps = [r["step_ms"] for r in runs if "step_ms" in r]
         step = f"{statistics.fmean(steps):.0f}" if steps else ""
         lines.append(f"| {label} | {len(runs)} | {fmt([float(r['val/best_acc']) for r in runs])} | "
                      f"{max(float(r['val/best_acc']) for r in runs):.4f} | {fmt([float(r['test/acc']) for r in runs])} | "
-                     f"{step} |")
+                     f"{step} |" + (f" {published.get(label, '')} |" if published else ""))
     if welch:
-        lines += ["", "Welch's t-test (two-sided, unequal variances, uncorrected for the number of pairs):", "",
+        lines += ["", "Welch's t-test (two-sided, unequal variances, uncorrected for the number of pairs)"
+                  + (":" if pairs is None else ", for the comparisons the paper makes:"), "",
                   "| A | B | val A−B | p | test A−B | p |", "|---|---|---|---|---|---|"]
         lines += [f"| {w['A']} | {w['B']} | {w['val/best_acc A-B']} | {w['val/best_acc p']} | {w['test/acc A-B']} | "
                   f"{w['test/acc p']} |" for w in welch]
@@ -175,7 +163,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{name}" + (f"\n{args.scale}" if args.scale else ""), fontsize=8)
+    ax.set_title(f"{name}" + (f"\n{scale}" if scale else ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "accuracy.png"), dpi=120)
     plt.close(fig)
@@ -198,9 +186,38 @@ def main(argv=None) -> int:
         fig.tight_layout()
         fig.savefig(os.path.join(out, "span.png"), dpi=120)
         plt.close(fig)
+    return lines
+
+
+def sweep_paths(parser: argparse.ArgumentParser, sweep_dir: str, out: str | None) -> tuple[str, str, str]:
+    """(the sweep's summary CSV, the sweep's name, the results folder, created)."""
+    summary = os.path.join(sweep_dir, "sweep_summary.csv")
+    if not os.path.exists(summary):
+        parser.error(f"{summary} does not exist: run the sweep first (cmd/main.py -mode=local_sweep)")
+    name = os.path.basename(os.path.normpath(sweep_dir))
+    out = out or os.path.join(ROOT, "experiments", "results", name)
+    os.makedirs(out, exist_ok=True)
+    return summary, name, out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep_dir")
+    p.add_argument("--out", default=None, help="results folder (default experiments/results/<sweep name>)")
+    p.add_argument("--scale", default="", help="one line on the scale of the runs, written above the tables")
+    args = p.parse_args(argv)
+    summary, name, out = sweep_paths(p, args.sweep_dir, args.out)
+    shutil.copyfile(summary, os.path.join(out, "sweep_summary.csv"))
+
+    rows = load_runs(args.sweep_dir)
+    keys = [k for k in rows[0] if k not in NOT_SETTINGS and len({r[k] for r in rows}) > 1]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(" / ".join(r[k] for k in keys) or "all", []).append(r)
+    lines = report(groups, out, name, args.scale, setting=" / ".join(keys) or "-")
     print("\n".join(lines))
-    print(f"\nwritten: {out}/ (sweep_summary.csv, settings.csv, welch.csv, results.md, accuracy.png"
-          + (", span.png)" if spans else ")"))
+    print(f"\nwritten: {out}/ (sweep_summary.csv, settings.csv, welch.csv, results.md, accuracy.png, span.png "
+          "where the runs have a span)")
     return 0
 
 

@@ -53,3 +53,34 @@ def test_tables_welch_and_plots(tmp_path):
     assert abs(float(welch["val/best_acc p"]) - expected) < 5e-3 * expected  # printed to 3 significant digits
     text = (out / "results.md").read_text()
     assert "Scale: tiny" in text and "| 0.0 | 0 | 0.3000 ± 0.0000 | 0.5000 ± 0.0000 |" in text  # sigma: mean over axes
+
+
+def test_thesis_study_names_the_eight_settings(tmp_path, monkeypatch):
+    """experiments/thesis_study.py: two sweeps -> the thesis' setting names, its comparisons, published column."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    spec = importlib.util.spec_from_file_location("thesis_study", os.path.join(ROOT, "experiments", "thesis_study.py"))
+    thesis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(thesis)
+    runs = tmp_path / "runs"
+    for sweep, column, values in (("thesis_cpu_encodings", "positional_encoding", ("sinusoidal", "siren")),
+                                  ("thesis_cpu_span", "span.threshold", ("0.0", "0.1"))):
+        rows = []
+        for positions in ("sequence", "grid"):
+            for value in values:
+                for seed, acc in ((1, 0.70), (2, 0.72)):
+                    acc += 0.1 * (positions == "grid")
+                    rows.append({"run": f"r{len(rows)}", "model.positions": positions, column: value, "seed": seed,
+                                 "val/best_acc": acc, "test/acc": acc})
+        (runs / sweep).mkdir(parents=True)
+        with open(runs / sweep / "sweep_summary.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    out = tmp_path / "out"
+    assert thesis.main(["--runs", str(runs), "--out", str(out)]) == 0
+    settings = [s["setting"] for s in csv.DictReader(open(out / "settings.csv"))]
+    assert settings == list(thesis.PUBLISHED)
+    welch = list(csv.DictReader(open(out / "welch.csv")))
+    assert [(w["A"], w["B"]) for w in welch] == thesis.PAIRS
+    assert welch[0]["val/best_acc A-B"] == "+0.1000"
+    assert ".8095 ± .0038 (CIFAR-10)" in (out / "results.md").read_text()
