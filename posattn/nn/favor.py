@@ -24,6 +24,7 @@ __all__ = [
     "orthogonal_gaussian",
     "favor_features",
     "linear_attention",
+    "set_favor_kernel",
     "FavorAttention",
     "RelativeFavorAttention",
     "ClippedRelativeAttention",
@@ -115,6 +116,17 @@ class _FavorKernel(nn.Module):
             return F.scaled_dot_product_attention(q, k, v)
         proj = self.step_projection(q.dtype)
         return linear_attention(favor_features(q, proj, True), favor_features(k, proj, False), v)
+
+
+def set_favor_kernel(module: nn.Module, kernel: str) -> int:
+    """Switches every FAVOR+ attention in ``module`` to ``kernel`` (``"favor"`` or
+    ``"softmax"``, the exact kernel); returns how many it switched."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    kernels = [m for m in module.modules() if isinstance(m, _FavorKernel)]
+    for m in kernels:
+        m.kernel = kernel
+    return len(kernels)
 
 
 class FavorAttention(MultiHeadSelfAttention):

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from ..nn.favor import _FavorKernel
+from ..nn.favor import set_favor_kernel
 from .config import ConfigError
 from .data import full_test_split, shifted_images
 from .report import pyplot, save_figure, write_csv
@@ -28,12 +28,8 @@ def shift_test(cfg: dict) -> dict:
     if min_shift < 0 or step < 1:
         raise ConfigError(f"shift.min_shift must be >= 0 and shift.step >= 1, got {min_shift}, {step}")
     exact = bool(s["exact_kernel"])
-    if exact:
-        kernels = [m for m in model.modules() if isinstance(m, _FavorKernel)]
-        if not kernels:
-            raise ConfigError("shift.exact_kernel: the model has no FAVOR+ attention")
-        for m in kernels:
-            m.kernel = "softmax"
+    if exact and not set_favor_kernel(model, "softmax"):
+        raise ConfigError("shift.exact_kernel: the model has no FAVOR+ attention")
     background = [(-m / sd) for m, sd in zip(splits.mean, splits.std)]
     if len(set(round(b, 6) for b in background)) != 1:
         raise ConfigError("the shift test assumes one background value for all channels")
