@@ -63,6 +63,55 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
     return sizes
 
 
+WINDOW_BORDERS = ("clip", "shift")
+
+
+def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
+    """``window`` as a list of G half widths (an int applies to every axis), or None.
+
+    Checks one value per grid axis, each an int >= 0 (the operators' ``window``)."""
+    if window is None:
+        return None
+    if isinstance(window, bool):
+        raise TypeError(f"relpos_attention: window must be an int or a sequence of ints, got {window!r}")
+    if isinstance(window, int):
+        window = [window] * len(grid)
+    try:
+        sizes = list(window)
+    except TypeError:
+        raise TypeError(f"relpos_attention: window must be an int or a sequence of ints, got {window!r}") from None
+    out = []
+    for w in sizes:
+        if isinstance(w, bool):
+            raise TypeError(f"relpos_attention: window must be an int or a sequence of ints, got {window!r}")
+        try:
+            out.append(operator.index(w))
+        except TypeError:
+            raise TypeError(f"relpos_attention: window must be an int or a sequence of ints, got {window!r} "
+                            f"({type(w).__name__} {w!r} is not an int)") from None
+    if len(out) != len(grid):
+        raise ValueError(f"relpos_attention: window must give one half width per grid axis ({len(grid)} for grid "
+                         f"{list(grid)}), got {len(out)}: {out}")
+    for d, w in enumerate(out):
+        if w < 0:
+            raise ValueError(f"relpos_attention: window half widths must be >= 0, got {out} (axis {d})")
+    return out
+
+
+def window_key_range(coord: torch.Tensor, n: int, half: int, border: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last key kept along an axis of ``n`` cells by queries at ``coord``
+    (any int64 shape) under a window of ``2 half + 1`` cells: centred and clipped at
+    the borders (``"clip"``), or NATTEN's rule (``"shift"``): the window starts at
+    ``coord - half``, moved to stay inside ``[0, n)``."""
+    k = 2 * half + 1
+    if border == "shift":
+        if k >= n:  # a window as large as the axis covers it
+            return torch.zeros_like(coord), torch.full_like(coord, n - 1)
+        start = (coord - half).clamp(0, n - k)
+        return start, start + k - 1
+    return (coord - half).clamp(min=0), (coord + half).clamp(max=n - 1)
+
+
 def num_offsets(grid: Sequence[int]) -> int:
     """U = prod(2 n_d - 1): the number of rows of a relative-embedding table."""
     u = 1

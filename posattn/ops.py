@@ -7,11 +7,11 @@ operators of their own (``torch.ops.posattn.<op>_backward``).
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
-from ._grid import normalise_grid, num_offsets
+from ._grid import WINDOW_BORDERS, normalise_grid, normalise_window, num_offsets
 
 __all__ = ["relpos_attention", "apply_maps", "has_kernel", "SPAN_MODES"]
 
@@ -58,6 +58,9 @@ def relpos_attention(
     scale: Optional[float] = None,
     causal: bool = False,
     return_lse: bool = False,
+    bias: Optional[torch.Tensor] = None,
+    window: Optional[Union[int, Sequence[int]]] = None,
+    window_border: str = "clip",
 ):
     r"""Positional self-attention with relative embeddings on an n-D grid.
 
@@ -83,31 +86,49 @@ def relpos_attention(
         scale: logit scale, default ``D ** -0.5``.
         causal: keep only keys j <= i (token order).
         return_lse: also return the (B, H, N) log-sum-exp of the logits.
+        bias: optional (H, U) learned bias per head and offset (Swin / T5 style),
+            rows in the order of ``rel``; added to the logits after the scale,
+            before the span. Independent of ``q_pos`` / ``rel``: either, both or
+            neither may be given.
+        window: optional fixed window, G half widths ``w_d >= 0`` (an int applies
+            to every axis): key j is kept only if it lies in query i's window of
+            ``2 w_d + 1`` cells on every axis. Combines with ``causal`` and the
+            threshold box (a key must pass every mask); the kernels visit only
+            the keys inside it.
+        window_border: ``"clip"`` (default): the window is centred on the query
+            and clipped at the grid's borders (``|delta_d| <= w_d``);
+            ``"shift"``: NATTEN's rule, the window is shifted to stay inside the
+            grid, so every query keeps ``min(2 w_d + 1, n_d)`` keys per axis
+            (NAT / DiNAT without dilation). Ignored without ``window``.
 
     Math, per batch b and head h::
 
-        s_ij = scale * (q_i . k_j + q_pos_i . rel[h, row(delta_ij)])
+        s_ij = scale * (q_i . k_j + q_pos_i . rel[h, row(delta_ij)]) + bias[h, row(delta_ij)]
         s_ij -= quad_ij  |  s_ij *= exp(-quad_ij)          (with sigma)
-        s_ij = -inf where masked (threshold box, causal)
+        s_ij = -inf where masked (threshold box, window, causal)
         out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
 
-    A query always keeps itself under the box and causal masks. If a query had
+    A query always keeps itself under the box, window and causal masks. If a query had
     every key masked anyway, its output row is zeros and its lse is -inf. A NaN
     or inf reaching a kept logit or value makes the row NaN, as in the
     reference. Differentiable once: a gradient of the gradient raises.
 
     Returns:
         ``out`` (B, H, N, Dv), or ``(out, lse)`` if ``return_lse``.
-        Differentiable in q, k, v, q_pos, rel and sigma (the box is not).
+        Differentiable in q, k, v, q_pos, rel, sigma and bias (the box is not).
+        The CPU kernels reduce the gradients of ``rel`` and ``bias`` without
+        atomics (deterministic); the CUDA kernels use atomics.
     """
     _check_q(q)
     grid_list = normalise_grid(grid, q.shape[2])
+    window_list = normalise_window(window, grid_list)
     threshold = _real("threshold", threshold)
     scale = q.shape[-1] ** -0.5 if scale is None else _real("scale", scale)
     causal, return_lse = _flag("causal", causal), _flag("return_lse", return_lse)
-    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale)
+    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, bias, window_list,
+                       window_border)
     out, lse = torch.ops.posattn.relpos_attention(
-        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, causal
+        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, causal, bias, window_list, window_border
     )
     return (out, lse) if return_lse else out
 
@@ -135,10 +156,11 @@ def _check_q(q) -> None:
         )
 
 
-def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale) -> None:
+def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias=None, window=None,
+                       window_border="clip") -> None:
     """Shape, dtype, device and argument checks (no tensor values are read, so this
     also runs on fake tensors under torch.compile). Mirrors the C++ checks."""
-    tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma}
+    tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma, "bias": bias}
     for name, t in tensors.items():
         if (t is not None or name in ("q", "k", "v")) and not isinstance(t, torch.Tensor):
             raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
@@ -163,6 +185,14 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
                 f"relpos_attention: rel must have shape (H, U, D) = ({H}, {U}, {D}) with "
                 f"U = prod(2 n_d - 1) for grid {list(grid)}, got {tuple(rel.shape)}"
             )
+    if bias is not None and tuple(bias.shape) != (H, num_offsets(grid)):
+        raise ValueError(
+            f"relpos_attention: bias must have shape (H, U) = ({H}, {num_offsets(grid)}) with "
+            f"U = prod(2 n_d - 1) for grid {list(grid)}, got {tuple(bias.shape)}"
+        )
+    normalise_window(window, grid)
+    if window_border not in WINDOW_BORDERS:
+        raise ValueError(f'relpos_attention: window_border must be "clip" or "shift", got {window_border!r}')
     if span_mode not in SPAN_MODES:
         raise ValueError(f'relpos_attention: span_mode must be "add" or "multiply", got {span_mode!r}')
     if sigma is not None and tuple(sigma.shape) != (H, len(grid)):
@@ -195,10 +225,10 @@ def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
 
 
 def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
-                                scale, out, lse) -> None:
+                                scale, out, lse, bias=None, window=None, window_border="clip") -> None:
     """The forward's checks plus those of the backward's own tensors (as
     check_relpos_backward_inputs in csrc/relpos/relpos_checks.cpp)."""
-    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale)
+    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
     B, H, N, _ = q.shape
     shapes = {"grad_out": (B, H, N, v.shape[-1]), "out": (B, H, N, v.shape[-1]), "lse": (B, H, N),
               "grad_lse": (B, H, N)}
@@ -217,42 +247,46 @@ def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, s
 
 
 @torch.library.register_fake("posattn::relpos_attention")
-def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal):
-    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale)
+def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias=None,
+                           window=None, window_border="clip"):
+    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
     B, H, N, _ = q.shape
     return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
 
 
 @torch.library.register_fake("posattn::relpos_attention_backward")
 def _relpos_attention_backward_fake(
-    grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
+    grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse,
+    bias=None, window=None, window_border="clip"
 ):
     _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
-                                scale, out, lse)
+                                scale, out, lse, bias, window, window_border)
     # The kernels return contiguous gradients whatever the inputs' strides.
     def like(t):
         return t.new_empty(t.shape) if t is not None else q.new_empty(0)
 
-    return like(q), like(k), like(v), like(q_pos), like(rel), like(sigma)
+    return like(q), like(k), like(v), like(q_pos), like(rel), like(sigma), like(bias)
 
 
 # --- autograd ---------------------------------------------------------------
 
 
 def _relpos_setup_context(ctx, inputs, output):
-    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal = inputs
+    # torch.library fills in the arguments left at their schema defaults.
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, q_pos, rel, sigma, out, lse)
-    ctx.args = (grid, threshold, span_mode, scale, causal)
+    ctx.save_for_backward(q, k, v, q_pos, rel, sigma, bias, out, lse)
+    ctx.args = (grid, threshold, span_mode, scale, causal, window, window_border)
 
 
 def _relpos_backward(ctx, grad_out, grad_lse):
-    q, k, v, q_pos, rel, sigma, out, lse = ctx.saved_tensors
-    grid, threshold, span_mode, scale, causal = ctx.args
+    q, k, v, q_pos, rel, sigma, bias, out, lse = ctx.saved_tensors
+    grid, threshold, span_mode, scale, causal, window, window_border = ctx.args
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dq_pos, drel, dsigma = torch.ops.posattn.relpos_attention_backward(
-        grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse
+    dq, dk, dv, dq_pos, drel, dsigma, dbias = torch.ops.posattn.relpos_attention_backward(
+        grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse,
+        bias, window, window_border
     )
     return (
         dq,
@@ -266,6 +300,9 @@ def _relpos_backward(ctx, grad_out, grad_lse):
         None,  # span_mode
         None,  # scale
         None,  # causal
+        dbias if bias is not None else None,
+        None,  # window
+        None,  # window_border
     )
 
 

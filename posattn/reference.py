@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._grid import grid_coords, normalise_grid, offset_rows, span_half_widths
+from ._grid import grid_coords, normalise_grid, offset_rows, span_half_widths, window_key_range
 
 
 def relpos_scores(
@@ -25,6 +25,9 @@ def relpos_scores(
     span_mode: str = "add",
     scale: Optional[float] = None,
     causal: bool = False,
+    bias: Optional[torch.Tensor] = None,
+    window: Optional[Sequence[int]] = None,
+    window_border: str = "clip",
 ) -> torch.Tensor:
     """The (B, H, N, N) logits ``s_ij`` of :func:`relpos_attention`, after the span,
     with -inf at masked pairs (same arguments as the operator, without ``v``)."""
@@ -40,6 +43,8 @@ def relpos_scores(
         pos_logits = q_pos @ rel.transpose(-1, -2)  # (B, H, N, U): q_pos_i . rel[u]
         rows = offset_rows(delta, grid)  # (N, N)
         scores = scores + scale * pos_logits.gather(-1, rows.expand(B, H, N, N))
+    if bias is not None:
+        scores = scores + bias[:, offset_rows(delta, grid)]  # (H, N, N): bias[h, row(delta_ij)]
 
     keep = torch.ones(H, N, N, dtype=torch.bool, device=q.device)
     if sigma is not None:
@@ -56,6 +61,13 @@ def relpos_scores(
             half = torch.tensor(span_half_widths(sigma, threshold, grid), dtype=torch.long,
                                 device=q.device).reshape(H, len(grid))  # (H, G), also for H = 0
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
+    if window is not None:
+        if isinstance(window, int):
+            window = [window] * len(grid)
+        for d, (n, w) in enumerate(zip(grid, window)):
+            lo, hi = window_key_range(coords[:, d], n, min(int(w), n - 1), window_border)  # (N,) per query
+            kd = coords[:, d]
+            keep = keep & ((kd[None, :] >= lo[:, None]) & (kd[None, :] <= hi[:, None]))
     if causal:
         keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
     return scores.masked_fill(~keep, float("-inf"))
@@ -74,9 +86,13 @@ def relpos_attention(
     scale: Optional[float] = None,
     causal: bool = False,
     return_lse: bool = False,
+    bias: Optional[torch.Tensor] = None,
+    window: Optional[Sequence[int]] = None,
+    window_border: str = "clip",
 ):
     """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
-    scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal)
+    scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window,
+                           window_border)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
     # Rows with every key masked get zeros; NaN or inf anywhere else stays visible.
     masked = torch.isneginf(lse)[..., None]

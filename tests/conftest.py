@@ -29,6 +29,7 @@ def make_relpos_inputs(
     Dv=4,
     pos=True,
     sigma=False,
+    bias=False,
     dtype=torch.float64,
     device="cpu",
     seed=0,
@@ -47,6 +48,8 @@ def make_relpos_inputs(
     if pos:
         x["q_pos"] = rand(B, H, N, D)
         x["rel"] = rand(H, U, D, scale=0.7)
+    if bias:
+        x["bias"] = rand(H, U, scale=0.8)
     if sigma:
         s = (0.15 + 0.6 * torch.rand(H, len(grid), generator=g, dtype=torch.float64)).to(dtype=dtype, device=device)
         x["sigma"] = s.requires_grad_(requires_grad)

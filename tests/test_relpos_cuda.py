@@ -16,6 +16,9 @@ MASKS = [
     dict(sigma=True, threshold=0.3, span_mode="multiply"),
     dict(sigma=True, causal=True),
     dict(pos=False, sigma=True, threshold=0.2),
+    dict(bias=True),
+    dict(pos=False, bias=True, window=1, window_border="shift"),
+    dict(bias=True, sigma=True, threshold=0.3, window=2, causal=True),
 ]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
@@ -26,9 +29,12 @@ def run_both(grid, dtype, kw, seed=0):
     span_mode = kw.pop("span_mode", "add")
     causal = kw.pop("causal", False)
     pos = kw.pop("pos", True)
+    window = kw.pop("window", None)
+    window_border = kw.pop("window_border", "clip")
     x = make_relpos_inputs(grid, pos=pos, seed=seed, requires_grad=True, **kw)
     xc = {k: t.detach().to("cuda", dtype).requires_grad_() for k, t in x.items()}
-    args = dict(grid=grid, threshold=threshold, span_mode=span_mode, causal=causal, return_lse=True)
+    args = dict(grid=grid, threshold=threshold, span_mode=span_mode, causal=causal, return_lse=True, window=window,
+                window_border=window_border)
     out_ref, lse_ref = reference.relpos_attention(**x, **args)
     out, lse = ops.relpos_attention(**xc, **args)
     return x, xc, (out_ref, lse_ref), (out, lse)

@@ -79,4 +79,43 @@ POSATTN_HD int64_t span_half_width(double sigma, double threshold, int64_t n) {
   return half < n - 1 ? half : n - 1;
 }
 
+// Which keys a query at coordinate i keeps along one axis of n cells: those at
+// most `span` cells away (the span box; n - 1 without one) and inside its
+// window of 2 win + 1 cells (win = n - 1 without one), centred on the query
+// and clipped at the borders, or, with `shift` (NATTEN's rule), shifted to stay
+// inside the axis so that every query keeps min(2 win + 1, n) keys. Requires
+// 0 <= span, win <= n - 1. The kept keys are [lo, hi]; neither bound ever
+// decreases as i grows, and the query always keeps itself.
+struct AxisLimit {
+  int64_t n = 1, span = 0, win = 0;
+  bool shift = false;
+};
+
+POSATTN_HD void axis_key_range(const AxisLimit& a, int64_t i, int64_t& lo, int64_t& hi) {
+  if (a.shift && 2 * a.win + 1 >= a.n) {  // a window as large as the axis covers it
+    lo = 0;
+    hi = a.n - 1;
+  } else if (a.shift) {
+    lo = i - a.win;
+    if (lo < 0) lo = 0;
+    if (lo > a.n - 1 - 2 * a.win) lo = a.n - 1 - 2 * a.win;
+    hi = lo + 2 * a.win;
+  } else {
+    lo = i - a.win;
+    hi = i + a.win;
+  }
+  if (lo < i - a.span) lo = i - a.span;
+  if (hi > i + a.span) hi = i + a.span;
+  if (lo < 0) lo = 0;
+  if (hi > a.n - 1) hi = a.n - 1;
+}
+
+// The largest |j - i| of a key j kept by a query i on the axis.
+POSATTN_HD int64_t axis_max_offset(const AxisLimit& a) {
+  int64_t m = a.win;
+  if (a.shift) m = 2 * a.win;  // a border query's window lies on one side (capped at n - 1 below)
+  if (m > a.span) m = a.span;
+  return m < a.n - 1 ? m : a.n - 1;
+}
+
 }  // namespace posattn

@@ -161,11 +161,12 @@ void for_each_offset_line(const Problem& p, const ChunkGeom& c, Fn fn) {
 }
 
 // What query r sees of line l: keys t in [t0, t1) are kept (the rest are
-// masked); `dl0` is the last-axis offset of key t = 0; `cq` the span's
-// quadratic term from the other axes. Returns false if the whole line is masked.
+// masked); `dl0` is the last-axis offset of key t = 0 and `row0` its row of
+// rel and bias; `cq` the span's quadratic term from the other axes. Returns
+// false if the whole line is masked.
 template <typename T>
 struct LineView {
-  int64_t t0, t1, dl0;
+  int64_t t0, t1, dl0, row0;
   T cq;
 };
 
@@ -175,29 +176,68 @@ bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileG
   const int G = p.g.ndim;
   const int64_t* qc = &t.coord[r * G];
   const int64_t* lc = &c.line_coord[l * G];
-  const int64_t* half = p.half_of(h);
+  const AxisLimit* lim = p.limits_of(h);
+  int64_t lo, hi;
   v.t0 = 0;
   v.t1 = c.L;
   v.cq = T(0);
+  v.row0 = 0;
   for (int d = 0; d < G - 1; ++d) {
     const int64_t delta = lc[d] - qc[d];
-    if (half != nullptr && (delta > half[d] || delta < -half[d])) return false;
+    if (lim != nullptr) {
+      axis_key_range(lim[d], qc[d], lo, hi);
+      if (lc[d] < lo || lc[d] > hi) return false;
+    }
     if (st != nullptr) v.cq += st->quad_at(h, d)[delta];
+    v.row0 += (delta + p.g.n[d] - 1) * p.rel_stride[d];
   }
   v.dl0 = lc[G - 1] - qc[G - 1];
-  if (half != nullptr) {
-    v.t0 = std::max<int64_t>(v.t0, -half[G - 1] - v.dl0);
-    v.t1 = std::min<int64_t>(v.t1, half[G - 1] - v.dl0 + 1);
+  v.row0 += v.dl0 + p.g.n[G - 1] - 1;  // the last axis has rel stride 1
+  if (lim != nullptr) {
+    axis_key_range(lim[G - 1], qc[G - 1], lo, hi);
+    v.t0 = std::max<int64_t>(v.t0, lo - lc[G - 1]);
+    v.t1 = std::min<int64_t>(v.t1, hi - lc[G - 1] + 1);
   }
   if (p.causal) v.t1 = std::min<int64_t>(v.t1, t.tok[r] - c.line_tok[l] + 1);
   return v.t0 < v.t1;
 }
 
+// Logits of n kept keys from their raw products sk (in place), the positional
+// products tp and the bias bp (either may be null):
+//   a = scale (sk + tp) + bp;  s = a | a - (cq + quad) | a * gc * gauss.
+enum class Span { kNone, kAdd, kMultiply };
+
+template <typename T, bool kPos, bool kBias, Span kSpan>
+void finish_keys(T* __restrict sk, const T* __restrict tp, const T* __restrict bp, const T* __restrict sd,
+                 T scale, T c, int64_t n) {
+  using V = typename Vec<T>::V;
+  const V sv = vsplat<T>(scale), cv = vsplat<T>(c);
+  map_vec<T>(sk, n, [&](auto ld) {
+    V a = ld(sk);
+    if constexpr (kPos) a = a + ld(tp);
+    a = sv * a;
+    if constexpr (kBias) a = a + ld(bp);
+    if constexpr (kSpan == Span::kAdd) a = a - (cv + ld(sd));
+    if constexpr (kSpan == Span::kMultiply) a = a * (cv * ld(sd));
+    return a;
+  });
+}
+
+template <typename T, Span kSpan>
+void finish_keys_span(bool pos, bool bias, T* sk, const T* tp, const T* bp, const T* sd, T scale, T c,
+                      int64_t n) {
+  if (pos && bias) finish_keys<T, true, true, kSpan>(sk, tp, bp, sd, scale, c, n);
+  else if (pos) finish_keys<T, true, false, kSpan>(sk, tp, bp, sd, scale, c, n);
+  else if (bias) finish_keys<T, false, true, kSpan>(sk, tp, bp, sd, scale, c, n);
+  else finish_keys<T, false, false, kSpan>(sk, tp, bp, sd, scale, c, n);
+}
+
 // Final logits of query r (Bk, masked = -inf) against a chunk, from its raw
-// products with the keys (in `srow` on entry) and Tb = Qpos relbox^T (Bq x R).
+// products with the keys (in `srow` on entry), Tb = Qpos relbox^T (Bq x R)
+// and the head's bias row `biash` (U).
 template <typename T>
 void finish_row(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
-                const ChunkGeom& c, const T* Tb, int64_t r, T* srow) {
+                const ChunkGeom& c, const T* Tb, const T* biash, int64_t r, T* srow) {
   const T scale = static_cast<T>(p.scale);
   const int G = p.g.ndim;
   for (int64_t l = 0; l < c.nlines; ++l) {
@@ -209,36 +249,22 @@ void finish_row(const Problem& p, const SpanTables<T>* st, int64_t h, const Tile
     }
     std::fill(sl, sl + v.t0, neg_inf<T>());
     std::fill(sl + v.t1, sl + c.L, neg_inf<T>());
-    // The kept keys t0 .. t1 - 1 of the line, in one pass: scale, positional
-    // term (its offset-box entries; those of masked keys may lie outside the
-    // box), span.
+    // The kept keys t0 .. t1 - 1 of the line, in one pass (the offset-box
+    // entries of masked keys may lie outside the box).
     const int64_t n = v.t1 - v.t0;
-    T* __restrict sk = sl + v.t0;
-    const T* __restrict tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
-    using V = typename Vec<T>::V;
-    const V sv = vsplat<T>(scale);
+    T* sk = sl + v.t0;
+    const T* tp = Tb != nullptr ? Tb + r * c.R + (c.base[r] + c.line_e[l] + v.t0) : nullptr;
+    const T* bp = biash != nullptr ? biash + v.row0 + v.t0 : nullptr;
+    const bool pos = tp != nullptr, bias = bp != nullptr;
     if (st == nullptr) {
-      if (tp != nullptr) {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)); });
-      } else {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk); });
-      }
+      finish_keys_span<T, Span::kNone>(pos, bias, sk, tp, bp, nullptr, scale, T(0), n);
     } else if (p.mode == SpanMode::kAdd) {
-      const T* __restrict qd = st->quad_at(h, G - 1) + v.dl0 + v.t0;
-      const V cq = vsplat<T>(v.cq);
-      if (tp != nullptr) {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)) - (cq + ld(qd)); });
-      } else {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk) - (cq + ld(qd)); });
-      }
+      finish_keys_span<T, Span::kAdd>(pos, bias, sk, tp, bp, st->quad_at(h, G - 1) + v.dl0 + v.t0, scale,
+                                      v.cq, n);
     } else {
-      const T* __restrict gd = st->gauss_at(h, G - 1) + v.dl0 + v.t0;
-      const V gc = vsplat<T>(static_cast<T>(std::exp(-static_cast<double>(v.cq))));
-      if (tp != nullptr) {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * (ld(sk) + ld(tp)) * (gc * ld(gd)); });
-      } else {
-        map_vec<T>(sk, n, [&](auto ld) { return sv * ld(sk) * (gc * ld(gd)); });
-      }
+      const T gc = static_cast<T>(std::exp(-static_cast<double>(v.cq)));
+      finish_keys_span<T, Span::kMultiply>(pos, bias, sk, tp, bp, st->gauss_at(h, G - 1) + v.dl0 + v.t0,
+                                           scale, gc, n);
     }
   }
 }
@@ -300,7 +326,7 @@ const T* chunk_relbox(const Problem& p, const ChunkGeom& c, const T* relh, Scrat
 template <typename T, typename RowFn>
 T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
                      const ChunkGeom& c, const T* qt, const T* qpt, const T* kc,
-                     const T* relbox, Scratch<T>& sc, RowFn row_fn) {
+                     const T* relbox, const T* biash, Scratch<T>& sc, RowFn row_fn) {
   T* s = Scratch<T>::get(sc.s, t.Bq * c.Bk);
   cpu::gemm<T>(false, true, t.Bq, c.Bk, p.D, T(1), qt, p.D, kc, p.D, T(0), s, c.Bk);
   T* tb = nullptr;
@@ -310,7 +336,7 @@ T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const
   }
   for (int64_t r = 0; r < t.Bq; ++r) {
     T* srow = s + r * c.Bk;
-    finish_row<T>(p, st, h, t, c, tb, r, srow);
+    finish_row<T>(p, st, h, t, c, tb, biash, r, srow);
     row_fn(r, srow);
   }
   return s;
@@ -319,8 +345,9 @@ T* tile_chunk_scores(const Problem& p, const SpanTables<T>* st, int64_t h, const
 // ---------------------------------------------------------------------------
 // Forward.
 template <typename T>
-void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                    const T* qpos, const T* rel, T* out, T* lse) {
+void forward_kernel(const Problem& p, const SpanTables<T>* st, const ForwardPtrs<T>& a) {
+  const T *q = a.q, *k = a.k, *v = a.v, *qpos = a.qpos, *rel = a.rel;
+  T *out = a.out, *lse = a.lse;
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
   const int64_t total = p.B * p.H * p.ntiles;
   at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
@@ -350,7 +377,7 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
       std::fill(m, m + Bq, neg_inf<T>());
       std::fill(l, l + Bq, T(0));
 
-      const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
+      const Box region = tiling::key_region(p.g, t.box, p.limits_of(h), p.causal);
       const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
       for (int64_t ci = 0; ci < plan.count; ++ci) {
         build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
@@ -359,7 +386,8 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
         chunk_kv(c, kbh, vbh, D, Dv, sc, kc, vc);
         const T* relbox = p.has_pos ? chunk_relbox(p, c, rel + h * p.U * D, sc) : nullptr;
         // Online softmax: rescale the running sums to the new row maximum.
-        T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc, [&](int64_t r, T* sr) {
+        const T* biash = a.bias != nullptr ? a.bias + h * p.U : nullptr;
+        T* s = tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, biash, sc, [&](int64_t r, T* sr) {
           // A NaN (in the logits, or already in m) sticks: it makes the row NaN.
           const T cm = cpu::row_max(sr, c.Bk);
           const T mnew = (cm != cm || m[r] != m[r]) ? cm + m[r] : std::max(m[r], cm);
@@ -396,11 +424,12 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const
 }
 
 // Backward through the span for the kept keys t0 .. t1 - 1 of one (query,
-// line): on entry dl holds dP, on exit dC = scale * dA; accumulates
+// line): on entry dl holds dP, on exit dA (the gradient of the logit before
+// the span, scale (q.k + q_pos.rel) + bias); accumulates
 // sum dquad * x_d^2 per axis into dsig_acc (d sigma = -that / sigma^3).
 template <typename T>
 void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
-                        const LineView<T>& lv, const T* pl, const T* sl, T rd, T scale,
+                        const LineView<T>& lv, const T* pl, const T* sl, T rd,
                         const int64_t* qc, const int64_t* lc, T* dl, double* dsig_acc,
                         Scratch<T>& sc) {
   const int G = p.g.ndim;
@@ -408,7 +437,7 @@ void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
   const int64_t n = lv.t1 - lv.t0;
   T sum_dq, sum_dq_x;
   if (p.mode == SpanMode::kAdd) {  // dquad = -dS, dA = dS: one fused pass
-    cpu::softmax_backward_line(pl + lv.t0, dl + lv.t0, xl + lv.t0, rd, scale, n, sum_dq, sum_dq_x);
+    cpu::softmax_backward_line(pl + lv.t0, dl + lv.t0, xl + lv.t0, rd, T(1), n, sum_dq, sum_dq_x);
     sum_dq = -sum_dq;
     sum_dq_x = -sum_dq_x;
   } else {  // dquad = -dS * s, dA = dS * exp(-quad)
@@ -419,18 +448,22 @@ void line_span_backward(const Problem& p, const SpanTables<T>& st, int64_t h,
     sum_dq_x = cpu::dot(dqd, xl + lv.t0, n);
     const T* __restrict gd = st.gauss_at(h, G - 1) + lv.dl0;
     const T gc = static_cast<T>(std::exp(-static_cast<double>(lv.cq)));
-    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] *= scale * gc * gd[i];
+    for (int64_t i = lv.t0; i < lv.t1; ++i) dl[i] *= gc * gd[i];
   }
   for (int d = 0; d < G - 1; ++d)
     dsig_acc[d] += static_cast<double>(sum_dq) * static_cast<double>(st.xsq_at(d)[lc[d] - qc[d]]);
   dsig_acc[G - 1] += static_cast<double>(sum_dq_x);
 }
 
+// dC = dA holds the logits' gradients before the scale, which the GEMMs
+// below apply (alpha = scale), so that d bias is their plain sum.
 template <typename T>
-void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                     const T* qpos, const T* rel, const T* out, const T* lse, const T* gout,
-                     const T* glse, T* dq, T* dk_acc, T* dv_acc, T* dqpos, T* drel_part,
-                     double* dsig_part, BackwardSplit split) {
+void backward_kernel(const Problem& p, const SpanTables<T>* st, const BackwardPtrs<T>& a,
+                     BackwardSplit split) {
+  const T *q = a.q, *k = a.k, *v = a.v, *qpos = a.qpos, *rel = a.rel, *out = a.out, *lse = a.lse,
+          *gout = a.gout, *glse = a.glse;
+  T *dq = a.dq, *dk_acc = a.dk_acc, *dv_acc = a.dv_acc, *dqpos = a.dqpos, *drel_part = a.drel_part;
+  double* dsig_part = a.dsig_part;
   const int64_t D = p.D, Dv = p.Dv, N = p.N, G = p.g.ndim;
   const int64_t nparts = split.nparts;
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
@@ -442,6 +475,8 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
       const TaskRange tr = task_range(split, task, p.B, p.ntiles);
       const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, tile0 = tr.u0, tile1 = tr.u1, part = tr.part;
       T* drel_acc = p.has_pos ? drel_part + task * p.U * D : nullptr;
+      T* dbias_acc = p.has_bias ? a.dbias_part + task * p.U : nullptr;
+      const T* biash = p.has_bias ? a.bias + h * p.U : nullptr;
       double* dsig_acc = dsig_part + task * G;
       const T* relh = p.has_pos ? rel + h * p.U * D : nullptr;
       for (int64_t b = b0; b < b1; ++b) {
@@ -479,7 +514,7 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             dqpt = Scratch<T>::get(sc.dqpt, Bq * D);
             std::fill(dqpt, dqpt + Bq * D, T(0));
           }
-          const Box region = tiling::key_region(p.g, t.box, p.half_of(h), p.causal);
+          const Box region = tiling::key_region(p.g, t.box, p.limits_of(h), p.causal);
           const tiling::ChunkPlan plan = tiling::plan_chunks(p.g, region, kChunkTarget);
           for (int64_t ci = 0; ci < plan.count; ++ci) {
             build_chunk(p, h, t, tiling::chunk_box(p.g, plan, ci), c);
@@ -496,13 +531,13 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
             T* pb = Scratch<T>::get(sc.pbuf, Bq * Bk);
             T* dtb = p.has_pos ? Scratch<T>::get(sc.dtb, Bq * c.R) : nullptr;
             const T scale = static_cast<T>(p.scale);
-            tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, sc, [&](int64_t r, T* sr) {
+            tile_chunk_scores<T>(p, st, h, t, c, qt, qpt, kc, relbox, biash, sc, [&](int64_t r, T* sr) {
               T* pr = pb + r * Bk;
               cpu::exp_shift_sum(sr, pr, Bk, lser[r]);
               T* dtr = dtb != nullptr ? dtb + r * c.R : nullptr;
               if (dtr != nullptr) std::fill(dtr, dtr + c.R, T(0));
               const T rd = rowd[r];
-              const typename Vec<T>::V rdv = vsplat<T>(rd), sv = vsplat<T>(scale);
+              const typename Vec<T>::V rdv = vsplat<T>(rd);
               for (int64_t l = 0; l < c.nlines; ++l) {
                 T* __restrict dl = dc + r * Bk + l * c.L;  // dP on entry, dC on exit
                 LineView<T> lv;
@@ -518,26 +553,29 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
                 T* __restrict dk = dl + lv.t0;
                 if (st == nullptr) {
                   const T* __restrict pk = pl + lv.t0;
-                  map_vec<T>(dk, n, [&](auto ld) { return sv * ld(pk) * (ld(dk) - rdv); });
+                  map_vec<T>(dk, n, [&](auto ld) { return ld(pk) * (ld(dk) - rdv); });
                 } else {
-                  line_span_backward(p, *st, h, lv, pl, sr + l * c.L, rd, scale,
-                                     t.coord.data() + r * G, c.line_coord.data() + l * G, dl,
-                                     dsig_acc, sc);
+                  line_span_backward(p, *st, h, lv, pl, sr + l * c.L, rd, t.coord.data() + r * G,
+                                     c.line_coord.data() + l * G, dl, dsig_acc, sc);
                 }
                 if (tl != nullptr) map_vec<T>(tl + lv.t0, n, [&](auto ld) { return ld(dk); });
+                if (dbias_acc != nullptr) {
+                  T* db = dbias_acc + lv.row0 + lv.t0;
+                  map_vec<T>(db, n, [&](auto ld) { return ld(db) + ld(dk); });
+                }
               }
             });
-            // dQ += dC K, dK += dC^T Q, dV += P^T dO.
-            cpu::gemm<T>(false, false, Bq, D, Bk, T(1), dc, Bk, kc, D, T(1), dqt, D);
+            // dQ += scale dC K, dK += scale dC^T Q, dV += P^T dO.
+            cpu::gemm<T>(false, false, Bq, D, Bk, scale, dc, Bk, kc, D, T(1), dqt, D);
             if (c.contiguous) {
               const int64_t k0 = c.line_tok[0];
-              cpu::gemm<T>(true, false, Bk, D, Bq, T(1), dc, Bk, qt, D, T(1), dkbh + k0 * D, D);
+              cpu::gemm<T>(true, false, Bk, D, Bq, scale, dc, Bk, qt, D, T(1), dkbh + k0 * D, D);
               cpu::gemm<T>(true, false, Bk, Dv, Bq, T(1), pb, Bk, dot, Dv, T(1), dvbh + k0 * Dv,
                            Dv);
             } else {
               T* dkc = Scratch<T>::get(sc.dkc, Bk * D);
               T* dvc = Scratch<T>::get(sc.dvc, Bk * Dv);
-              cpu::gemm<T>(true, false, Bk, D, Bq, T(1), dc, Bk, qt, D, T(0), dkc, D);
+              cpu::gemm<T>(true, false, Bk, D, Bq, scale, dc, Bk, qt, D, T(0), dkc, D);
               cpu::gemm<T>(true, false, Bk, Dv, Bq, T(1), pb, Bk, dot, Dv, T(0), dvc, Dv);
               for (int64_t l = 0; l < c.nlines; ++l) {
                 T* __restrict kd = dkbh + c.line_tok[l] * D;
@@ -549,14 +587,14 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const T* q, cons
               }
             }
             if (!p.has_pos) continue;
-            // Positional term: dQpos += dT relbox and d relbox += dT^T Qpos.
-            cpu::gemm<T>(false, false, Bq, D, c.R, T(1), dtb, c.R, relbox, D, T(1), dqpt, D);
+            // Positional term: dQpos += scale dT relbox and d relbox += scale dT^T Qpos.
+            cpu::gemm<T>(false, false, Bq, D, c.R, scale, dtb, c.R, relbox, D, T(1), dqpt, D);
             if (c.rel_contiguous) {
-              cpu::gemm<T>(true, false, c.R, D, Bq, T(1), dtb, c.R, qpt, D, T(1),
+              cpu::gemm<T>(true, false, c.R, D, Bq, scale, dtb, c.R, qpt, D, T(1),
                            drel_acc + c.rel_first_row * D, D);
             } else {
               T* drb = Scratch<T>::get(sc.drelbox, c.R * D);
-              cpu::gemm<T>(true, false, c.R, D, Bq, T(1), dtb, c.R, qpt, D, T(0), drb, D);
+              cpu::gemm<T>(true, false, c.R, D, Bq, scale, dtb, c.R, qpt, D, T(0), drb, D);
               const int64_t wl = c.W[G - 1];
               for_each_offset_line(p, c, [&](int64_t bl, int64_t row) {
                 T* __restrict dst = drel_acc + row * D;
@@ -598,13 +636,15 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
     at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
-    c10::string_view span_mode, double scale, bool causal) {
-  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma,
-                                                threshold, std::string(span_mode), scale);
+    c10::string_view span_mode, double scale, bool causal, const c10::optional<at::Tensor>& bias,
+    at::OptionalIntArrayRef window, c10::string_view window_border) {
+  const RelposShape shape =
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode),
+                          scale, bias, window, std::string(window_border));
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel);
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), bs = opt_contig(bias);
   at::Tensor out = at::empty({shape.B, shape.H, shape.N, shape.Dv}, q.options());
   at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options());
   if (shape.B == 0 || shape.H == 0) return {out, lse};
@@ -612,16 +652,17 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_cpu", [&] {
     SpanTables<scalar_t> st;
     if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
+    const ForwardPtrs<scalar_t> a{q.data_ptr<scalar_t>(),      k.data_ptr<scalar_t>(),
+                                  v.data_ptr<scalar_t>(),      ptr_or_null<scalar_t>(qp),
+                                  ptr_or_null<scalar_t>(rl),   ptr_or_null<scalar_t>(bs),
+                                  out.data_ptr<scalar_t>(),    lse.data_ptr<scalar_t>()};
     auto kernel = use_window(p) ? &window_forward<scalar_t> : &forward_kernel<scalar_t>;
-    kernel(p, p.has_sigma ? &st : nullptr, q.data_ptr<scalar_t>(),
-                             k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
-                             ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl),
-                             out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
+    kernel(p, p.has_sigma ? &st : nullptr, a);
   });
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
                               const c10::optional<at::Tensor>& grad_lse, const at::Tensor& q_in,
                               const at::Tensor& k_in, const at::Tensor& v_in,
@@ -629,14 +670,18 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
                               const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
                               const c10::optional<at::Tensor>& sigma, double threshold,
                               c10::string_view span_mode, double scale, bool causal,
-                              const at::Tensor& out_in, const at::Tensor& lse_in) {
-  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma,
-                                                threshold, std::string(span_mode), scale);
+                              const at::Tensor& out_in, const at::Tensor& lse_in,
+                              const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+                              c10::string_view window_border) {
+  const RelposShape shape =
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode),
+                          scale, bias, window, std::string(window_border));
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), gl = opt_contig(grad_lse);
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), gl = opt_contig(grad_lse),
+                   bs = opt_contig(bias);
   const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(),
                    lse = lse_in.contiguous();
   at::Tensor dq = at::empty_like(q);
@@ -645,22 +690,26 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
   at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
   at::Tensor drel = shape.has_pos ? at::zeros_like(rl) : at::empty({0}, q.options());
   at::Tensor dsigma = shape.has_sigma ? at::zeros_like(*sigma) : at::empty({0}, q.options());
-  if (shape.B == 0 || shape.H == 0) return {dq, dk, dv, dqpos, drel, dsigma};
+  at::Tensor dbias = shape.has_bias ? at::zeros_like(bs) : at::empty({0}, q.options());
+  if (shape.B == 0 || shape.H == 0) return {dq, dk, dv, dqpos, drel, dsigma, dbias};
   const Problem p = make_problem(shape, sigma, threshold, scale, causal);
   // Enough tasks to keep every thread busy (see BackwardSplit).
-  const bool window = use_window(p);
-  const BackwardSplit split = choose_split(shape.B, shape.H, window ? window_units(p) : p.ntiles,
+  const bool window_kernel = use_window(p);
+  const BackwardSplit split = choose_split(shape.B, shape.H, window_kernel ? window_units(p) : p.ntiles,
                                            at::get_num_threads());
   const int64_t ntasks = split.tasks(shape.H);
   const int64_t G = p.g.ndim;
-  // One task per head (the usual split): its d rel goes straight into drel.
-  // Otherwise per-task partials, summed below; at 64x64 with a small box the
-  // allocation, page faults and sum of those (ntasks, U, D) buffers took a
-  // quarter of the backward.
-  const bool drel_direct = shape.has_pos && ntasks == shape.H;
+  // One task per head (the usual split): its d rel / d bias go straight into
+  // drel / dbias. Otherwise per-task partials, summed below (deterministic, no
+  // atomics); at 64x64 with a small box the allocation, page faults and sum of
+  // those (ntasks, U, D) buffers took a quarter of the backward.
+  const bool direct = ntasks == shape.H;
   at::Tensor drel_part = !shape.has_pos ? at::Tensor()
-                         : drel_direct  ? drel
+                         : direct       ? drel
                                         : at::zeros({ntasks, p.U, shape.D}, q.options());
+  at::Tensor dbias_part = !shape.has_bias ? at::Tensor()
+                          : direct        ? dbias
+                                          : at::zeros({ntasks, p.U}, q.options());
   at::Tensor dsig_part = at::zeros({ntasks, G}, q.options().dtype(at::kDouble));
   at::Tensor dk_acc = dk, dv_acc = dv;
   if (split.nparts > 1) {
@@ -670,21 +719,34 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_backward_cpu", [&] {
     SpanTables<scalar_t> st;
     if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
-    auto kernel = window ? &window_backward<scalar_t> : &backward_kernel<scalar_t>;
-    kernel(
-        p, p.has_sigma ? &st : nullptr, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-        v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl),
-        out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), gout.data_ptr<scalar_t>(),
-        ptr_or_null<scalar_t>(gl), dq.data_ptr<scalar_t>(), dk_acc.data_ptr<scalar_t>(),
-        dv_acc.data_ptr<scalar_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
-        ptr_or_null<scalar_t>(drel_part), dsig_part.data_ptr<double>(), split);
+    BackwardPtrs<scalar_t> a{};
+    a.q = q.data_ptr<scalar_t>();
+    a.k = k.data_ptr<scalar_t>();
+    a.v = v.data_ptr<scalar_t>();
+    a.qpos = ptr_or_null<scalar_t>(qp);
+    a.rel = ptr_or_null<scalar_t>(rl);
+    a.bias = ptr_or_null<scalar_t>(bs);
+    a.out = out.data_ptr<scalar_t>();
+    a.lse = lse.data_ptr<scalar_t>();
+    a.gout = gout.data_ptr<scalar_t>();
+    a.glse = ptr_or_null<scalar_t>(gl);
+    a.dq = dq.data_ptr<scalar_t>();
+    a.dk_acc = dk_acc.data_ptr<scalar_t>();
+    a.dv_acc = dv_acc.data_ptr<scalar_t>();
+    a.dqpos = shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr;
+    a.drel_part = ptr_or_null<scalar_t>(drel_part);
+    a.dbias_part = ptr_or_null<scalar_t>(dbias_part);
+    a.dsig_part = dsig_part.data_ptr<double>();
+    auto kernel = window_kernel ? &window_backward<scalar_t> : &backward_kernel<scalar_t>;
+    kernel(p, p.has_sigma ? &st : nullptr, a, split);
   });
   if (split.nparts > 1) {
     dk.copy_(dk_acc.sum(2));
     dv.copy_(dv_acc.sum(2));
   }
-  if (shape.has_pos && !drel_direct)
+  if (shape.has_pos && !direct)
     drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
+  if (shape.has_bias && !direct) dbias.copy_(dbias_part.view({shape.H, ntasks / shape.H, p.U}).sum(1));
   if (shape.has_sigma) {
     // d sigma_{h,d} = sum_pairs dquad * d quad / d sigma = -(sum dquad x_d^2) / sigma^3.
     const at::Tensor acc = dsig_part.view({shape.H, ntasks / shape.H, G}).sum(1);
@@ -696,7 +758,7 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
     }
     dsigma.copy_(ds);
   }
-  return {dq, dk, dv, dqpos, drel, dsigma};
+  return {dq, dk, dv, dqpos, drel, dsigma, dbias};
 }
 
 }  // namespace

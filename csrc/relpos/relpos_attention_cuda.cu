@@ -6,10 +6,10 @@
 // grid_index.h, same masking, span and lse conventions), in two passes over the
 // keys (max/sum, then weights times values) so that memory stays O(block) per
 // query; the backward recomputes the scores from the saved lse and accumulates
-// d k, d v, d rel and d sigma with atomics into accumulation-type buffers.
+// d k, d v, d rel, d bias and d sigma with atomics into accumulation-type buffers.
 //
 // Not yet here: tiled tensor-core kernels and skipping key tiles outside the
-// span box (this path visits every key and masks). Sigma values
+// span box or window (this path visits every key and masks). Sigma values
 // are not checked on CUDA (that would need a host synchronisation).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "../common/grid_index.h"
@@ -36,7 +37,9 @@ struct CudaProblem {
   int64_t n[kMaxGridDims] = {};       // their sizes
   int64_t axis[kMaxGridDims] = {};    // their index in the given grid (for sigma)
   int64_t rel_stride[kMaxGridDims] = {};
-  bool has_pos = false, has_sigma = false, has_box = false, causal = false, multiply = false;
+  int64_t win[kMaxGridDims] = {};     // window half widths of the kept axes (n - 1 without a window)
+  bool has_pos = false, has_sigma = false, has_bias = false, has_box = false, causal = false, multiply = false;
+  bool window_shift = false;
   double threshold = 0.0, scale = 1.0;
 };
 
@@ -56,10 +59,13 @@ CudaProblem make_cuda_problem(const RelposShape& s, double threshold, double sca
     p.axis[d] = g.axis[d];
     p.rel_stride[d] = stride;
     stride *= 2 * g.n[d] - 1;
+    p.win[d] = s.window.empty() ? g.n[d] - 1 : std::min<int64_t>(s.window[g.axis[d]], g.n[d] - 1);
   }
   p.has_pos = s.has_pos;
   p.has_sigma = s.has_sigma;
-  p.has_box = threshold > 0.0;
+  p.has_bias = s.has_bias;
+  p.has_box = threshold > 0.0 || !s.window.empty();
+  p.window_shift = s.window_shift;
   p.causal = causal;
   p.multiply = s.mode == SpanMode::kMultiply;
   p.threshold = threshold;
@@ -74,15 +80,15 @@ struct QueryView {
   const Acc* qpos;   // (D) or unused
   int64_t coord[kMaxGridDims];
   Acc inv_sigma[kMaxGridDims];
-  int64_t half[kMaxGridDims];
+  int64_t lo[kMaxGridDims], hi[kMaxGridDims];  // kept keys per axis (axis_key_range)
 };
 
 // The score of key j for the block's query i; false if the pair is masked.
-// raw = scale * (q.k + qpos.rel) (before the span), quad = the span's quadratic term.
+// raw = scale * (q.k + qpos.rel) + bias (before the span), quad = the span's quadratic term.
 template <typename T, typename Acc>
 __device__ bool pair_score(const CudaProblem& p, const QueryView<Acc>& qv, int64_t i, int64_t j,
-                           const T* __restrict__ kh, const T* __restrict__ relh, Acc& s, Acc& raw, Acc& quad,
-                           int64_t& row) {
+                           const T* __restrict__ kh, const T* __restrict__ relh, const T* __restrict__ biash,
+                           Acc& s, Acc& raw, Acc& quad, int64_t& row) {
   if (p.causal && j > i) return false;
   int64_t cj[kMaxGridDims];
   unravel_index(j, p.n, p.ndim, cj);
@@ -90,7 +96,7 @@ __device__ bool pair_score(const CudaProblem& p, const QueryView<Acc>& qv, int64
   quad = 0;
   for (int d = 0; d < p.ndim; ++d) {
     const int64_t delta = cj[d] - qv.coord[d];
-    if (p.has_box && (delta > qv.half[d] || -delta > qv.half[d])) return false;
+    if (p.has_box && (cj[d] < qv.lo[d] || cj[d] > qv.hi[d])) return false;
     row += (delta + p.n[d] - 1) * p.rel_stride[d];
     if (p.has_sigma) {
       const Acc x = static_cast<Acc>(normalised_offset(delta, p.n[d])) * qv.inv_sigma[d];
@@ -105,6 +111,7 @@ __device__ bool pair_score(const CudaProblem& p, const QueryView<Acc>& qv, int64
     for (int64_t c = 0; c < p.D; ++c) dot += qv.qpos[c] * static_cast<Acc>(r[c]);
   }
   raw = static_cast<Acc>(p.scale) * dot;
+  if (p.has_bias) raw += static_cast<Acc>(biash[row]);
   if (!p.has_sigma) {
     s = raw;
   } else if (p.multiply) {
@@ -128,12 +135,17 @@ __device__ void load_query(const CudaProblem& p, int64_t bh, int64_t i, int64_t 
   unravel_index(i, p.n, p.ndim, qv.coord);
   for (int d = 0; d < p.ndim; ++d) {
     qv.inv_sigma[d] = 0;
-    qv.half[d] = p.n[d] - 1;
+    AxisLimit lim;
+    lim.n = p.n[d];
+    lim.span = p.n[d] - 1;
+    lim.win = p.win[d];
+    lim.shift = p.window_shift;
     if (p.has_sigma) {
       const double sg = static_cast<double>(sigma[h * p.G_in + p.axis[d]]);
       qv.inv_sigma[d] = static_cast<Acc>(1.0 / sg);
-      if (p.has_box) qv.half[d] = span_half_width(sg, p.threshold, p.n[d]);
+      if (p.threshold > 0.0) lim.span = span_half_width(sg, p.threshold, p.n[d]);
     }
+    axis_key_range(lim, qv.coord[d], qv.lo[d], qv.hi[d]);
   }
   __syncthreads();
 }
@@ -158,8 +170,8 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
 template <typename T, typename Acc>
 __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, const T* __restrict__ k,
                                       const T* __restrict__ v, const T* __restrict__ qpos,
-                                      const T* __restrict__ rel, const T* __restrict__ sigma, T* __restrict__ out,
-                                      T* __restrict__ lse) {
+                                      const T* __restrict__ rel, const T* __restrict__ sigma,
+                                      const T* __restrict__ bias, T* __restrict__ out, T* __restrict__ lse) {
   extern __shared__ unsigned char smem_raw[];
   Acc* smem = reinterpret_cast<Acc*>(smem_raw);
   Acc* q_s = smem;                 // D
@@ -175,13 +187,14 @@ __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, co
   const T* vh = v + bh * p.N * p.Dv;
   const int64_t U = num_offsets(p.n, p.ndim);
   const T* relh = p.has_pos ? rel + h * U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * U : nullptr;
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
   // pass 1: max and sum of exp over the kept keys
   Acc m = neg_inf, l = 0;
   for (int64_t j = threadIdx.x; j < p.N; j += blockDim.x) {
     Acc s, raw, quad;
     int64_t row;
-    if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, s, raw, quad, row)) continue;
+    if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) continue;
     if (s != s || m != m) {  // a NaN logit sticks: the row's lse and output are NaN, as in the reference
       m = s + m;
       l = m;
@@ -205,7 +218,7 @@ __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, co
       if (j < p.N) {
         Acc s, raw, quad;
         int64_t row;
-        if (pair_score<T, Acc>(p, qv, i, j, kh, relh, s, raw, quad, row)) w = exp(s - lse_i);
+        if (pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) w = exp(s - lse_i);
       }
       w_s[threadIdx.x] = w;
       __syncthreads();
@@ -226,10 +239,10 @@ template <typename T, typename Acc>
 __global__ void relpos_backward_kernel(CudaProblem p, const T* __restrict__ gout, const T* __restrict__ glse,
                                        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                        const T* __restrict__ qpos, const T* __restrict__ rel,
-                                       const T* __restrict__ sigma, const T* __restrict__ out,
-                                       const T* __restrict__ lse, T* __restrict__ dq, Acc* __restrict__ dk,
-                                       Acc* __restrict__ dv, T* __restrict__ dqpos, Acc* __restrict__ drel,
-                                       double* __restrict__ dsig) {
+                                       const T* __restrict__ sigma, const T* __restrict__ bias,
+                                       const T* __restrict__ out, const T* __restrict__ lse, T* __restrict__ dq,
+                                       Acc* __restrict__ dk, Acc* __restrict__ dv, T* __restrict__ dqpos,
+                                       Acc* __restrict__ drel, Acc* __restrict__ dbias, double* __restrict__ dsig) {
   extern __shared__ unsigned char smem_raw[];
   Acc* smem = reinterpret_cast<Acc*>(smem_raw);
   Acc* q_s = smem;                // D
@@ -261,12 +274,14 @@ __global__ void relpos_backward_kernel(CudaProblem p, const T* __restrict__ gout
   Acc* dkh = dk + bh * p.N * p.D;
   Acc* dvh = dv + bh * p.N * p.Dv;
   Acc* drelh = p.has_pos ? drel + h * U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * U : nullptr;
+  Acc* dbiash = p.has_bias ? dbias + h * U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
   if (lse_i != neg_inf) {
     for (int64_t j = threadIdx.x; j < p.N; j += blockDim.x) {
       Acc s, raw, quad;
       int64_t row;
-      if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, s, raw, quad, row)) continue;
+      if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) continue;
       const Acc prob = exp(s - lse_i);
       Acc dp = 0;
       for (int64_t c = 0; c < p.Dv; ++c) dp += go_s[c] * static_cast<Acc>(vh[j * p.Dv + c]);
@@ -287,6 +302,7 @@ __global__ void relpos_backward_kernel(CudaProblem p, const T* __restrict__ gout
           atomicAdd(dsig + h * p.G_in + p.axis[d], static_cast<double>(-dquad * x * x * is * is * is));
         }
       }
+      if (p.has_bias) atomicAdd(dbiash + row, dA);
       const Acc dAs = dA * scale;
       for (int64_t c = 0; c < p.Dv; ++c) atomicAdd(dvh + j * p.Dv + c, prob * go_s[c]);
       for (int64_t c = 0; c < p.D; ++c) {
@@ -322,13 +338,16 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
                                                          const c10::optional<at::Tensor>& q_pos,
                                                          const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
                                                          const c10::optional<at::Tensor>& sigma, double threshold,
-                                                         c10::string_view span_mode, double scale, bool causal) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale);
+                                                         c10::string_view span_mode, double scale, bool causal,
+                                                         const c10::optional<at::Tensor>& bias,
+                                                         at::OptionalIntArrayRef window,
+                                                         c10::string_view window_border) {
+  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold,
+                                                std::string(span_mode), scale, bias, window, std::string(window_border));
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma);
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma), bs = opt_contig(bias);
   at::Tensor out = at::empty({shape.B, shape.H, shape.N, shape.Dv}, q.options());
   at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options());
   if (shape.B == 0 || shape.H == 0) return {out, lse};
@@ -340,25 +359,29 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
     const size_t smem = sizeof(acc_t) * (2 * shape.D + shape.Dv + 2 * kThreads);
     relpos_forward_kernel<scalar_t, acc_t><<<blocks, kThreads, smem, stream>>>(
         p, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp),
-        ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(sg), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
+        ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(sg), ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(),
+        lse.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> relpos_attention_backward_cuda(
-    const at::Tensor& grad_out_in, const c10::optional<at::Tensor>& grad_lse, const at::Tensor& q_in,
-    const at::Tensor& k_in, const at::Tensor& v_in, const c10::optional<at::Tensor>& q_pos,
-    const c10::optional<at::Tensor>& rel, at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
-    double threshold, c10::string_view span_mode, double scale, bool causal, const at::Tensor& out_in,
-    const at::Tensor& lse_in) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optional<at::Tensor>& grad_lse,
+                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                               const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
+                               at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
+                               c10::string_view span_mode, double scale, bool causal, const at::Tensor& out_in,
+                               const at::Tensor& lse_in, const c10::optional<at::Tensor>& bias,
+                               at::OptionalIntArrayRef window, c10::string_view window_border) {
+  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold,
+                                                std::string(span_mode), scale, bias, window, std::string(window_border));
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma), gl = opt_contig(grad_lse);
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma), gl = opt_contig(grad_lse),
+                   bs = opt_contig(bias);
   const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
   at::Tensor dq = at::empty_like(q);
   at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
@@ -366,6 +389,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor dk_acc = at::zeros(k.sizes(), k.options().dtype(acc_dtype));
   at::Tensor dv_acc = at::zeros(v.sizes(), v.options().dtype(acc_dtype));
   at::Tensor drel_acc = shape.has_pos ? at::zeros(rl.sizes(), rl.options().dtype(acc_dtype)) : at::Tensor();
+  at::Tensor dbias_acc = shape.has_bias ? at::zeros(bs.sizes(), bs.options().dtype(acc_dtype)) : at::Tensor();
   at::Tensor dsig_acc = shape.has_sigma ? at::zeros(sg.sizes(), sg.options().dtype(at::kDouble)) : at::Tensor();
   if (shape.B > 0 && shape.H > 0) {
     const CudaProblem p = make_cuda_problem(shape, threshold, scale, causal);
@@ -377,10 +401,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       relpos_backward_kernel<scalar_t, acc_t><<<blocks, kThreads, smem, stream>>>(
           p, gout.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(gl), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
           v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(sg),
-          out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk_acc.data_ptr<acc_t>(),
+          ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk_acc.data_ptr<acc_t>(),
           dv_acc.data_ptr<acc_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
           shape.has_pos ? drel_acc.data_ptr<acc_t>() : nullptr,
-          shape.has_sigma ? dsig_acc.data_ptr<double>() : nullptr);
+          shape.has_bias ? dbias_acc.data_ptr<acc_t>() : nullptr, shape.has_sigma ? dsig_acc.data_ptr<double>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   } else {
@@ -391,7 +415,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor dv = dv_acc.to(q.scalar_type());
   at::Tensor drel = shape.has_pos ? drel_acc.to(q.scalar_type()) : at::empty({0}, q.options());
   at::Tensor dsigma = shape.has_sigma ? dsig_acc.to(q.scalar_type()) : at::empty({0}, q.options());
-  return {dq, dk, dv, dqpos, drel, dsigma};
+  at::Tensor dbias = shape.has_bias ? dbias_acc.to(q.scalar_type()) : at::empty({0}, q.options());
+  return {dq, dk, dv, dqpos, drel, dsigma, dbias};
 }
 
 }  // namespace

@@ -44,7 +44,9 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                                 const c10::optional<at::Tensor>& q_pos,
                                 const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
                                 const c10::optional<at::Tensor>& sigma, double threshold,
-                                const std::string& span_mode, double scale) {
+                                const std::string& span_mode, double scale,
+                                const c10::optional<at::Tensor>& bias,
+                                at::OptionalIntArrayRef window, const std::string& window_border) {
   RelposShape s;
   TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()),
                    "relpos_attention: q must be a floating-point tensor, got ", q.scalar_type());
@@ -90,6 +92,31 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                     " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid),
                     ")");
   s.grid = grid.vec();
+
+  // Learned bias per head and offset.
+  if (bias.has_value()) {
+    s.has_bias = true;
+    check_float_tensor(*bias, "bias", q);
+    TORCH_CHECK_VALUE(bias->dim() == 2 && bias->size(0) == s.H && bias->size(1) == U,
+                      "relpos_attention: bias must have shape (H, U) = (", s.H, ", ", U,
+                      ") with U = prod(2 n_d - 1) for grid ", shape_str(grid), ", got ",
+                      shape_str(bias->sizes()));
+  }
+
+  // Fixed window.
+  if (window.has_value()) {
+    TORCH_CHECK_VALUE(window->size() == grid.size(), "relpos_attention: window must give one half width per grid axis (",
+                      grid.size(), " for grid ", shape_str(grid), "), got ", window->size(), ": ",
+                      shape_str(*window));
+    for (size_t d = 0; d < window->size(); ++d)
+      TORCH_CHECK_VALUE((*window)[d] >= 0, "relpos_attention: window half widths must be >= 0, got ",
+                        shape_str(*window), " (axis ", d, ")");
+    s.window = window->vec();
+  }
+  TORCH_CHECK_VALUE(window_border == "clip" || window_border == "shift",
+                    "relpos_attention: window_border must be \"clip\" or \"shift\", got \"", window_border,
+                    "\"");
+  s.window_shift = window_border == "shift";
 
   // Positional query and table.
   TORCH_CHECK_VALUE(q_pos.has_value() == rel.has_value(),

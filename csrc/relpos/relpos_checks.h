@@ -16,7 +16,10 @@ struct RelposShape {
   std::vector<int64_t> grid;  // as given, prod == N
   bool has_pos = false;
   bool has_sigma = false;
+  bool has_bias = false;
   SpanMode mode = SpanMode::kAdd;
+  std::vector<int64_t> window;  // G half widths as given, or empty (no window)
+  bool window_shift = false;    // NATTEN's border rule (window_border == "shift")
 };
 
 SpanMode parse_span_mode(const std::string& span_mode);
@@ -28,7 +31,9 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                                 const c10::optional<at::Tensor>& q_pos,
                                 const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
                                 const c10::optional<at::Tensor>& sigma, double threshold,
-                                const std::string& span_mode, double scale);
+                                const std::string& span_mode, double scale,
+                                const c10::optional<at::Tensor>& bias,
+                                at::OptionalIntArrayRef window, const std::string& window_border);
 
 // Checks that a CPU sigma tensor holds only positive finite values.
 void check_sigma_values_cpu(const at::Tensor& sigma);

@@ -40,13 +40,34 @@ struct Problem {
   Grid g;
   int64_t rel_stride[kMaxGridDims] = {};  // row stride of each kept axis in rel
   int64_t U = 0;
-  bool has_pos = false, has_sigma = false, has_box = false, causal = false;
+  bool has_pos = false, has_sigma = false, has_bias = false, has_box = false, causal = false;
   SpanMode mode = SpanMode::kAdd;
   double scale = 1.0;
   int64_t tile[kMaxGridDims] = {};
   int64_t ntiles = 0;
-  std::vector<int64_t> half;  // (H, G) span half widths of the kept axes
+  // With a box (span threshold and/or fixed window): which keys each query
+  // keeps along each kept axis, per head (H, G), and the largest offset of a
+  // kept key (H, G), which bounds the offset boxes.
+  std::vector<AxisLimit> limits;
+  std::vector<int64_t> half;
   const int64_t* half_of(int64_t h) const { return has_box ? half.data() + h * g.ndim : nullptr; }
+  const AxisLimit* limits_of(int64_t h) const { return has_box ? limits.data() + h * g.ndim : nullptr; }
+};
+
+// The tensors of a call (contiguous; optional ones null when not given).
+template <typename T>
+struct ForwardPtrs {
+  const T *q, *k, *v, *qpos, *rel, *bias;
+  T *out, *lse;
+};
+
+// The backward's tensors. d k / d v go to dk_acc / dv_acc and d rel / d bias /
+// d sigma to per-task partials, as BackwardSplit describes.
+template <typename T>
+struct BackwardPtrs {
+  const T *q, *k, *v, *qpos, *rel, *bias, *out, *lse, *gout, *glse;
+  T *dq, *dk_acc, *dv_acc, *dqpos, *drel_part, *dbias_part;
+  double* dsig_part;
 };
 
 // Per-axis lookup tables of the Gaussian span, indexed by the offset delta
@@ -63,7 +84,7 @@ struct SpanTables {
 };
 
 inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma,
-                     double threshold, double scale, bool causal) {
+                            double threshold, double scale, bool causal) {
   Problem p;
   p.B = s.B;
   p.H = s.H;
@@ -80,24 +101,39 @@ inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor
   }
   p.has_pos = s.has_pos;
   p.has_sigma = s.has_sigma;
-  p.has_box = threshold > 0.0;
+  p.has_bias = s.has_bias;
+  p.has_box = threshold > 0.0 || !s.window.empty();
   p.causal = causal;
   p.mode = s.mode;
   p.scale = scale;
-  int64_t mean_half[kMaxGridDims] = {};  // the heads share the tiles: sized for their mean box
+  // The heads share the tiles: sized for their mean reach (span or window
+  // half width: a tile's keys extend that far beyond it, also for shifted
+  // windows, which only move at the borders).
+  int64_t mean_reach[kMaxGridDims] = {};
   if (p.has_box) {
-    const at::Tensor sig = sigma->to(at::kDouble).contiguous();
-    const double* sp = sig.data_ptr<double>();
+    at::Tensor sig;
+    const double* sp = nullptr;
+    if (threshold > 0.0) {
+      sig = sigma->to(at::kDouble).contiguous();
+      sp = sig.data_ptr<double>();
+    }
     const int64_t G_in = static_cast<int64_t>(s.grid.size());
+    p.limits.resize(p.H * G);
     p.half.resize(p.H * G);
     for (int64_t h = 0; h < p.H; ++h)
       for (int d = 0; d < G; ++d) {
-        p.half[h * G + d] = span_half_width(sp[h * G_in + p.g.axis[d]], threshold, p.g.n[d]);
-        mean_half[d] += p.half[h * G + d];
+        const int64_t n = p.g.n[d], a = p.g.axis[d];
+        AxisLimit& lim = p.limits[h * G + d];
+        lim.n = n;
+        lim.span = sp != nullptr ? span_half_width(sp[h * G_in + a], threshold, n) : n - 1;
+        lim.win = s.window.empty() ? n - 1 : std::min(s.window[a], n - 1);
+        lim.shift = s.window_shift;
+        p.half[h * G + d] = axis_max_offset(lim);
+        mean_reach[d] += std::min(lim.span, lim.win);
       }
-    for (int d = 0; d < G; ++d) mean_half[d] = p.H > 0 ? (mean_half[d] + p.H / 2) / p.H : 0;
+    for (int d = 0; d < G; ++d) mean_reach[d] = p.H > 0 ? (mean_reach[d] + p.H / 2) / p.H : 0;
   }
-  const int64_t target = tiling::tile_target(p.g, p.has_box ? mean_half : nullptr, kDenseTile, kMinTile);
+  const int64_t target = tiling::tile_target(p.g, p.has_box ? mean_reach : nullptr, kDenseTile, kMinTile);
   tiling::choose_tile(p.g, target, p.tile);
   p.ntiles = tiling::num_tiles(p.g, p.tile);
   return p;
@@ -136,7 +172,7 @@ SpanTables<T> make_span_tables(const Problem& p, const at::Tensor& sigma) {
 }
 
 // A backward task is (head, group of batch elements, part of the query
-// tiles). It owns private d rel / d sigma accumulators (reduced over tasks
+// tiles). It owns private d rel / d bias / d sigma accumulators (reduced over tasks
 // afterwards, no atomics) and accumulates d k / d v of its (b, h) pairs into
 // dk_acc / dv_acc at slot (b h, part): the outputs themselves when there is
 // one part, per-part buffers summed afterwards when a (b, h) pair is split

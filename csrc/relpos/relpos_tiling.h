@@ -116,16 +116,20 @@ inline Box tile_box(const Grid& g, const int64_t* tile, int64_t index) {
   return b;
 }
 
-// Keys that any query of `tile` may attend to: the tile grown by the span half
-// widths (or the whole grid without a span), and, for causal attention, no
-// outer-axis coordinate past the tile's last one (every such key comes later
-// in token order than every query of the tile).
-inline Box key_region(const Grid& g, const Box& tile, const int64_t* half, bool causal) {
+// Keys that any query of `tile` may attend to: the tile grown by each axis'
+// key range (see axis_key_range; `limits` holds one AxisLimit per axis, or is
+// null for the whole grid), and, for causal attention, no outer-axis
+// coordinate past the tile's last one (every such key comes later in token
+// order than every query of the tile). The ranges never decrease along an
+// axis, so the tile's first and last coordinates bound the region.
+inline Box key_region(const Grid& g, const Box& tile, const AxisLimit* limits, bool causal) {
   Box r;
   for (int d = 0; d < g.ndim; ++d) {
-    if (half != nullptr) {
-      r.lo[d] = std::max<int64_t>(0, tile.lo[d] - half[d]);
-      r.hi[d] = std::min<int64_t>(g.n[d], tile.hi[d] + half[d]);
+    if (limits != nullptr) {
+      int64_t lo, hi;
+      axis_key_range(limits[d], tile.lo[d], r.lo[d], hi);
+      axis_key_range(limits[d], tile.hi[d] - 1, lo, hi);
+      r.hi[d] = hi + 1;
     } else {
       r.lo[d] = 0;
       r.hi[d] = g.n[d];

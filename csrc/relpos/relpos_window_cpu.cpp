@@ -9,8 +9,9 @@
 // shifted vector load per feature, whatever dx.
 //
 // Scores live in an (offset box rows x run) block S: row r = (outer offset,
-// dx), lane i = query x0 + i. Per row, the span term is a constant (it only
-// depends on the offset), the keys outside the grid are a lane range, and
+// dx), lane i = query x0 + i. Per row, the span term and the bias are
+// constants (they only depend on the offset), the queries that keep the row's
+// keys (inside the grid, the span box and the window) are a lane range, and
 // causal masking drops whole rows (key - query in token order is constant
 // along a row). The positional term q_pos . rel[offset] is one GEMM per run
 // against the box's rows of rel, which every query of the run shares.
@@ -101,30 +102,48 @@ Window make_window(const Problem& p, int64_t h, int W) {
   return w;
 }
 
-// Per-row constants of the span: quad (add mode) or exp(-quad) (multiply
-// mode), as the tiled kernel computes them (same rounding).
+// Per-row constants of a head: the span term depends only on the offset, and
+// so does the bias. The logits of a row are s = acc * mul - sub, with acc =
+// q.k + q_pos.rel: mul = scale (no span, add mode) or scale * exp(-quad)
+// (multiply mode), sub = quad - bias (add mode) or -bias * exp(-quad)
+// (multiply mode); the gradient before the span is dA = dS * gain, gain =
+// exp(-quad) in multiply mode, else 1. The span's factors are those of the
+// tiled kernel (same rounding).
 template <typename T>
-struct RowSpan {
-  std::vector<T> quad, gauss;
+struct RowConst {
+  std::vector<T> mul, sub, gain;
 };
 
 template <typename T>
-RowSpan<T> make_row_span(const Problem& p, const SpanTables<T>& st, const Window& w, int64_t h) {
-  RowSpan<T> rs;
+RowConst<T> make_row_const(const Problem& p, const SpanTables<T>* st, const T* biash, const Window& w,
+                           int64_t h) {
+  RowConst<T> rc;
   const int G = w.G;
-  rs.quad.resize(w.nbox);
-  rs.gauss.resize(w.nbox);
+  const T scale = static_cast<T>(p.scale);
+  rc.mul.assign(w.nbox, scale);
+  rc.sub.assign(w.nbox, T(0));
+  rc.gain.assign(w.nbox, T(1));
   for (int64_t ob = 0; ob < w.nob; ++ob) {
     T cq = T(0);
-    for (int d = 0; d < G - 1; ++d) cq += st.quad_at(h, d)[w.ob_off[ob * G + d]];
+    if (st != nullptr)
+      for (int d = 0; d < G - 1; ++d) cq += st->quad_at(h, d)[w.ob_off[ob * G + d]];
     const T gc = static_cast<T>(std::exp(-static_cast<double>(cq)));
     for (int64_t j = 0; j < w.nx; ++j) {
-      const int64_t dx = j - w.pad;
-      rs.quad[ob * w.nx + j] = cq + st.quad_at(h, G - 1)[dx];
-      rs.gauss[ob * w.nx + j] = gc * st.gauss_at(h, G - 1)[dx];
+      const int64_t r = ob * w.nx + j, dx = j - w.pad;
+      const T b = biash != nullptr ? biash[w.ob_rel[ob] + j] : T(0);
+      if (st == nullptr) {
+        rc.sub[r] = -b;
+      } else if (p.mode == SpanMode::kAdd) {
+        rc.sub[r] = cq + st->quad_at(h, G - 1)[dx] - b;
+      } else {
+        const T g = gc * st->gauss_at(h, G - 1)[dx];
+        rc.mul[r] = scale * g;
+        rc.sub[r] = -b * g;
+        rc.gain[r] = g;
+      }
     }
   }
-  return rs;
+  return rc;
 }
 
 // A run of queries: `n` cells from x0 on query line `line`.
@@ -150,17 +169,32 @@ struct Row {
   int64_t r = 0, kl = 0, dx = 0, ilo = 0, ihi = 0;
 };
 
-void kept_rows(const Problem& p, const Window& w, const Run& run, std::vector<Row>& rows,
-               std::vector<char>& valid) {
+// The rows of the box a run keeps (sorted by key line, then dx), with the
+// lanes of each whose key the query keeps. Along the last axis a query x
+// keeps the offsets dx in [lo(x) - x, hi(x) - x] (axis_key_range); both ends
+// never increase with x, so the lanes keeping a given dx are an interval.
+void kept_rows(const Problem& p, const Window& w, int64_t h, const Run& run, std::vector<Row>& rows,
+               std::vector<char>& valid, std::vector<int64_t>& dlo, std::vector<int64_t>& dhi) {
   const int G = w.G;
+  const AxisLimit* lim = p.limits_of(h);
   rows.clear();
   valid.assign(w.nbox, 0);
+  int64_t klo[kMaxGridDims], khi[kMaxGridDims];
+  for (int d = 0; d < G - 1; ++d) axis_key_range(lim[d], run.coord[d], klo[d], khi[d]);
+  dlo.resize(run.n);
+  dhi.resize(run.n);
+  for (int64_t i = 0; i < run.n; ++i) {
+    const int64_t x = run.x0 + i;
+    axis_key_range(lim[G - 1], x, dlo[i], dhi[i]);
+    dlo[i] -= x;
+    dhi[i] -= x;
+  }
   for (int64_t ob = 0; ob < w.nob; ++ob) {
     int64_t kl = 0;
     bool inside = true;
     for (int d = 0; d < G - 1; ++d) {
       const int64_t c = run.coord[d] + w.ob_off[ob * G + d];
-      if (c < 0 || c >= p.g.n[d]) inside = false;
+      if (c < klo[d] || c > khi[d]) inside = false;
       kl = kl * p.g.n[d] + c;
     }
     if (!inside) continue;
@@ -170,8 +204,9 @@ void kept_rows(const Problem& p, const Window& w, const Run& run, std::vector<Ro
       row.kl = kl;
       row.dx = j - w.pad;
       if (p.causal && w.ob_delta[ob] + row.dx > 0) continue;  // every key of the row comes later
-      row.ilo = std::max<int64_t>(0, -row.dx - run.x0);
-      row.ihi = std::min<int64_t>(run.n, w.L - row.dx - run.x0);
+      const int64_t dx = row.dx;
+      row.ilo = std::partition_point(dlo.begin(), dlo.end(), [dx](int64_t v) { return v > dx; }) - dlo.begin();
+      row.ihi = std::partition_point(dhi.begin(), dhi.end(), [dx](int64_t v) { return v >= dx; }) - dhi.begin();
       if (row.ilo >= row.ihi) continue;
       valid[row.r] = 1;
       rows.push_back(row);
@@ -320,6 +355,7 @@ struct Buf {
   std::vector<T> kt, vt, dkt, dvt, qt, dot, s, pb, dc, outT, relbox, drelbox, lane;
   std::vector<Row> rows;
   std::vector<char> valid;
+  std::vector<int64_t> dlo, dhi;
   std::vector<const T*> wp, sp;
   std::vector<int64_t> dx;
   static T* get(std::vector<T>& v, int64_t n) {
@@ -332,7 +368,7 @@ struct Buf {
 // kept rows, scale and span, lanes outside the grid = -inf. Rows not kept are
 // left as they are (never read).
 template <typename T>
-void run_scores(const Problem& p, const Window& w, const RowSpan<T>* rs, const Run& run,
+void run_scores(const Problem& p, const Window& w, const RowConst<T>& rc, const Run& run,
                 const std::vector<Row>& rows, const T* qt, int64_t ldq, const T* kt,
                 const T* qpos_rows, const T* relbox, T* S) {
   using V = typename Vec<T>::V;
@@ -340,7 +376,6 @@ void run_scores(const Problem& p, const Window& w, const RowSpan<T>* rs, const R
   const bool pos = qpos_rows != nullptr;
   if (pos)
     cpu::gemm<T>(false, true, w.nbox, run.n, D, T(1), relbox, D, qpos_rows, D, T(0), S, np);
-  const T scale = static_cast<T>(p.scale);
   const V ninf = vsplat<T>(neg_inf<T>());
   const Row* rp = rows.data();
   const int64_t nrows = static_cast<int64_t>(rows.size());
@@ -359,10 +394,10 @@ void run_scores(const Problem& p, const Window& w, const RowSpan<T>* rs, const R
       out[u] = S + row.r * np;
       lo[u] = row.ilo;
       hi[u] = row.ihi;
-      sub[u] = vsplat<T>(rs != nullptr && p.mode == SpanMode::kAdd ? rs->quad[row.r] : T(0));
-      mul[u] = vsplat<T>(rs != nullptr && p.mode != SpanMode::kAdd ? scale * rs->gauss[row.r] : scale);
+      sub[u] = vsplat<T>(rc.sub[row.r]);
+      mul[u] = vsplat<T>(rc.mul[row.r]);
     }
-    // add: scale * (qk + pos) - quad; multiply: scale * (qk + pos) * gauss.
+    // (qk + pos) * mul - sub (see RowConst).
     auto fin = [&](int u, int64_t i, V acc) {
       const V s = acc * mul[u] - sub[u];
       return vselect<T>(lanes_in<T>(i, lo[u], hi[u]), s, ninf);
@@ -420,10 +455,14 @@ bool use_window(const Problem& p) {
   // keys at D = 8, 0.45 at 16, 0.28 at 32, 0.22 at 64.
   const double limit = p.D <= 16 ? 0.5 : p.D <= 32 ? 0.25 : 0.2;
   for (int64_t h = 0; h < p.H; ++h) {
-    int64_t box = 1;
-    for (int d = 0; d < G; ++d) box *= 2 * p.half_of(h)[d] + 1;
+    int64_t box = 1, keys = 1;  // offsets in the box; keys a query keeps away from the borders
+    for (int d = 0; d < G; ++d) {
+      const AxisLimit& lim = p.limits_of(h)[d];
+      box *= 2 * p.half_of(h)[d] + 1;
+      keys *= 2 * std::min(lim.span, lim.win) + 1;
+    }
     // kMaxBox bounds the per-thread score blocks (box rows x (kRun + 2 W)).
-    if (static_cast<double>(box) > limit * static_cast<double>(p.N) || box > kMaxBox) return false;
+    if (static_cast<double>(keys) > limit * static_cast<double>(p.N) || box > kMaxBox) return false;
   }
   return true;
 }
@@ -434,8 +473,9 @@ int64_t window_units(const Problem& p) {
 }
 
 template <typename T>
-void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                    const T* qpos, const T* rel, T* out, T* lse) {
+void window_forward(const Problem& p, const SpanTables<T>* st, const ForwardPtrs<T>& args) {
+  const T *q = args.q, *k = args.k, *v = args.v, *qpos = args.qpos, *rel = args.rel;
+  T *out = args.out, *lse = args.lse;
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
@@ -448,8 +488,7 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
       const TaskRange tr = task_range(split, task, p.B, units);
       const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, u0 = tr.u0, u1 = tr.u1;
       const Window w = make_window(p, h, W);
-      RowSpan<T> rs;
-      if (st != nullptr) rs = make_row_span(p, *st, w, h);
+      const RowConst<T> rc = make_row_const(p, st, args.bias != nullptr ? args.bias + h * p.U : nullptr, w, h);
       T* relbox = nullptr;
       if (p.has_pos) {
         relbox = Buf<T>::get(bf.relbox, w.nbox * D);
@@ -462,11 +501,11 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
         for (int64_t unit = u0; unit < u1; ++unit) {
           const Run run = make_run(p, w, unit, W);
           const int64_t np = run.np, tok0 = run.line * w.L + run.x0;
-          kept_rows(p, w, run, bf.rows, bf.valid);
+          kept_rows(p, w, h, run, bf.rows, bf.valid, bf.dlo, bf.dhi);
           T* qt = Buf<T>::get(bf.qt, D * np);
           run_transpose(q + (bh * N + tok0) * D, run.n, np, D, qt, np, 0);
           T* S = Buf<T>::get(bf.s, w.nbox * np);
-          run_scores<T>(p, w, st != nullptr ? &rs : nullptr, run, bf.rows, qt, np, bf.kt.data(),
+          run_scores<T>(p, w, rc, run, bf.rows, qt, np, bf.kt.data(),
                         p.has_pos ? qpos + (bh * N + tok0) * D : nullptr, relbox, S);
           // Softmax over the kept rows, lane by lane (NaN sticks, as in the tiled kernel).
           T* lane = Buf<T>::get(bf.lane, 2 * np);  // m, l per lane
@@ -511,10 +550,13 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const
 }
 
 template <typename T>
-void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                     const T* qpos, const T* rel, const T* out, const T* lse, const T* gout,
-                     const T* glse, T* dq, T* dk_acc, T* dv_acc, T* dqpos, T* drel_part,
-                     double* dsig_part, BackwardSplit split) {
+void window_backward(const Problem& p, const SpanTables<T>* st, const BackwardPtrs<T>& args,
+                     BackwardSplit split) {
+  const T *q = args.q, *k = args.k, *v = args.v, *qpos = args.qpos, *rel = args.rel, *out = args.out,
+          *lse = args.lse, *gout = args.gout, *glse = args.glse;
+  T *dq = args.dq, *dk_acc = args.dk_acc, *dv_acc = args.dv_acc, *dqpos = args.dqpos,
+    *drel_part = args.drel_part;
+  double* dsig_part = args.dsig_part;
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   const int64_t D = p.D, Dv = p.Dv, N = p.N;
@@ -524,18 +566,14 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
   at::parallel_for(0, split.tasks(p.H), 1, [&](int64_t begin, int64_t end) {
     const cpu::FlushDenormals flush;
     Buf<T> bf;
-    std::vector<double> dsig_row;
+    std::vector<double> dsig_row, dbias_row;  // per row of the box: sum of dquad, of dA
     for (int64_t task = begin; task < end; ++task) {
       const TaskRange tr = task_range(split, task, p.B, units);
       const int64_t h = tr.h, b0 = tr.b0, b1 = tr.b1, u0 = tr.u0, u1 = tr.u1, part = tr.part;
       const Window w = make_window(p, h, W);
-      const RowSpan<T>* rsp = nullptr;
-      RowSpan<T> rs;
-      if (st != nullptr) {
-        rs = make_row_span(p, *st, w, h);
-        rsp = &rs;
-      }
+      const RowConst<T> rc = make_row_const(p, st, args.bias != nullptr ? args.bias + h * p.U : nullptr, w, h);
       dsig_row.assign(w.nbox, 0.0);
+      dbias_row.assign(w.nbox, 0.0);
       T *relbox = nullptr, *drelbox = nullptr;
       if (p.has_pos) {
         relbox = Buf<T>::get(bf.relbox, w.nbox * D);
@@ -543,7 +581,6 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
         drelbox = Buf<T>::get(bf.drelbox, w.nbox * D);
         std::fill(drelbox, drelbox + w.nbox * D, T(0));
       }
-      const T scale = static_cast<T>(p.scale);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t bh = b * p.H + h;
         to_lines(k + bh * N * D, w, D, bf.kt);
@@ -553,7 +590,7 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
         for (int64_t unit = u0; unit < u1; ++unit) {
           const Run run = make_run(p, w, unit, W);
           const int64_t np = run.np, n = run.n, tok0 = run.line * w.L + run.x0;
-          kept_rows(p, w, run, bf.rows, bf.valid);
+          kept_rows(p, w, h, run, bf.rows, bf.valid, bf.dlo, bf.dhi);
           const int64_t nrows = static_cast<int64_t>(bf.rows.size());
           // Blocks with W zero lanes on either side of each row (see gather_block).
           const int64_t ld = np + 2 * W;
@@ -576,7 +613,7 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
           }
           const T* qpos_rows = p.has_pos ? qpos + (bh * N + tok0) * D : nullptr;
           T* S = Buf<T>::get(bf.s, w.nbox * np);
-          run_scores<T>(p, w, rsp, run, bf.rows, qt, ld, bf.kt.data(), qpos_rows, relbox, S);
+          run_scores<T>(p, w, rc, run, bf.rows, qt, ld, bf.kt.data(), qpos_rows, relbox, S);
           // dP = dO . v (shifted), into dc.
           T* dc = Buf<T>::get(bf.dc, w.nbox * ld) + W;
           T* pb = Buf<T>::get(bf.pb, w.nbox * ld) + W;
@@ -594,7 +631,7 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
             shifted_dots_n<T>(U, dot, ld, vb, w.Lk, shift, Dv, np, o, false, id);
             a += U;
           }
-          // P = exp(s - lse); dS = P (dP - rowd); the span's chain; dC = scale dA.
+          // P = exp(s - lse); dS = P (dP - rowd); dA = dS gain; dC = scale dA = dS mul.
           for (const Row& row : bf.rows) {
             T* sr = S + row.r * np;
             T* pr = pb + row.r * ld;
@@ -603,9 +640,9 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
             std::fill(pr + np, pr + np + W, T(0));
             std::fill(cr - W, cr, T(0));
             std::fill(cr + np, cr + np + W, T(0));
-            const bool mul_mode = rsp != nullptr && p.mode != SpanMode::kAdd;
-            const V cscale = vsplat<T>(mul_mode ? scale * rsp->gauss[row.r] : scale);
-            V dq_acc = V{};
+            const bool mul_mode = st != nullptr && p.mode != SpanMode::kAdd;
+            const V cscale = vsplat<T>(rc.mul[row.r]);
+            V dq_acc = V{}, ds_acc = V{};
             for (int64_t i = 0; i < np; i += W) {
               const auto keep = lanes_in<T>(i, row.ilo, row.ihi);
               const V s = vload(sr + i);
@@ -614,12 +651,18 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
               const V ds = vselect<T>(keep, pv * (vload(cr + i) - vload(lane + i)), V{});
               // dquad = -dS (add) or -dS * s (multiply).
               dq_acc -= mul_mode ? vselect<T>(keep, ds * s, V{}) : ds;
+              ds_acc += ds;
               vstore(cr + i, ds * cscale);
             }
-            if (rsp != nullptr) {
+            if (st != nullptr) {
               double sum = 0.0;
               for (int l = 0; l < W; ++l) sum += static_cast<double>(dq_acc[l]);
               dsig_row[row.r] += sum;
+            }
+            if (args.bias != nullptr) {
+              double sum = 0.0;
+              for (int l = 0; l < W; ++l) sum += static_cast<double>(ds_acc[l]);
+              dbias_row[row.r] += sum * static_cast<double>(rc.gain[row.r]);
             }
           }
           // dQ^T = sum over rows of dC times the rows' shifted keys.
@@ -666,6 +709,11 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
           for (int64_t i = 0; i < w.nx * D; ++i) dst[i] += src[i];
         }
       }
+      if (args.bias != nullptr) {
+        T* db = args.dbias_part + task * p.U;
+        for (int64_t ob = 0; ob < w.nob; ++ob)
+          for (int64_t j = 0; j < w.nx; ++j) db[w.ob_rel[ob] + j] += static_cast<T>(dbias_row[ob * w.nx + j]);
+      }
       if (st != nullptr) {
         // d sigma accumulator: sum over pairs of dquad * x_d^2, per axis.
         double* acc = dsig_part + task * G;
@@ -682,20 +730,11 @@ void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, cons
   });
 }
 
-template void window_forward<float>(const Problem&, const SpanTables<float>*, const float*,
-                                    const float*, const float*, const float*, const float*, float*,
-                                    float*);
-template void window_forward<double>(const Problem&, const SpanTables<double>*, const double*,
-                                     const double*, const double*, const double*, const double*,
-                                     double*, double*);
-template void window_backward<float>(const Problem&, const SpanTables<float>*, const float*,
-                                     const float*, const float*, const float*, const float*,
-                                     const float*, const float*, const float*, const float*, float*,
-                                     float*, float*, float*, float*, double*, BackwardSplit);
-template void window_backward<double>(const Problem&, const SpanTables<double>*, const double*,
-                                      const double*, const double*, const double*, const double*,
-                                      const double*, const double*, const double*, const double*,
-                                      double*, double*, double*, double*, double*, double*,
+template void window_forward<float>(const Problem&, const SpanTables<float>*, const ForwardPtrs<float>&);
+template void window_forward<double>(const Problem&, const SpanTables<double>*, const ForwardPtrs<double>&);
+template void window_backward<float>(const Problem&, const SpanTables<float>*, const BackwardPtrs<float>&,
+                                     BackwardSplit);
+template void window_backward<double>(const Problem&, const SpanTables<double>*, const BackwardPtrs<double>&,
                                       BackwardSplit);
 
 }  // namespace relpos_cpu

@@ -12,23 +12,20 @@
 namespace posattn {
 namespace relpos_cpu {
 
-// True when the windowed kernels should run: a threshold is set and every
-// head's box holds at most 1/2 of the keys (head dim <= 16), 1/4 (<= 32) or
+// True when the windowed kernels should run: a box is set (span threshold or
+// fixed window) and every head's box holds at most 1/2 of the keys (head dim <= 16), 1/4 (<= 32) or
 // 1/5 (larger) and at most 16384 offsets (beyond that, the tiled kernel's
 // GEMMs are faster), on grids whose last axis fills >= 2/3 of its lanes. The environment variable POSATTN_CPU_KERNEL =
-// tiled | window | auto (default) overrides the choice when a threshold is set.
+// tiled | window | auto (default) overrides the choice when a box is set.
 bool use_window(const Problem& p);
 
 template <typename T>
-void window_forward(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                    const T* qpos, const T* rel, T* out, T* lse);
+void window_forward(const Problem& p, const SpanTables<T>* st, const ForwardPtrs<T>& args);
 
 // Same outputs and accumulator layout as the tiled backward (see BackwardSplit).
 template <typename T>
-void window_backward(const Problem& p, const SpanTables<T>* st, const T* q, const T* k, const T* v,
-                     const T* qpos, const T* rel, const T* out, const T* lse, const T* gout,
-                     const T* glse, T* dq, T* dk_acc, T* dv_acc, T* dqpos, T* drel_part,
-                     double* dsig_part, BackwardSplit split);
+void window_backward(const Problem& p, const SpanTables<T>* st, const BackwardPtrs<T>& args,
+                     BackwardSplit split);
 
 // Number of work units (query runs) the windowed kernels split a (b, h) into.
 int64_t window_units(const Problem& p);

@@ -1,7 +1,9 @@
 """posattn.nn: positional encoders, attention modules and models.
 
 - Relative encoders (tables for ``relpos_attention``): :class:`SirenRelativeEncoder`,
-  :class:`SinusoidalRelativeEncoder`, :class:`LookupRelativeEncoder`.
+  :class:`SinusoidalRelativeEncoder`, :class:`LookupRelativeEncoder`; learned scalar
+  biases per offset (its ``bias``): :class:`RelativePositionBias` (Swin table, T5
+  buckets, SwinV2 continuous).
 - Absolute encodings: :class:`SinusoidalAbsoluteEncoding`, :class:`LearnedAbsoluteEncoding`,
   :class:`LearnableSinusoidEncoding`.
 - :class:`DifferentiableSpan`; the attentions, all built on :class:`MultiHeadSelfAttention`:
@@ -15,6 +17,7 @@
 """
 from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
+from .bias import RelativePositionBias
 from .attention import MultiHeadSelfAttention, PositionalSelfAttention, SDPAttention
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
 from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
@@ -32,5 +35,5 @@ __all__ = [
     "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",
     "LookupRelativeEncoder", "RelativeEncoder", "SinusoidalRelativeEncoder", "SirenRelativeEncoder",
     "DifferentiableSpan", "EncoderBlock", "TransformerClassifier", "TreeTransformer", "AlgebraicEncoder",
-    "AlgebraicSelfAttention", "MultiHeadSelfAttention",
+    "AlgebraicSelfAttention", "MultiHeadSelfAttention", "RelativePositionBias",
 ]

@@ -1,14 +1,15 @@
 """Positional self-attention on the fused ``relpos_attention`` operator."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .._grid import normalise_grid
+from .._grid import WINDOW_BORDERS, normalise_grid
+from .bias import RelativePositionBias
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan
 
@@ -79,11 +80,11 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class PositionalSelfAttention(MultiHeadSelfAttention):
-    """Multi-head self-attention with Transformer-XL relative terms and a span,
-    computed by ``relpos_attention``::
+    """Multi-head self-attention with Transformer-XL relative terms, a learned
+    position bias, a span and a window, computed by ``relpos_attention``::
 
-        logit_ij = scale * ((q_i + u) . k_j + (q_i + v) . r[pos_j - pos_i])
-        (then the span: add ``-quad`` or multiply by ``G``; threshold box)
+        logit_ij = scale * ((q_i + u) . k_j + (q_i + v) . r[pos_j - pos_i]) + b[pos_j - pos_i]
+        (then the span: add ``-quad`` or multiply by ``G``; threshold box; window)
 
     Args:
         dim: model dimension; heads must divide it.
@@ -94,6 +95,11 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         relative: whether the positional term is used (default: ``encoder is not None``);
             with ``relative=True`` and no encoder, forward needs ``shared=`` (the table).
         causal: attend only to tokens j <= i.
+        position_bias: optional :class:`RelativePositionBias` (its ``heads`` must
+            equal ``heads``): the scalar ``b`` per head and offset (Swin / T5).
+        window: optional fixed window: half widths per grid axis (an int for
+            every axis), as the operator's ``window``.
+        window_border: ``"clip"`` or ``"shift"`` (NATTEN's border rule).
         backend: ``"fused"`` (the operator), ``"reference"`` (dense, for checks) or
             ``"auto"`` (the operator where it has a kernel for the device and
             dtype, else the reference).
@@ -113,6 +119,9 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         causal: bool = False,
         backend: str = "auto",
         qkv_bias: bool = True,
+        position_bias: Optional[RelativePositionBias] = None,
+        window: Optional[Union[int, Sequence[int]]] = None,
+        window_border: str = "clip",
     ):
         super().__init__(dim, heads, qkv_bias)
         if backend not in BACKENDS:
@@ -124,6 +133,15 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
             )
         if span is not None and span.heads != heads:
             raise ValueError(f"PositionalSelfAttention: span has {span.heads} heads, attention has {heads}")
+        if position_bias is not None and position_bias.heads != heads:
+            raise ValueError(f"PositionalSelfAttention: position_bias has {position_bias.heads} heads, "
+                             f"attention has {heads}")
+        if window_border not in WINDOW_BORDERS:
+            raise ValueError(f"PositionalSelfAttention: window_border must be one of {WINDOW_BORDERS}, "
+                             f"got {window_border!r}")
+        self.position_bias = position_bias
+        self.window = list(window) if isinstance(window, (list, tuple)) else window
+        self.window_border = window_border
         self.relative = encoder is not None if relative is None else bool(relative)
         if encoder is not None and not self.relative:
             raise ValueError("PositionalSelfAttention: an encoder was given with relative=False")
@@ -149,6 +167,10 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
             args["rel"] = rel.to(q.dtype)
         if self.span is not None:
             args.update(sigma=self.span.sigma(grid).to(q.dtype), threshold=self.span.threshold, span_mode=self.span.mode)
+        if self.position_bias is not None:
+            args["bias"] = self.position_bias(grid).to(q.dtype)
+        if self.window is not None:
+            args.update(window=self.window, window_border=self.window_border)
         return args, (q_content, k, v)
 
     def _use_fused(self, x: torch.Tensor) -> bool:
@@ -176,7 +198,9 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         return reference.relpos_scores(**args)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, backend={self.backend!r}"
+        window = f", window={self.window}, window_border={self.window_border!r}" if self.window is not None else ""
+        return (f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, "
+                f"backend={self.backend!r}{window}")
 
 
 class SDPAttention(MultiHeadSelfAttention):

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..ops import SPAN_MODES
+from .._grid import WINDOW_BORDERS
 from .attention import BACKENDS
+from .bias import BIAS_KINDS
 from .registry import POSITIONAL_ENCODINGS, encoding_kind
 from .span import SPAN_UNITS
 
@@ -70,7 +72,7 @@ _AT_LEAST = {  # int fields -> smallest valid value
     "in_channels": 1, "num_classes": 1, "patch_size": 1, "dim": 1, "depth": 1, "heads": 1, "ffn_dim": 1,
     "pe.hidden_dim": 1, "pe.hidden_layers": 1, "pe.num_features": 2, "pe.max_distance": 0,
     "performer.num_features": 1, "performer.feature_redraw_interval": 0, "performer.num_frequencies": 1,
-    "performer.clip": 1,
+    "performer.clip": 1, "pe.bias_buckets": 2, "pe.bias_hidden": 1, "pe.bias_max_distance": 0, "window": 1,
 }
 _UNIT = ("dropout", "input_dropout", "span.threshold")  # floats in [0, 1)
 _POSITIVE = ("pe.w0", "span.init", "span.min_sigma")  # floats > 0
@@ -128,6 +130,14 @@ class PositionalEncodingConfig:
     init: algebraic generators start as RoPE (``rope``) or ``random``.
     algebraic_shared: one set of algebraic generators for all layers (the
         paper's default) instead of one per layer.
+    bias: a learned relative position bias per layer and head (``relpos``
+        attention; with any ``name``, or alone with ``name: none``): ``none``,
+        ``table`` (Swin), ``t5`` (log buckets) or ``cpb`` (SwinV2's MLP); see
+        :class:`RelativePositionBias`.
+    bias_max_distance: its per-axis clipping distance (``table``), last-bucket
+        distance (``t5``) or unit offset (``cpb``); None: the defaults (8, 128,
+        the grid's ``n - 1``).
+    bias_buckets, bias_hidden: T5 buckets per axis; width of the ``cpb`` MLP.
     """
 
     name: str = "siren"
@@ -139,6 +149,10 @@ class PositionalEncodingConfig:
     shared: bool = False
     init: str = "rope"
     algebraic_shared: bool = True
+    bias: str = "none"
+    bias_max_distance: Optional[int] = None
+    bias_buckets: int = 32
+    bias_hidden: int = 512
 
 
 @dataclass
@@ -173,7 +187,13 @@ class PerformerConfig:
 @dataclass
 class ModelConfig:
     """A :class:`TransformerClassifier`. Defaults: the thesis model (6 post-LN
-    layers, dim 64, 8 heads, feed-forward 128, SIREN, last-token pooling)."""
+    layers, dim 64, 8 heads, feed-forward 128, SIREN, last-token pooling).
+
+    ``window``: None, or an odd window size (``relpos`` attention): each token
+    attends to the ``window`` x ... x ``window`` neighbourhood around it (the
+    operator's ``window`` half widths ``(window - 1) / 2``), clipped at the grid's
+    borders or, with ``window_border: shift``, shifted inside (NATTEN's rule).
+    """
 
     in_channels: int = 1
     num_classes: int = 10
@@ -194,6 +214,8 @@ class ModelConfig:
     attention: str = "relpos"
     backend: str = "auto"
     causal: bool = False
+    window: Optional[int] = None
+    window_border: str = "clip"
     pe: PositionalEncodingConfig = field(default_factory=PositionalEncodingConfig)
     span: SpanConfig = field(default_factory=SpanConfig)
     performer: PerformerConfig = field(default_factory=PerformerConfig)
@@ -271,6 +293,19 @@ class ModelConfig:
             if self.pooling == "cls":
                 raise ValueError("causal=True does not go with pooling='cls' (the class token comes first, so it "
                                  "would see only itself); use pooling 'last', as the thesis does")
+        _choice("pe.bias", self.pe.bias, ("none",) + BIAS_KINDS)
+        _choice("window_border", self.window_border, WINDOW_BORDERS)
+        if self.pe.bias != "none" and self.attention != "relpos":
+            raise ValueError(f"pe.bias={self.pe.bias!r} needs attention='relpos', got attention={self.attention!r}")
+        if self.pe.bias == "t5" and self.pe.bias_buckets % 2:
+            raise ValueError(f"pe.bias_buckets must be even (half per sign), got {self.pe.bias_buckets}")
+        if self.pe.bias in ("t5", "cpb") and self.pe.bias_max_distance == 0:
+            raise ValueError(f"pe.bias_max_distance must be >= 1 with pe.bias={self.pe.bias!r}, got 0")
+        if self.window is not None:
+            if self.attention != "relpos":
+                raise ValueError(f"window needs attention='relpos', got attention={self.attention!r}")
+            if self.window % 2 == 0:
+                raise ValueError(f"window must be an odd window size (the query at its centre), got {self.window}")
         if self.attention == "clipped_relative" and self.heads < 2:
             raise ValueError("attention='clipped_relative' needs heads >= 2 (half of them are relative)")
 

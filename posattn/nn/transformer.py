@@ -13,6 +13,7 @@ from .attention import PositionalSelfAttention, SDPAttention
 from .config import ModelConfig
 from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
 from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
+from .bias import RelativePositionBias
 from .span import DifferentiableSpan
 
 __all__ = ["EncoderBlock", "TransformerClassifier", "TreeTransformer", "build_attention"]
@@ -58,9 +59,15 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
         if cfg.span.enabled:
             s = cfg.span
             span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma, s.units)
+        bias = None
+        if cfg.pe.bias != "none":
+            pe = cfg.pe
+            bias = RelativePositionBias(cfg.heads, ndim, pe.bias, pe.bias_max_distance, pe.bias_buckets, pe.bias_hidden)
         return PositionalSelfAttention(
             cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
             relative=relative_encoder is not None or shared_table, causal=cfg.causal, backend=cfg.backend,
+            position_bias=bias, window=None if cfg.window is None else (cfg.window - 1) // 2,
+            window_border=cfg.window_border,
         )
     if cfg.attention == "sdpa":
         return SDPAttention(cfg.dim, cfg.heads, causal=cfg.causal)

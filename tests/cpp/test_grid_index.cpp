@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -107,5 +108,55 @@ TEST_CASE("span half widths", "[index][span]") {
     const int64_t h = span_half_width(s, t, 64);
     CHECK(h >= last);
     last = h;
+  }
+}
+
+// NATTEN's border rule, straight from its definition: the window of k cells
+// starts at i - k/2, moved to stay inside [0, n).
+static void natten_window(int64_t n, int64_t k, int64_t i, int64_t& lo, int64_t& hi) {
+  if (k >= n) {
+    lo = 0;
+    hi = n - 1;
+    return;
+  }
+  int64_t start = i - k / 2;
+  if (start < 0) start = 0;
+  if (start + k > n) start = n - k;
+  lo = start;
+  hi = start + k - 1;
+}
+
+TEST_CASE("axis key ranges: span box, clipped window, shifted window", "[index][window]") {
+  for (int64_t n : {1, 2, 5, 8, 13}) {
+    for (int64_t win = 0; win < n; ++win) {
+      for (int64_t span = 0; span < n; ++span) {
+        int64_t last_lo = -1, last_hi = -1, max_off = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t lo, hi, wlo, whi;
+          axis_key_range(AxisLimit{n, span, win, false}, i, lo, hi);
+          CHECK(lo == std::max<int64_t>({0, i - win, i - span}));
+          CHECK(hi == std::min<int64_t>({n - 1, i + win, i + span}));
+          axis_key_range(AxisLimit{n, span, win, true}, i, lo, hi);
+          natten_window(n, 2 * win + 1, i, wlo, whi);
+          CHECK(lo == std::max(wlo, i - span));
+          CHECK(hi == std::min(whi, i + span));
+          CHECK(lo <= i);
+          CHECK(i <= hi);
+          CHECK(lo >= last_lo);  // monotone: the kernels bound a tile's keys by its ends
+          CHECK(hi >= last_hi);
+          last_lo = lo;
+          last_hi = hi;
+          max_off = std::max({max_off, i - lo, hi - i});
+        }
+        CHECK(axis_max_offset(AxisLimit{n, span, win, true}) >= max_off);
+        if (span == n - 1) CHECK(axis_max_offset(AxisLimit{n, span, win, true}) == max_off);
+      }
+    }
+  }
+  // Without a span, every query of a shifted window keeps min(2 win + 1, n) keys.
+  for (int64_t i = 0; i < 10; ++i) {
+    int64_t lo, hi;
+    axis_key_range(AxisLimit{10, 9, 2, true}, i, lo, hi);
+    CHECK(hi - lo + 1 == 5);
   }
 }

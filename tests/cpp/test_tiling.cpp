@@ -69,8 +69,8 @@ TEST_CASE("key region: span box around the tile, clipped; causal stops at the ti
   tile.hi[0] = 6;
   tile.lo[1] = 0;
   tile.hi[1] = 4;
-  const int64_t half[] = {2, 3};
-  const Box r = key_region(g, tile, half, false);
+  const AxisLimit limits[] = {{10, 2, 9, false}, {12, 3, 11, false}};  // span boxes of half widths 2, 3
+  const Box r = key_region(g, tile, limits, false);
   CHECK(r.lo[0] == 2);
   CHECK(r.hi[0] == 8);
   CHECK(r.lo[1] == 0);
@@ -80,6 +80,21 @@ TEST_CASE("key region: span box around the tile, clipped; causal stops at the ti
   const Box causal = key_region(g, tile, nullptr, true);
   CHECK(causal.hi[0] == 6);
   CHECK(causal.hi[1] == 12);
+}
+
+TEST_CASE("key region of a shifted window: the union of its queries' windows", "[tiling]") {
+  const Grid g = make_grid({10, 12});
+  Box tile;
+  tile.lo[0] = 0;
+  tile.hi[0] = 2;
+  tile.lo[1] = 8;
+  tile.hi[1] = 12;
+  const AxisLimit limits[] = {{10, 9, 2, true}, {12, 11, 1, true}};  // 5-cell and 3-cell windows
+  const Box r = key_region(g, tile, limits, false);
+  CHECK(r.lo[0] == 0);
+  CHECK(r.hi[0] == 5);  // queries 0 and 1 both see 0..4
+  CHECK(r.lo[1] == 7);  // query 8 sees 7..9
+  CHECK(r.hi[1] == 12);
 }
 
 TEST_CASE("chunks partition the region and stay near the target size", "[tiling]") {

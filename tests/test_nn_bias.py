@@ -1,0 +1,143 @@
+"""RelativePositionBias (table, T5 buckets, SwinV2 continuous) and its use in
+PositionalSelfAttention and the classifier (pe.bias, model.window)."""
+import math
+
+import pytest
+import torch
+
+from posattn._grid import num_offsets, relative_offsets
+from posattn.nn import ModelConfig, PositionalSelfAttention, RelativePositionBias, TransformerClassifier
+from posattn.nn.bias import t5_buckets
+
+
+def hf_t5_bucket(relative_position: int, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """T5's _relative_position_bucket (bidirectional), one offset at a time, as its source writes it."""
+    num_buckets //= 2
+    bucket = num_buckets if relative_position > 0 else 0
+    n = abs(relative_position)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return bucket + n
+    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return bucket + min(large, num_buckets - 1)
+
+
+def test_t5_buckets_match_t5():
+    delta = torch.arange(-300, 301)
+    for nb, md in [(32, 128), (8, 20), (16, 64)]:
+        got = t5_buckets(delta, nb, md).tolist()
+        want = [hf_t5_bucket(int(d), nb, md) for d in delta]
+        assert got == want
+        assert min(got) == 0 and max(got) == nb - 1
+
+
+@pytest.mark.parametrize("grid", [[7], [3, 4], [2, 3, 2]])
+def test_table_clips_each_axis(grid):
+    bias = RelativePositionBias(heads=3, ndim=len(grid), kind="table", max_distance=1)
+    b = bias(grid)
+    assert b.shape == (3, num_offsets(grid))
+    delta = relative_offsets(grid)
+    clipped = delta.clamp(-1, 1)
+    # Offsets that clip to the same per-axis value share their entry; distinct ones do not.
+    for u in range(delta.shape[0]):
+        same = (clipped == clipped[u]).all(-1)
+        assert torch.equal(b[:, same], b[:, u:u + 1].expand(-1, int(same.sum())))
+    assert torch.unique(b[0]).numel() == 3 ** len(grid)
+
+
+def test_table_entry_of_an_offset():
+    bias = RelativePositionBias(heads=2, ndim=2, kind="table", max_distance=[2, 1])
+    with torch.no_grad():
+        bias.table.copy_(torch.arange(2 * 15, dtype=torch.float32).view(2, 15))
+    b = bias([4, 4])
+    delta = relative_offsets([4, 4])
+    u = int(((delta[:, 0] == -3) & (delta[:, 1] == 1)).nonzero())
+    assert b[1, u].item() == 15 + (0 * 3 + 2)  # axis 0 clipped to -2 -> 0, axis 1 offset 1 -> 2
+
+
+def test_t5_bias_and_cpb_shapes_and_gradients():
+    for kind in ("t5", "cpb"):
+        bias = RelativePositionBias(heads=4, ndim=2, kind=kind, num_buckets=8, hidden=16)
+        b = bias([5, 6])
+        assert b.shape == (4, 9 * 11)
+        b.square().sum().backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in bias.parameters())
+    cpb = RelativePositionBias(heads=2, ndim=1, kind="cpb", hidden=8)
+    b = cpb([10])
+    assert ((b > 0) & (b < 16)).all()
+    assert cpb([31]).shape == (2, 61)  # any grid size: the MLP reads normalised offsets
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        RelativePositionBias(2, 2, kind="swin")
+    with pytest.raises(ValueError, match="num_buckets must be even"):
+        RelativePositionBias(2, 2, kind="t5", num_buckets=7)
+    with pytest.raises(ValueError, match="max_distance must be an int or 2 ints"):
+        RelativePositionBias(2, 2, max_distance=[1, 2, 3])
+    with pytest.raises(ValueError, match="max_distance must be >= 0"):
+        RelativePositionBias(2, 2, max_distance=-1)
+    with pytest.raises(ValueError, match="built for 2-D grids"):
+        RelativePositionBias(2, 2)([5])
+    with pytest.raises(ValueError, match="position_bias has 3 heads"):
+        PositionalSelfAttention(8, 2, position_bias=RelativePositionBias(3, 2))
+    with pytest.raises(ValueError, match="window_border must be one of"):
+        PositionalSelfAttention(8, 2, window=1, window_border="wrap")
+
+
+@pytest.mark.parametrize("kind,window,border", [("table", 1, "clip"), ("t5", [1, 2], "shift"), ("cpb", None, "clip")])
+def test_attention_fused_matches_reference(kind, window, border):
+    torch.manual_seed(0)
+    grid = [5, 6]
+    attn = PositionalSelfAttention(16, 2, position_bias=RelativePositionBias(2, 2, kind, hidden=8, num_buckets=8),
+                                   window=window, window_border=border).double()
+    x = torch.randn(2, 30, 16, dtype=torch.float64)
+    outs, grads = [], []
+    for backend in ("fused", "reference"):
+        attn.backend = backend
+        out = attn(x, grid)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), list(attn.parameters())))
+    torch.testing.assert_close(outs[0], outs[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_window_limits_what_a_token_sees():
+    """A token's output does not depend on tokens outside its window."""
+    torch.manual_seed(1)
+    grid = [6, 6]
+    attn = PositionalSelfAttention(8, 2, position_bias=RelativePositionBias(2, 2), window=1).double()
+    x = torch.randn(1, 36, 8, dtype=torch.float64)
+    y = x.clone()
+    y[0, 35] += 1.0  # token (5, 5): outside the 3x3 window of token (0, 0)
+    assert torch.equal(attn(x, grid)[0, 0], attn(y, grid)[0, 0])
+    assert not torch.equal(attn(x, grid)[0, 28], attn(y, grid)[0, 28])  # token (4, 4) sees it
+
+
+@pytest.mark.parametrize("kind", ["table", "t5", "cpb"])
+def test_classifier_with_bias_and_window(kind):
+    torch.manual_seed(0)
+    model = TransformerClassifier(grid=[8, 8], dim=16, heads=2, depth=2, pe={"name": "none", "bias": kind,
+                                  "bias_hidden": 8}, window=3, window_border="shift")
+    assert model.blocks[0].attention.window == 1
+    logits = model(torch.randn(3, 8, 8, 1))
+    assert logits.shape == (3, 10)
+    logits.sum().backward()
+    for block in model.blocks:
+        for p in block.attention.position_bias.parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("values,match", [
+    (dict(window=4), "window must be an odd window size"),
+    (dict(window=0), "window must be an int >= 1"),
+    (dict(window=3, attention="sdpa", pe={"name": "none"}), "window needs attention='relpos'"),
+    (dict(pe={"bias": "t55"}), "pe.bias must be one of .*did you mean 't5'"),
+    (dict(pe={"name": "none", "bias": "table"}, attention="favor"), "pe.bias='table' needs attention='relpos'"),
+    (dict(pe={"bias": "t5", "bias_buckets": 9}), "pe.bias_buckets must be even"),
+    (dict(window=3, window_border="natten"), "window_border must be one of"),
+])
+def test_config_errors(values, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict(values)
