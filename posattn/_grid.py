@@ -69,7 +69,8 @@ WINDOW_BORDERS = ("clip", "shift")
 def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
     """``window`` as a list of G half widths (an int applies to every axis), or None.
 
-    Checks one value per grid axis, each an int >= 0 (the operators' ``window``)."""
+    Checks one value per grid axis, each an int >= 0 (the operators' ``window``);
+    a half width beyond ``n_d - 1`` keeps the whole axis and is passed on as ``n_d - 1``."""
     if window is None:
         return None
     if isinstance(window, bool):
@@ -95,7 +96,7 @@ def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
     for d, w in enumerate(out):
         if w < 0:
             raise ValueError(f"relpos_attention: window half widths must be >= 0, got {out} (axis {d})")
-    return out
+    return [min(w, n - 1) for w, n in zip(out, grid)]
 
 
 def window_key_range(coord: torch.Tensor, n: int, half: int, border: str) -> tuple[torch.Tensor, torch.Tensor]:

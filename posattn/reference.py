@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._grid import grid_coords, normalise_grid, offset_rows, span_half_widths, window_key_range
+from ._grid import (WINDOW_BORDERS, grid_coords, normalise_grid, normalise_window, offset_rows, span_half_widths,
+                    window_key_range)
 
 
 def relpos_scores(
@@ -61,9 +62,10 @@ def relpos_scores(
             half = torch.tensor(span_half_widths(sigma, threshold, grid), dtype=torch.long,
                                 device=q.device).reshape(H, len(grid))  # (H, G), also for H = 0
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
+    window = normalise_window(window, grid)
+    if window_border not in WINDOW_BORDERS:
+        raise ValueError(f'relpos_attention: window_border must be "clip" or "shift", got {window_border!r}')
     if window is not None:
-        if isinstance(window, int):
-            window = [window] * len(grid)
         for d, (n, w) in enumerate(zip(grid, window)):
             lo, hi = window_key_range(coords[:, d], n, min(int(w), n - 1), window_border)  # (N,) per query
             kd = coords[:, d]

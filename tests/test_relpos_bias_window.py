@@ -204,6 +204,22 @@ def test_window_half_width_larger_than_the_grid_keeps_every_key():
                                    rtol=1e-12, atol=1e-12)
 
 
+def test_window_beyond_int64_is_the_whole_axis():
+    x = make_relpos_inputs([3, 4], bias=True)
+    out = ops.relpos_attention(**x, grid=[3, 4], window=[2**63, 2**70])
+    torch.testing.assert_close(out, ops.relpos_attention(**x, grid=[3, 4]), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_checks_window_too():
+    x = make_relpos_inputs([3, 4])
+    with pytest.raises(ValueError, match="one half width per grid axis"):
+        reference.relpos_attention(**x, grid=[3, 4], window=[0])
+    with pytest.raises(ValueError, match="window half widths must be >= 0"):
+        reference.relpos_attention(**x, grid=[3, 4], window=[-1, 0])
+    with pytest.raises(ValueError, match="window_border must be"):
+        reference.relpos_attention(**x, grid=[3, 4], window=1, window_border="bogus")
+
+
 def test_window_zero_keeps_only_the_query():
     x = make_relpos_inputs([5, 3], bias=True)
     out = ops.relpos_attention(**x, grid=[5, 3], window=0)

@@ -171,6 +171,24 @@ inline void map_vec(T* y, int64_t n, F f) {
   }
 }
 
+// map_vec that also adds each result into acc: y[i] = f(ld), acc[i] += y[i].
+template <typename T, typename F>
+inline void map_vec_accumulate(T* y, T* acc, int64_t n, F f) {
+  constexpr int W = Vec<T>::W;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const typename Vec<T>::V r = f([&](const T* a) { return vload<T>(a + i); });
+    vstore<T>(y + i, r);
+    vstore<T>(acc + i, vload<T>(acc + i) + r);
+  }
+  if (i < n) {
+    const int64_t m = n - i;
+    const typename Vec<T>::V r = f([&](const T* a) { return vload_n<T>(a + i, m); });
+    vstore_n<T>(y + i, r, m);
+    vstore_n<T>(acc + i, vload_n<T>(acc + i, m) + r, m);
+  }
+}
+
 template <typename T>
 inline typename Vec<T>::V vsplat(T x) {
   typename Vec<T>::V v = {};

@@ -43,6 +43,7 @@ struct TileGeom {
   int64_t Bq = 0;
   std::vector<int64_t> tok;    // (Bq) token index of each query, ascending
   std::vector<int64_t> coord;  // (Bq, G) grid coordinates
+  std::vector<int64_t> qrow;   // (Bq) query part of an offset's rel / bias row: sum_d coord_d rel_stride_d
 };
 
 void build_tile(const Problem& p, int64_t index, TileGeom& t) {
@@ -51,6 +52,7 @@ void build_tile(const Problem& p, int64_t index, TileGeom& t) {
   t.Bq = tiling::box_volume(t.box, G);
   t.tok.resize(t.Bq);
   t.coord.resize(t.Bq * G);
+  t.qrow.resize(t.Bq);
   int64_t ext[kMaxGridDims], c[kMaxGridDims];
   for (int d = 0; d < G; ++d) ext[d] = t.box.hi[d] - t.box.lo[d];
   for (int64_t r = 0; r < t.Bq; ++r) {
@@ -60,6 +62,9 @@ void build_tile(const Problem& p, int64_t index, TileGeom& t) {
       t.coord[r * G + d] = c[d];
     }
     t.tok[r] = ravel_index(c, p.g.n, G);
+    int64_t qr = 0;
+    for (int d = 0; d < G; ++d) qr += c[d] * p.rel_stride[d];
+    t.qrow[r] = qr;
   }
 }
 
@@ -73,6 +78,8 @@ struct ChunkGeom {
   std::vector<int64_t> line_tok;    // first token of each line
   std::vector<int64_t> line_e;      // offset-box index of the line (minus the query part)
   std::vector<int64_t> line_coord;  // (nlines, G) coordinates of each line's first key
+  std::vector<int64_t> line_row;    // key part of the rel / bias row of (query, line start):
+                                    // sum_d (k_d + n_d - 1) rel_stride_d, minus the query's qrow
   bool contiguous = false;          // keys are tokens line_tok[0] .. line_tok[0] + Bk - 1
   int64_t W[kMaxGridDims] = {}, Wstride[kMaxGridDims] = {};
   int64_t olo[kMaxGridDims] = {};  // smallest offset of the box per axis
@@ -110,6 +117,7 @@ void build_chunk(const Problem& p, int64_t h, const TileGeom& t, const Box& box,
   c.line_tok.resize(c.nlines);
   c.line_e.resize(c.nlines);
   c.line_coord.resize(c.nlines * G);
+  c.line_row.resize(c.nlines);
   int64_t k[kMaxGridDims];
   for (int64_t l = 0; l < c.nlines; ++l) {
     unravel_index(l, ext, G - 1, k);
@@ -122,6 +130,9 @@ void build_chunk(const Problem& p, int64_t h, const TileGeom& t, const Box& box,
     }
     c.line_e[l] = e;
     c.line_tok[l] = ravel_index(k, p.g.n, G);
+    int64_t row = 0;
+    for (int d = 0; d < G; ++d) row += (k[d] + p.g.n[d] - 1) * p.rel_stride[d];
+    c.line_row[l] = row;
   }
   c.contiguous = c.line_tok[c.nlines - 1] + c.L - c.line_tok[0] == c.Bk;
   // Rows of rel covered by the offset box.
@@ -171,8 +182,8 @@ struct LineView {
 };
 
 template <typename T>
-bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
-               const ChunkGeom& c, int64_t r, int64_t l, LineView<T>& v) {
+inline bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileGeom& t,
+                      const ChunkGeom& c, int64_t r, int64_t l, LineView<T>& v) {
   const int G = p.g.ndim;
   const int64_t* qc = &t.coord[r * G];
   const int64_t* lc = &c.line_coord[l * G];
@@ -181,18 +192,19 @@ bool line_view(const Problem& p, const SpanTables<T>* st, int64_t h, const TileG
   v.t0 = 0;
   v.t1 = c.L;
   v.cq = T(0);
-  v.row0 = 0;
+  v.row0 = c.line_row[l] - t.qrow[r];
+  v.dl0 = lc[G - 1] - qc[G - 1];
+  if (lim == nullptr && st == nullptr) {  // dense, no span: only causal masks
+    if (p.causal) v.t1 = std::min<int64_t>(v.t1, t.tok[r] - c.line_tok[l] + 1);
+    return v.t0 < v.t1;
+  }
   for (int d = 0; d < G - 1; ++d) {
-    const int64_t delta = lc[d] - qc[d];
     if (lim != nullptr) {
       axis_key_range(lim[d], qc[d], lo, hi);
       if (lc[d] < lo || lc[d] > hi) return false;
     }
-    if (st != nullptr) v.cq += st->quad_at(h, d)[delta];
-    v.row0 += (delta + p.g.n[d] - 1) * p.rel_stride[d];
+    if (st != nullptr) v.cq += st->quad_at(h, d)[lc[d] - qc[d]];
   }
-  v.dl0 = lc[G - 1] - qc[G - 1];
-  v.row0 += v.dl0 + p.g.n[G - 1] - 1;  // the last axis has rel stride 1
   if (lim != nullptr) {
     axis_key_range(lim[G - 1], qc[G - 1], lo, hi);
     v.t0 = std::max<int64_t>(v.t0, lo - lc[G - 1]);
@@ -240,6 +252,15 @@ void finish_row(const Problem& p, const SpanTables<T>* st, int64_t h, const Tile
                 const ChunkGeom& c, const T* Tb, const T* biash, int64_t r, T* srow) {
   const T scale = static_cast<T>(p.scale);
   const int G = p.g.ndim;
+  if (!p.has_box && st == nullptr && !p.causal) {  // every key kept: no masks, no span
+    const bool pos = Tb != nullptr, bias = biash != nullptr;
+    const T* tr = pos ? Tb + r * c.R + c.base[r] : nullptr;
+    const T* br = bias ? biash - t.qrow[r] : nullptr;
+    for (int64_t l = 0; l < c.nlines; ++l)
+      finish_keys_span<T, Span::kNone>(pos, bias, srow + l * c.L, pos ? tr + c.line_e[l] : nullptr,
+                                       bias ? br + c.line_row[l] : nullptr, nullptr, scale, T(0), c.L);
+    return;
+  }
   for (int64_t l = 0; l < c.nlines; ++l) {
     T* __restrict sl = srow + l * c.L;
     LineView<T> v;
@@ -551,18 +572,22 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const BackwardPt
                 T* __restrict tl = dtr != nullptr ? dtr + (c.base[r] + c.line_e[l]) : nullptr;
                 const int64_t n = lv.t1 - lv.t0;
                 T* __restrict dk = dl + lv.t0;
+                T* db = dbias_acc != nullptr ? dbias_acc + lv.row0 + lv.t0 : nullptr;
                 if (st == nullptr) {
                   const T* __restrict pk = pl + lv.t0;
-                  map_vec<T>(dk, n, [&](auto ld) { return ld(pk) * (ld(dk) - rdv); });
+                  auto dA = [&](auto ld) { return ld(pk) * (ld(dk) - rdv); };
+                  if (db != nullptr) {
+                    cpu::map_vec_accumulate<T>(dk, db, n, dA);  // d bias += dA in the same pass
+                    db = nullptr;
+                  } else {
+                    map_vec<T>(dk, n, dA);
+                  }
                 } else {
                   line_span_backward(p, *st, h, lv, pl, sr + l * c.L, rd, t.coord.data() + r * G,
                                      c.line_coord.data() + l * G, dl, dsig_acc, sc);
                 }
                 if (tl != nullptr) map_vec<T>(tl + lv.t0, n, [&](auto ld) { return ld(dk); });
-                if (dbias_acc != nullptr) {
-                  T* db = dbias_acc + lv.row0 + lv.t0;
-                  map_vec<T>(db, n, [&](auto ld) { return ld(db) + ld(dk); });
-                }
+                if (db != nullptr) map_vec<T>(db, n, [&](auto ld) { return ld(db) + ld(dk); });
               }
             });
             // dQ += scale dC K, dK += scale dC^T Q, dV += P^T dO.

@@ -108,7 +108,8 @@ Window make_window(const Problem& p, int64_t h, int W) {
 // (multiply mode), sub = quad - bias (add mode) or -bias * exp(-quad)
 // (multiply mode); the gradient before the span is dA = dS * gain, gain =
 // exp(-quad) in multiply mode, else 1. The span's factors are those of the
-// tiled kernel (same rounding).
+// tiled kernel; with a bias the order of the additions differs from it (a
+// few ulps).
 template <typename T>
 struct RowConst {
   std::vector<T> mul, sub, gain;
