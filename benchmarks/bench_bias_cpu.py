@@ -1,7 +1,9 @@
 """CPU benchmark of a learned relative position bias (Swin / T5 style) in posattn.ops.relpos_attention.
 
 Bias only (no q_pos / rel), float32, forward+backward with the (H, U) bias table
-requiring grad. Median of repeated runs after warm-up, in one process; peak
+requiring grad. Median of repeated runs after warm-up, in one process, the methods
+interleaved (one call of each per round, so that a slow spell of a shared machine
+hits them alike); peak
 extra resident memory of one forward+backward step, each method in a fresh
 subprocess (see bench_relpos_cpu.py).
 
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from datetime import date
@@ -136,9 +139,11 @@ def eager_bytes(grid, batch, heads):
 
 
 def bench_case(grid_str, methods, args):
+    """Times the methods in interleaved rounds (one call of each per round), so that a
+    slow spell of a shared machine hits every method alike; medians over the rounds."""
     grid = parse_grid(grid_str)
     x = make_inputs(grid, args.batch, args.heads, args.dim)
-    rows = {}
+    rows, runs = {}, {}
     for name in methods:
         if name == "eager" and eager_bytes(grid, args.batch, args.heads) > args.eager_limit_gib * 2**30:
             print(f"  {name:8s} skipped: would need about {eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB "
@@ -146,20 +151,32 @@ def bench_case(grid_str, methods, args):
             continue
         try:
             run, params = make_method(name, grid, x, args.window)
-            t_fwd = median_seconds(lambda: step(run, None), args.warmup, args.repeats)
-            t_fb = median_seconds(lambda: step(run, params), args.warmup, args.repeats) if params else float("nan")
+            for _ in range(max(args.warmup, 1)):  # compiles flex_attention
+                step(run, None)
+                if params:
+                    step(run, params)
         except Exception as e:  # flex_attention may not run on this machine's CPU torch
             print(f"  {name:8s} did not run: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
             rows[name] = dict(fwd_ms=float("nan"), fwd_bwd_ms=float("nan"), peak_mib=float("nan"),
                               note=f"did not run: {type(e).__name__}")
             continue
+        runs[name] = (run, params)
+    times = {name: ([], []) for name in runs}
+    for _ in range(args.repeats):
+        for name, (run, params) in runs.items():
+            times[name][0].append(median_seconds(lambda: step(run, None), 0, 1))
+            if params:
+                times[name][1].append(median_seconds(lambda: step(run, params), 0, 1))
+    for name, (run, params) in runs.items():
+        t_fwd = statistics.median(times[name][0])
+        t_fb = statistics.median(times[name][1]) if params else float("nan")
         mem, err = (float("nan"), "off") if args.no_memory else peak_memory(name, grid_str, args)
         rows[name] = dict(fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem,
                           note="forward only" if params is None else "")
         extra = f"  (memory: {err})" if err and not args.no_memory else ""
         print(f"  {name:8s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   peak +{mem:8.1f} MiB{extra}",
               flush=True)
-    return dict(grid=grid_str, batch=args.batch, rows=rows)
+    return dict(grid=grid_str, batch=args.batch, rows={m: rows[m] for m in methods if m in rows})
 
 
 def ratio(a, b):

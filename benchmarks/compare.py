@@ -3,6 +3,8 @@ ratios (and one plot), for the machine it runs on, CPU or GPU.
 
 It runs, each in its own process with ``--json``:
   bench_relpos_cpu.py   relpos_attention vs eager bias + SDPA, SDPA, span dense (CPU only)
+  bench_bias_cpu.py     a learned bias (Swin / T5) dense and with a 7x7 window vs SDPA with a
+                        gathered bias (CPU only)
   bench_apply_maps.py   apply_maps vs gather + einsum; tree maps level by level vs a loop
   bench_models_cpu.py   thesis model: fused vs reference backend, span threshold (CPU only)
 and, in this process, the third-party attention libraries that are installed:
@@ -51,6 +53,8 @@ THRESHOLD = 0.1
 SUITES = [
     ("relpos_attention", "bench_relpos_cpu.py", True,
      ["--grid", "32x32", "--grid", "48x48", "--repeats", "5", "--warmup", "1"], []),
+    ("relpos_attention bias", "bench_bias_cpu.py", True,
+     ["--grid", "32x32", "--methods", "eager,posattn,window", "--repeats", "3", "--warmup", "1"], []),
     ("apply_maps", "bench_apply_maps.py", False,
      ["--tokens", "1024", "--repeats", "3", "--tree-nodes", "4000", "--tree-dims", "16"], []),
     ("models", "bench_models_cpu.py", True, ["--grid", "14x14", "--batch", "8", "--repeats", "2"], []),

@@ -5,12 +5,12 @@ today (the table gathered into an (H, N, N) bias, the window as -inf entries of 
 scaled_dot_product_attention). Same model, same data order: the accuracies should
 agree within seed noise; the time and memory should not.
 
-Model: a token per pixel (a 28x28 grid; --patch 2: 14x14), no positional encoding besides the
+Model: 2x2-pixel patches (a 14x14 token grid; --patch 1: 28x28), no positional encoding besides the
 bias (``pe.name: none``, ``pe.bias: table`` with 13x13 entries per head, as Swin's
 7x7 windows have), ``model.window: 7`` with NATTEN's border rule, pre-LN, mean pooling.
 
 Usage:
-  python experiments/swin_bias_study.py                     # 3 seeds x 2 backends, ~15 min on 2 cores
+  python experiments/swin_bias_study.py                     # 3 seeds x 2 backends, ~12 min on 2 cores
   python experiments/swin_bias_study.py --seeds 0 --train-images 2000 --epochs 1   # a quick look
   python experiments/swin_bias_study.py --replot            # redraw from the saved CSV
 Writes experiments/results/swin_bias/{runs.csv,summary.md,swin_bias.png}.
@@ -192,14 +192,15 @@ def plot(rows, path):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--train-images", type=int, default=4000)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--train-images", type=int, default=10000)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--patch", type=int, default=1, help="patch size: 1 (28x28 tokens), 2 (14x14), 4 (7x7)")
-    p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--patch", type=int, default=2, choices=[1, 2, 4],
+                   help="patch size: 1 (28x28 tokens), 2 (14x14), 4 (7x7)")
+    p.add_argument("--dim", type=int, default=48)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--heads", type=int, default=3)
     p.add_argument("--window", type=int, default=7)
     p.add_argument("--data-root", default="data")
     p.add_argument("--out", default=OUT)

@@ -86,3 +86,18 @@ def test_bench_relpos_json(tmp_path):
     recs = json.load(open(out))
     assert [r["baseline"] for r in recs] == ["eager bias + SDPA", "SDPA without positions (floor)", "span dense"]
     assert all(r["speedup"] > 0 for r in recs)
+
+
+def test_bench_bias_json(tmp_path):
+    out = os.path.join(tmp_path, "b.json")
+    res = subprocess.run([sys.executable, os.path.join(BENCH, "bench_bias_cpu.py"), "--grid", "6x6", "--batch", "1",
+                          "--methods", "eager,posattn,window", "--window", "1", "--repeats", "1", "--warmup", "0",
+                          "--no-memory", "--json", out], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    recs = json.load(open(out))
+    assert [(r["method"], r["baseline"]) for r in recs] == [
+        ("posattn", "eager gathered bias + SDPA"), ("posattn 3-wide window", "eager gathered bias + SDPA (dense)")]
+    assert all(r["speedup"] > 0 for r in recs)
+    res = subprocess.run([sys.executable, os.path.join(BENCH, "bench_bias_cpu.py"), "--methods", "sdpa"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "unknown ['sdpa']" in res.stderr
