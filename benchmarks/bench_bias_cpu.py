@@ -28,8 +28,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
-import sys
 from datetime import date
 
 import torch
@@ -40,19 +38,9 @@ from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows
 from posattn._timing import median_seconds, peak_extra_mib
 
-from bench_common import record, write_records
+from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, write_records
 
 METHODS = ("eager", "flex", "posattn", "window")
-
-
-def parse_grid(s: str) -> list[int]:
-    try:
-        grid = [int(t) for t in s.lower().split("x")]
-    except ValueError:
-        raise SystemExit(f"--grid must look like 32x32, got {s!r}")
-    if not grid or any(n < 1 for n in grid):
-        raise SystemExit(f"--grid must list positive sizes, got {s!r}")
-    return grid
 
 
 def make_inputs(grid, batch, heads, dim, seed=0):
@@ -124,13 +112,9 @@ def child_peak_memory(args):
 
 
 def peak_memory(method, grid_str, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--grid", grid_str, "--batch",
-           str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim), "--window", str(args.window),
-           "--threads", str(args.threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        return float("nan"), res.stderr.strip().splitlines()[-1] if res.stderr else "failed"
-    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"], None
+    return child_peak_mib(__file__, ["--child", method, "--grid", grid_str, "--batch", str(args.batch), "--heads",
+                                     str(args.heads), "--dim", str(args.dim), "--window", str(args.window),
+                                     "--threads", str(args.threads)])
 
 
 def eager_bytes(grid, batch, heads):
@@ -177,10 +161,6 @@ def bench_case(grid_str, methods, args):
         print(f"  {name:8s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   peak +{mem:8.1f} MiB{extra}",
               flush=True)
     return dict(grid=grid_str, batch=args.batch, rows={m: rows[m] for m in methods if m in rows})
-
-
-def ratio(a, b):
-    return a / b if a and b and not math.isnan(a) and not math.isnan(b) and b > 0 else float("nan")
 
 
 def summary_lines(res, args):
@@ -245,13 +225,7 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--window", type=int, default=3, help="window half width (3: a 7x7 window on a 2-D grid)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--eager-limit-gib", type=float, default=14.0)
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--markdown", help="also write the results table to this file")
-    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
+    add_run_arguments(p, repeats=7, eager_limit_gib=14.0)
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.window < 0:

@@ -6,9 +6,12 @@ measured, ``memory_ratio = posattn_mib / baseline_mib`` (< 1: posattn uses less)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import subprocess
+import sys
 from typing import Optional
 
 
@@ -30,3 +33,41 @@ def write_records(path: Optional[str], records: list[dict]) -> None:
     with open(tmp, "w") as f:
         json.dump(records, f, indent=1)
     os.replace(tmp, path)
+
+
+def parse_grid(s: str) -> list[int]:
+    """``"32x32"`` -> [32, 32]; exits with a message naming --grid otherwise."""
+    try:
+        grid = [int(t) for t in s.lower().split("x")]
+    except ValueError:
+        raise SystemExit(f"--grid must look like 32x32, got {s!r}")
+    if not grid or any(n < 1 for n in grid):
+        raise SystemExit(f"--grid must list positive sizes, got {s!r}")
+    return grid
+
+
+def ratio(a, b) -> float:
+    """a / b, NaN where either is missing, NaN or b is not positive."""
+    return a / b if a and b and not math.isnan(a) and not math.isnan(b) and b > 0 else float("nan")
+
+
+def child_peak_mib(script: str, argv: list[str]) -> tuple[float, Optional[str]]:
+    """Runs ``script argv`` in a fresh process, which prints ``{"peak_extra_mib": ...}``
+    last; returns (MiB, None), or (NaN, the child's last error line)."""
+    res = subprocess.run([sys.executable, os.path.abspath(script)] + argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        return float("nan"), res.stderr.strip().splitlines()[-1] if res.stderr else "failed"
+    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"], None
+
+
+def add_run_arguments(p: argparse.ArgumentParser, repeats: int, eager_limit_gib: float) -> None:
+    """The options every operator benchmark takes: timing, threads, memory, outputs."""
+    import torch
+
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--eager-limit-gib", type=float, default=eager_limit_gib)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--markdown", help="also write the results table to this file")
+    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")

@@ -25,8 +25,6 @@ import json
 import math
 import os
 import platform
-import subprocess
-import sys
 from datetime import date
 
 import torch
@@ -37,7 +35,7 @@ from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows, span_sigma_for_keep
 from posattn._timing import median_seconds, peak_extra_mib
 
-from bench_common import record, write_records
+from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, write_records
 
 METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
 THRESHOLD = 0.1
@@ -113,26 +111,12 @@ def child_peak_memory(args):
 
 
 def peak_memory(method, grid_str, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--grid", grid_str,
-           "--batch", str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim),
-           "--keep", str(args.keep), "--threads", str(args.threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        return float("nan"), res.stderr.strip().splitlines()[-1] if res.stderr else "failed"
-    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"], None
+    return child_peak_mib(__file__, ["--child", method, "--grid", grid_str, "--batch", str(args.batch), "--heads",
+                                     str(args.heads), "--dim", str(args.dim), "--keep", str(args.keep),
+                                     "--threads", str(args.threads)])
 
 
 # --- main ---------------------------------------------------------------------
-
-
-def parse_grid(s: str) -> list[int]:
-    try:
-        grid = [int(t) for t in s.lower().split("x")]
-    except ValueError:
-        raise SystemExit(f"--grid must look like 32x32, got {s!r}")
-    if not grid or any(n < 1 for n in grid):
-        raise SystemExit(f"--grid must list positive sizes, got {s!r}")
-    return grid
 
 
 def eager_bytes(grid, batch, heads):
@@ -164,10 +148,6 @@ def bench_grid(grid_str, args):
         print(f"  {name:9s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   "
               f"peak +{mem:8.1f} MiB{extra}", flush=True)
     return dict(grid=grid_str, batch=args.batch, sigma=sigma, half=half, keep=frac, rows=rows)
-
-
-def ratio(a, b):
-    return a / b if a and b and not math.isnan(a) and not math.isnan(b) and b > 0 else float("nan")
 
 
 def summary_lines(res, args):
@@ -227,13 +207,7 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--keep", type=float, default=0.1, help="fraction of keys the span box should keep")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--eager-limit-gib", type=float, default=12.0)
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--markdown", help="also write the results table to this file")
-    p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
+    add_run_arguments(p, repeats=10, eager_limit_gib=12.0)
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
