@@ -25,20 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
-from datetime import date
 
 import torch
 import torch.nn.functional as F
 
-import posattn
 from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows
 from posattn._timing import median_seconds, peak_extra_mib
 
-from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, write_records
+from bench_common import (add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown,
+                          write_records)
 
 METHODS = ("eager", "flex", "posattn", "window")
 
@@ -202,17 +199,7 @@ def records(results, args) -> list[dict]:
 
 
 def markdown(results, args):
-    out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-           f"posattn {posattn.__version__}, {args.threads} threads, {date.today().isoformat()}", "",
-           "| grid | B | method | fwd ms | fwd+bwd ms | peak extra MiB | note |", "|---|---|---|---|---|---|---|"]
-    for res in results:
-        for name, row in res["rows"].items():
-            out.append(f"| {res['grid']} | {res['batch']} | {name} | {row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | "
-                       f"{row['peak_mib']:.1f} | {row['note']} |")
-    out.append("")
-    for res in results:
-        out.extend(summary_lines(res, args))
-    return "\n".join(out)
+    return results_markdown(results, args.threads, lambda res: summary_lines(res, args), note=True)
 
 
 def main():

@@ -71,3 +71,30 @@ def add_run_arguments(p: argparse.ArgumentParser, repeats: int, eager_limit_gib:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--markdown", help="also write the results table to this file")
     p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
+
+
+def results_markdown(results: list[dict], threads: int, summary_lines, note: bool = False) -> str:
+    """The machine line, one table row per (grid, method) of ``results`` (dicts with grid,
+    batch and rows: method -> fwd_ms, fwd_bwd_ms, peak_mib[, note]), then each result's
+    ``summary_lines(res)``."""
+    import platform
+    from datetime import date
+
+    import torch
+
+    import posattn
+
+    extra_head, extra_rule = (" note |", "---|") if note else ("", "")
+    out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+           f"posattn {posattn.__version__}, {threads} threads, {date.today().isoformat()}", "",
+           "| grid | B | method | fwd ms | fwd+bwd ms | peak extra MiB |" + extra_head,
+           "|---|---|---|---|---|---|" + extra_rule]
+    for res in results:
+        for name, row in res["rows"].items():
+            extra = f" {row['note']} |" if note else ""
+            out.append(f"| {res['grid']} | {res['batch']} | {name} | {row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | "
+                       f"{row['peak_mib']:.1f} |" + extra)
+    out.append("")
+    for res in results:
+        out.extend(summary_lines(res))
+    return "\n".join(out)
