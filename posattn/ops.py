@@ -78,6 +78,11 @@ def relpos_attention(
             row-major order.
         sigma: optional (H, G) positive span widths in normalised units
             (``x_d = delta_d / max(n_d - 1, 1)``, ``quad = 0.5 sum_d (x_d / sigma_d)^2``).
+            Of q's dtype, or float32 when q is float16 / bfloat16 (recommended:
+            its gradient, a sum over every pair of terms in 1 / sigma^3,
+            overflows float16); the gradient has sigma's dtype. Checked on the
+            CPU with a ValueError, on CUDA by a device-side assertion with the
+            same message (no host synchronisation).
         threshold: t in [0, 1). If t > 0 (requires ``sigma``) key j is kept only if
             ``|delta_d| <= min(ceil(sigma_d sqrt(-2 ln t) (n_d - 1)), n_d - 1)`` on
             every axis; the kernel then visits only the keys in that box.
@@ -85,7 +90,8 @@ def relpos_attention(
             ``"multiply"`` (``s *= exp(-quad)``, the thesis' form).
         scale: logit scale, default ``D ** -0.5``.
         causal: keep only keys j <= i (token order).
-        return_lse: also return the (B, H, N) log-sum-exp of the logits.
+        return_lse: also return the (B, H, N) log-sum-exp of the logits, in
+            float32 (float64 for float64 inputs) whatever q's dtype.
         bias: optional (H, U) learned bias per head and offset (Swin / T5 style),
             rows in the order of ``rel``; added to the logits after the scale,
             before the span. Independent of ``q_pos`` / ``rel``: either, both or
@@ -109,15 +115,16 @@ def relpos_attention(
         out_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij)
 
     A query always keeps itself under the box, window and causal masks. If a query had
-    every key masked anyway, its output row is zeros and its lse is -inf. A NaN
-    or inf reaching a kept logit or value makes the row NaN, as in the
-    reference. Differentiable once: a gradient of the gradient raises.
+    every key masked anyway, its output row is zeros and its lse is -inf. A kept
+    logit of -inf has weight 0; a NaN or +inf reaching a kept logit, or a
+    non-finite value, makes the row NaN, as in the reference. Differentiable
+    once: a gradient of the gradient raises.
 
     Returns:
         ``out`` (B, H, N, Dv), or ``(out, lse)`` if ``return_lse``.
         Differentiable in q, k, v, q_pos, rel, sigma and bias (the box is not).
-        The CPU kernels reduce the gradients of ``rel`` and ``bias`` without
-        atomics (deterministic); the CUDA kernels use atomics.
+        The backward is deterministic on every device (no atomics: every
+        gradient element is summed in a fixed order).
     """
     _check_q(q)
     grid_list = normalise_grid(grid, q.shape[2])
@@ -169,7 +176,7 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
     normalise_grid(grid, N)
     for name, t in tensors.items():
         if t is not None:
-            _check_like_q(name, t, q)
+            _check_like_q(name, t, q, float32_with_half=name == "sigma")
     if k.shape != q.shape:
         raise ValueError(f"relpos_attention: k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, H, N) or v.shape[3] < 1:
@@ -209,15 +216,21 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
                          f"(largest finite value {dtype_max})")
 
 
-def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
-    """A floating-point tensor of q's dtype and device (check_float_tensor in relpos_checks.cpp)."""
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of relpos_attention's log-sum-exp for inputs of ``dtype``: the
+    accumulation type (float32, or float64 for float64 inputs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor, float32_with_half: bool = False) -> None:
+    """A floating-point tensor of q's dtype and device (check_float_tensor in relpos_checks.cpp);
+    ``float32_with_half``: float32 is accepted too when q is float16 / bfloat16."""
     if not t.dtype.is_floating_point:
         raise TypeError(f"relpos_attention: {name} must be a floating-point tensor, got {t.dtype}")
-    if t.dtype != q.dtype:
-        raise TypeError(
-            f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; "
-            "all tensor arguments must share one dtype"
-        )
+    if t.dtype != q.dtype and not (float32_with_half and q.dtype in _HALF and t.dtype == torch.float32):
+        rule = ("it must have q's dtype (or float32 when q is float16 or bfloat16)" if float32_with_half
+                else "all tensor arguments must share one dtype")
+        raise TypeError(f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; {rule}")
     if t.device != q.device:
         raise ValueError(
             f"relpos_attention: {name} is on {t.device} but q is on {q.device}; all tensors must be on one device"
@@ -237,7 +250,15 @@ def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, s
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"relpos_attention_backward: {name} must be a tensor, got {type(t).__name__}")
-        _check_like_q(name, t, q)
+        if name in ("lse", "grad_lse"):
+            if t.dtype != lse_dtype(q.dtype):
+                raise TypeError(f"relpos_attention_backward: {name} has dtype {t.dtype} but must have "
+                                f"{lse_dtype(q.dtype)} (the dtype of the forward's lse for q of dtype {q.dtype})")
+            if t.device != q.device:
+                raise ValueError(f"relpos_attention: lse is on {t.device} but q is on {q.device}; "
+                                 "all tensors must be on one device")
+        else:
+            _check_like_q(name, t, q)
         if tuple(t.shape) != shapes[name]:
             raise ValueError(f"relpos_attention_backward: {name} must have shape {shapes[name]}, "
                              f"got {tuple(t.shape)}")
@@ -251,7 +272,7 @@ def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mod
                            window=None, window_border="clip"):
     _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
     B, H, N, _ = q.shape
-    return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
+    return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N, dtype=lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("posattn::relpos_attention_backward")

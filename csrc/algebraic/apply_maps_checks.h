@@ -12,8 +12,8 @@ namespace algebraic {
 // naming the argument.
 MapsShape check_apply_maps_inputs(const at::Tensor& x, const at::Tensor& maps, const at::Tensor& index);
 
-// Every index value in [0, P): reads the values (one reduction; on CUDA one
-// synchronisation).
+// Every index value in [0, P): reads the values on the host (the CPU kernels;
+// the CUDA kernels check on the device instead, without a synchronisation).
 void check_index_range(const at::Tensor& index, int64_t P);
 
 // grad_y must have x's shape, dtype and device.

@@ -20,6 +20,7 @@
 
 #include "../common/cpu_blas.h"
 #include "../common/cpu_vec.h"
+#include "../common/tensor_args.h"
 #include "../common/grid_index.h"
 #include "relpos_checks.h"
 #include "relpos_cpu_problem.h"
@@ -641,15 +642,6 @@ void backward_kernel(const Problem& p, const SpanTables<T>* st, const BackwardPt
 
 // ---------------------------------------------------------------------------
 // Operator entry points.
-at::Tensor opt_contig(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? t->contiguous() : at::Tensor();
-}
-
-template <typename T>
-T* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-
 void check_cpu(const at::Tensor& q) {
   TORCH_CHECK_VALUE(q.device().is_cpu(), "relpos_attention: the CPU kernel got q on ", q.device());
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,

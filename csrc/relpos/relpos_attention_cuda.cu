@@ -1,16 +1,24 @@
-// CUDA kernels of relpos_attention: a general path, one thread block per
-// (batch, head, query), exact for every head dim and dtype (float32, float64,
-// float16, bfloat16; accumulation in float, or double for float64).
+// CUDA kernels of relpos_attention: the general path, exact for every head dim and
+// dtype (float32, float64, float16, bfloat16; accumulation in float, or double for
+// float64). It is the fallback and the GPU oracle of faster paths.
 //
 // It computes exactly what the CPU kernel computes (same index math from
-// grid_index.h, same masking, span and lse conventions), in two passes over the
-// keys (max/sum, then weights times values) so that memory stays O(block) per
-// query; the backward recomputes the scores from the saved lse and accumulates
-// d k, d v, d rel, d bias and d sigma with atomics into accumulation-type buffers.
-//
-// Not yet here: tiled tensor-core kernels and skipping key tiles outside the
-// span box or window (this path visits every key and masks). Sigma values
-// are not checked on CUDA (that would need a host synchronisation).
+// grid_index.h, same masking, span and lse conventions).
+//   forward   a block per (batch, head, query), two passes over the keys the
+//             query may keep (max/sum, then weights times values): O(block)
+//             memory per query; lse in the accumulation type (float32 for
+//             half inputs) so that the backward's probabilities sum to one.
+//   backward  deterministic, no atomics: every gradient element is owned by one
+//             block, and every sum runs in a fixed order.
+//             dq, d q_pos     a block per query (query-major);
+//             dk, dv          a block per key (key-major);
+//             d rel, d bias   a block per (head, offset): the pairs at that offset;
+//             d sigma         per-(head, offset) partial sums, then one sum.
+//             The row term D_i = dO_i . out_i - d lse_i is computed first.
+// Keys are visited in the row-major range that holds the query's kept box (and
+// the causal limit); masked pairs inside it are skipped. Sigma values are
+// checked on the device (a device-side assertion: no host synchronisation, so
+// the op can be captured in a CUDA graph).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -19,135 +27,102 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "../common/grid_index.h"
+#include "../common/tensor_args.h"
 #include "relpos_checks.h"
-#include "relpos_tiling.h"
+#include "relpos_params.h"
 
 namespace posattn {
 namespace {
 
 constexpr int kThreads = 128;
 
-// Everything a kernel needs to know about a call (passed by value).
-struct CudaProblem {
-  int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0, G_in = 0;
-  int ndim = 1;                       // axes of the squeezed grid
-  int64_t n[kMaxGridDims] = {};       // their sizes
-  int64_t axis[kMaxGridDims] = {};    // their index in the given grid (for sigma)
-  int64_t rel_stride[kMaxGridDims] = {};
-  int64_t win[kMaxGridDims] = {};     // window half widths of the kept axes (n - 1 without a window)
-  bool has_pos = false, has_sigma = false, has_bias = false, has_box = false, causal = false, multiply = false;
-  bool window_shift = false;
-  double threshold = 0.0, scale = 1.0;
-};
-
-CudaProblem make_cuda_problem(const RelposShape& s, double threshold, double scale, bool causal) {
-  CudaProblem p;
-  p.B = s.B;
-  p.H = s.H;
-  p.N = s.N;
-  p.D = s.D;
-  p.Dv = s.Dv;
-  p.G_in = static_cast<int64_t>(s.grid.size());
-  const tiling::Grid g = tiling::squeeze_grid(s.grid.data(), static_cast<int>(s.grid.size()));
-  p.ndim = g.ndim;
-  int64_t stride = 1;
-  for (int d = g.ndim - 1; d >= 0; --d) {
-    p.n[d] = g.n[d];
-    p.axis[d] = g.axis[d];
-    p.rel_stride[d] = stride;
-    stride *= 2 * g.n[d] - 1;
-    p.win[d] = s.window.empty() ? g.n[d] - 1 : std::min<int64_t>(s.window[g.axis[d]], g.n[d] - 1);
-  }
-  p.has_pos = s.has_pos;
-  p.has_sigma = s.has_sigma;
-  p.has_bias = s.has_bias;
-  p.has_box = threshold > 0.0 || !s.window.empty();
-  p.window_shift = s.window_shift;
-  p.causal = causal;
-  p.multiply = s.mode == SpanMode::kMultiply;
-  p.threshold = threshold;
-  p.scale = scale;
-  return p;
-}
-
-// Per-query state kept in shared memory by a block.
+// A head's span and limits, computed by every thread of a block (G <= 8 axes).
 template <typename Acc>
-struct QueryView {
-  const Acc* q;      // (D)
-  const Acc* qpos;   // (D) or unused
-  int64_t coord[kMaxGridDims];
-  Acc inv_sigma[kMaxGridDims];
-  int64_t lo[kMaxGridDims], hi[kMaxGridDims];  // kept keys per axis (axis_key_range)
+struct Head {
+  Acc inv_sigma[kMaxGridDims];  // 1 / sigma_d (0 without a span)
+  AxisLimit lim[kMaxGridDims];  // which keys a query keeps along each axis
+  int64_t reach[kMaxGridDims];  // the largest |j_d - i_d| of a kept pair
 };
 
-// The score of key j for the block's query i; false if the pair is masked.
-// raw = scale * (q.k + qpos.rel) + bias (before the span), quad = the span's quadratic term.
-template <typename T, typename Acc>
-__device__ bool pair_score(const CudaProblem& p, const QueryView<Acc>& qv, int64_t i, int64_t j,
-                           const T* __restrict__ kh, const T* __restrict__ relh, const T* __restrict__ biash,
-                           Acc& s, Acc& raw, Acc& quad, int64_t& row) {
-  if (p.causal && j > i) return false;
-  int64_t cj[kMaxGridDims];
-  unravel_index(j, p.n, p.ndim, cj);
-  row = 0;
-  quad = 0;
-  for (int d = 0; d < p.ndim; ++d) {
-    const int64_t delta = cj[d] - qv.coord[d];
-    if (p.has_box && (cj[d] < qv.lo[d] || cj[d] > qv.hi[d])) return false;
-    row += (delta + p.n[d] - 1) * p.rel_stride[d];
-    if (p.has_sigma) {
-      const Acc x = static_cast<Acc>(normalised_offset(delta, p.n[d])) * qv.inv_sigma[d];
-      quad += Acc(0.5) * x * x;
+template <typename Acc>
+__device__ void load_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma, Head<Acc>& hd) {
+  if (p.has_sigma) {
+    for (int64_t a = 0; a < p.G_in; ++a) {
+      const double sg = sigma[h * p.G_in + a];
+      CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg),
+                             "relpos_attention: sigma must be positive and finite everywhere");
     }
   }
-  Acc dot = 0;
-  const T* kj = kh + j * p.D;
-  for (int64_t c = 0; c < p.D; ++c) dot += qv.q[c] * static_cast<Acc>(kj[c]);
-  if (p.has_pos) {
-    const T* r = relh + row * p.D;
-    for (int64_t c = 0; c < p.D; ++c) dot += qv.qpos[c] * static_cast<Acc>(r[c]);
+  for (int d = 0; d < p.g.ndim; ++d) {
+    AxisLimit& lim = hd.lim[d];
+    lim.n = p.g.n[d];
+    lim.span = p.g.n[d] - 1;
+    lim.win = p.win[d];
+    lim.shift = p.window_shift;
+    hd.inv_sigma[d] = 0;
+    if (p.has_sigma) {
+      const double sg = sigma[h * p.G_in + p.g.axis[d]];
+      hd.inv_sigma[d] = static_cast<Acc>(1.0 / sg);
+      if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
+    }
+    hd.reach[d] = axis_max_offset(lim);
   }
-  raw = static_cast<Acc>(p.scale) * dot;
-  if (p.has_bias) raw += static_cast<Acc>(biash[row]);
-  if (!p.has_sigma) {
-    s = raw;
-  } else if (p.multiply) {
-    s = raw * exp(-quad);
-  } else {
-    s = raw - quad;
+}
+
+// The kept keys of the query at `ci`, per axis: [lo_d, hi_d].
+template <typename Acc>
+__device__ void query_limits(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, int64_t* lo, int64_t* hi) {
+  for (int d = 0; d < p.g.ndim; ++d) axis_key_range(hd.lim[d], ci[d], lo[d], hi[d]);
+}
+
+// Whether key `cj` is kept by the query at `ci` (limits lo/hi), its row in the
+// offset table and the span's quadratic term.
+template <typename Acc>
+__device__ bool pair_geometry(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, const int64_t* cj,
+                              const int64_t* lo, const int64_t* hi, Acc& quad, int64_t& row) {
+  row = 0;
+  quad = 0;
+  for (int d = 0; d < p.g.ndim; ++d) {
+    if (p.has_box && (cj[d] < lo[d] || cj[d] > hi[d])) return false;
+    const int64_t delta = cj[d] - ci[d];
+    row += (delta + p.g.n[d] - 1) * p.rel_stride[d];
+    if (p.has_sigma) {
+      const Acc x = static_cast<Acc>(normalised_offset(delta, p.g.n[d])) * hd.inv_sigma[d];
+      quad += Acc(0.5) * x * x;
+    }
   }
   return true;
 }
 
-// Loads the block's query into shared memory and fills the QueryView.
-template <typename T, typename Acc>
-__device__ void load_query(const CudaProblem& p, int64_t bh, int64_t i, int64_t h, const T* q, const T* qpos,
-                           const T* sigma, Acc* q_s, Acc* qpos_s, QueryView<Acc>& qv) {
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = static_cast<Acc>(q[(bh * p.N + i) * p.D + c]);
-    if (p.has_pos) qpos_s[c] = static_cast<Acc>(qpos[(bh * p.N + i) * p.D + c]);
+template <typename Acc, typename A, typename B>
+__device__ Acc dot(const A* a, const B* b, int64_t n) {
+  Acc s = 0;
+  for (int64_t c = 0; c < n; ++c) s += static_cast<Acc>(a[c]) * static_cast<Acc>(b[c]);
+  return s;
+}
+
+// raw = scale * (q.k + q_pos.rel) + bias, and the logit after the span.
+template <typename Acc>
+__device__ Acc span_logit(const RelposParams& p, Acc raw, Acc quad) {
+  if (!p.has_sigma) return raw;
+  return p.mode == SpanMode::kMultiply ? raw * exp(-quad) : raw - quad;
+}
+
+// The softmax backward for one kept pair: dA (d raw / scale-free), d quad.
+template <typename Acc>
+__device__ void pair_backward(const RelposParams& p, Acc s, Acc quad, Acc prob, Acc dp, Acc rowd, Acc& dA,
+                              Acc& dquad) {
+  const Acc dS = prob * (dp - rowd);
+  dA = dS;
+  dquad = -dS;
+  if (p.has_sigma && p.mode == SpanMode::kMultiply) {
+    dA = dS * exp(-quad);
+    dquad = -dS * s;
   }
-  qv.q = q_s;
-  qv.qpos = qpos_s;
-  unravel_index(i, p.n, p.ndim, qv.coord);
-  for (int d = 0; d < p.ndim; ++d) {
-    qv.inv_sigma[d] = 0;
-    AxisLimit lim;
-    lim.n = p.n[d];
-    lim.span = p.n[d] - 1;
-    lim.win = p.win[d];
-    lim.shift = p.window_shift;
-    if (p.has_sigma) {
-      const double sg = static_cast<double>(sigma[h * p.G_in + p.axis[d]]);
-      qv.inv_sigma[d] = static_cast<Acc>(1.0 / sg);
-      if (p.threshold > 0.0) lim.span = span_half_width(sg, p.threshold, p.n[d]);
-    }
-    axis_key_range(lim, qv.coord[d], qv.lo[d], qv.hi[d]);
-  }
-  __syncthreads();
 }
 
 template <typename Acc>
@@ -167,37 +142,69 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
   return r;
 }
 
+// The row-major token range [first, last] that holds every kept key of a query
+// (limits lo/hi) and, with causal attention, no key after the query itself.
+__device__ void key_span(const RelposParams& p, int64_t i, const int64_t* lo, const int64_t* hi, int64_t& first,
+                         int64_t& last) {
+  first = ravel_index(lo, p.g.n, p.g.ndim);
+  last = ravel_index(hi, p.g.n, p.g.ndim);
+  if (p.causal && last > i) last = i;
+}
+
 template <typename T, typename Acc>
-__global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, const T* __restrict__ k,
-                                      const T* __restrict__ v, const T* __restrict__ qpos,
-                                      const T* __restrict__ rel, const T* __restrict__ sigma,
-                                      const T* __restrict__ bias, T* __restrict__ out, T* __restrict__ lse) {
-  extern __shared__ unsigned char smem_raw[];
-  Acc* smem = reinterpret_cast<Acc*>(smem_raw);
-  Acc* q_s = smem;                 // D
-  Acc* qpos_s = q_s + p.D;         // D
-  Acc* out_s = qpos_s + p.D;       // Dv
-  Acc* red = out_s + p.Dv;         // blockDim
-  Acc* w_s = red + blockDim.x;     // blockDim: weights of a chunk of keys
+__global__ void __launch_bounds__(kThreads)
+    relpos_forward_kernel(RelposParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const T* __restrict__ qpos, const T* __restrict__ rel, const double* __restrict__ sigma,
+                          const T* __restrict__ bias, T* __restrict__ out, Acc* __restrict__ lse) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Acc* q_s = reinterpret_cast<Acc*>(smem_raw);  // D
+  Acc* qpos_s = q_s + p.D;                      // D
+  Acc* out_s = qpos_s + p.D;                    // Dv
+  Acc* red = out_s + p.Dv;                      // blockDim
+  Acc* w_s = red + blockDim.x;                  // blockDim: weights of a chunk of keys
   const int64_t t = blockIdx.x;
   const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
-  QueryView<Acc> qv;
-  load_query<T, Acc>(p, bh, i, h, q, qpos, sigma, q_s, qpos_s, qv);
+  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+    q_s[c] = static_cast<Acc>(q[(bh * p.N + i) * p.D + c]);
+    if (p.has_pos) qpos_s[c] = static_cast<Acc>(qpos[(bh * p.N + i) * p.D + c]);
+  }
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
+  Head<Acc> hd;
+  load_head<Acc>(p, h, sigma, hd);
+  int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
+  unravel_index(i, p.g.n, p.g.ndim, ci);
+  query_limits<Acc>(p, hd, ci, lo, hi);
+  int64_t first, last;
+  key_span(p, i, lo, hi, first, last);
+  __syncthreads();
   const T* kh = k + bh * p.N * p.D;
   const T* vh = v + bh * p.N * p.Dv;
-  const int64_t U = num_offsets(p.n, p.ndim);
-  const T* relh = p.has_pos ? rel + h * U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * U : nullptr;
+  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
+  const Acc scale = static_cast<Acc>(p.scale);
+  // The logit of key j, or -inf if the pair is masked (weight 0, as on the CPU).
+  auto logit = [&](int64_t j) -> Acc {
+    int64_t cj[kMaxGridDims];
+    unravel_index(j, p.g.n, p.g.ndim, cj);
+    Acc quad;
+    int64_t row;
+    if (!pair_geometry<Acc>(p, hd, ci, cj, lo, hi, quad, row)) return neg_inf;
+    Acc dotp = dot<Acc>(q_s, kh + j * p.D, p.D);
+    if (p.has_pos) dotp += dot<Acc>(qpos_s, relh + row * p.D, p.D);
+    Acc raw = scale * dotp;
+    if (p.has_bias) raw += static_cast<Acc>(biash[row]);
+    return span_logit<Acc>(p, raw, quad);
+  };
   // pass 1: max and sum of exp over the kept keys
   Acc m = neg_inf, l = 0;
-  for (int64_t j = threadIdx.x; j < p.N; j += blockDim.x) {
-    Acc s, raw, quad;
-    int64_t row;
-    if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) continue;
+  for (int64_t j = first + threadIdx.x; j <= last; j += blockDim.x) {
+    const Acc s = logit(j);
     if (s != s || m != m) {  // a NaN logit sticks: the row's lse and output are NaN, as in the reference
       m = s + m;
       l = m;
+    } else if (s == neg_inf) {
+      continue;  // masked, or a logit of -inf: weight 0 (exp(-inf - -inf) would be NaN)
     } else if (s > m) {
       l = l * exp(m - s) + Acc(1);
       m = s;
@@ -208,129 +215,352 @@ __global__ void relpos_forward_kernel(CudaProblem p, const T* __restrict__ q, co
   const Acc M = block_reduce<Acc>(m, red, true);
   const Acc L = block_reduce<Acc>(m == neg_inf ? Acc(0) : l * exp(m - M), red, false);
   const Acc lse_i = (M == neg_inf || L <= 0) ? neg_inf : M + log(L);
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
-  __syncthreads();
   // pass 2: out = sum_j exp(s_j - lse) v_j, a chunk of blockDim keys at a time
   if (lse_i != neg_inf) {
-    for (int64_t j0 = 0; j0 < p.N; j0 += blockDim.x) {
+    for (int64_t j0 = first; j0 <= last; j0 += blockDim.x) {
       const int64_t j = j0 + threadIdx.x;
-      Acc w = 0;
-      if (j < p.N) {
-        Acc s, raw, quad;
-        int64_t row;
-        if (pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) w = exp(s - lse_i);
-      }
-      w_s[threadIdx.x] = w;
+      w_s[threadIdx.x] = j <= last ? exp(logit(j) - lse_i) : Acc(0);
       __syncthreads();
-      const int64_t rest = p.N - j0, count = rest < static_cast<int64_t>(blockDim.x) ? rest : blockDim.x;
+      const int64_t count = min(last - j0 + 1, static_cast<int64_t>(blockDim.x));
       for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
         Acc acc = out_s[c];
-        for (int64_t e = 0; e < count; ++e) acc += w_s[e] * static_cast<Acc>(vh[(j0 + e) * p.Dv + c]);
+        for (int64_t e = 0; e < count; ++e)
+          if (w_s[e] != Acc(0)) acc += w_s[e] * static_cast<Acc>(vh[(j0 + e) * p.Dv + c]);
         out_s[c] = acc;
       }
       __syncthreads();
     }
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out[(bh * p.N + i) * p.Dv + c] = static_cast<T>(out_s[c]);
-  if (threadIdx.x == 0) lse[bh * p.N + i] = static_cast<T>(lse_i);
+  if (threadIdx.x == 0) lse[bh * p.N + i] = lse_i;
 }
 
+// What the three backward kernels share: the saved statistics of query i and
+// the softmax backward of pair (i, j). `qi` and `qposi` point at query i's
+// rows (shared or global memory), `goi` at its output gradient, `kj`/`vj` at
+// key j's rows.
 template <typename T, typename Acc>
-__global__ void relpos_backward_kernel(CudaProblem p, const T* __restrict__ gout, const T* __restrict__ glse,
-                                       const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                       const T* __restrict__ qpos, const T* __restrict__ rel,
-                                       const T* __restrict__ sigma, const T* __restrict__ bias,
-                                       const T* __restrict__ out, const T* __restrict__ lse, T* __restrict__ dq,
-                                       Acc* __restrict__ dk, Acc* __restrict__ dv, T* __restrict__ dqpos,
-                                       Acc* __restrict__ drel, Acc* __restrict__ dbias, double* __restrict__ dsig) {
-  extern __shared__ unsigned char smem_raw[];
-  Acc* smem = reinterpret_cast<Acc*>(smem_raw);
-  Acc* q_s = smem;                // D
-  Acc* qpos_s = q_s + p.D;        // D
-  Acc* go_s = qpos_s + p.D;       // Dv
-  Acc* dq_s = go_s + p.Dv;        // D
-  Acc* dqpos_s = dq_s + p.D;      // D
-  Acc* red = dqpos_s + p.D;       // blockDim
+struct PairGrad {
+  bool kept;
+  Acc prob, dA, dquad;
+  int64_t row;
+};
+
+template <typename T, typename Acc, typename QT, typename KT>
+__device__ PairGrad<T, Acc> pair_grad(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci,
+                                      const int64_t* cj, const int64_t* lo, const int64_t* hi, const QT* qi,
+                                      const QT* qposi, const QT* goi, const KT* kj, const KT* vj,
+                                      const T* relh, const T* biash, Acc lse_i, Acc rowd_i) {
+  PairGrad<T, Acc> g{false, 0, 0, 0, 0};
+  Acc quad;
+  if (!pair_geometry<Acc>(p, hd, ci, cj, lo, hi, quad, g.row)) return g;
+  Acc dotp = dot<Acc>(qi, kj, p.D);
+  if (p.has_pos) dotp += dot<Acc>(qposi, relh + g.row * p.D, p.D);
+  Acc raw = static_cast<Acc>(p.scale) * dotp;
+  if (p.has_bias) raw += static_cast<Acc>(biash[g.row]);
+  const Acc s = span_logit<Acc>(p, raw, quad);
+  if (s == -static_cast<Acc>(INFINITY)) return g;  // weight 0, as in the forward
+  g.kept = true;
+  g.prob = exp(s - lse_i);
+  const Acc dp = dot<Acc>(goi, vj, p.Dv);
+  pair_backward<Acc>(p, s, quad, g.prob, dp, rowd_i, g.dA, g.dquad);
+  return g;
+}
+
+// dq and d q_pos: a block per (batch, head, query), keys in chunks of blockDim.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    relpos_backward_dq_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
+                              const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                              const T* __restrict__ qpos, const T* __restrict__ rel,
+                              const double* __restrict__ sigma, const T* __restrict__ bias,
+                              const Acc* __restrict__ lse, T* __restrict__ dq, T* __restrict__ dqpos) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int64_t* row_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: offset rows of a chunk
+  Acc* q_s = reinterpret_cast<Acc*>(row_s + blockDim.x);  // D
+  Acc* qpos_s = q_s + p.D;                                // D
+  Acc* go_s = qpos_s + p.D;                               // Dv
+  Acc* dq_s = go_s + p.Dv;                                // D
+  Acc* dqpos_s = dq_s + p.D;                              // D
+  Acc* w_s = dqpos_s + p.D;                               // blockDim: dA * scale of a chunk
   const int64_t t = blockIdx.x;
   const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
-  QueryView<Acc> qv;
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) go_s[c] = static_cast<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+    q_s[c] = static_cast<Acc>(q[(bh * p.N + i) * p.D + c]);
+    qpos_s[c] = p.has_pos ? static_cast<Acc>(qpos[(bh * p.N + i) * p.D + c]) : Acc(0);
     dq_s[c] = 0;
     dqpos_s[c] = 0;
   }
-  load_query<T, Acc>(p, bh, i, h, q, qpos, sigma, q_s, qpos_s, qv);
-  const Acc neg_inf = -static_cast<Acc>(INFINITY);
-  const Acc lse_i = static_cast<Acc>(lse[bh * p.N + i]);
-  // D_i = dO_i . out_i (the softmax backward's row term)
-  Acc part = 0;
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) part += go_s[c] * static_cast<Acc>(out[(bh * p.N + i) * p.Dv + c]);
-  const Acc Di = block_reduce<Acc>(part, red, false);
-  const Acc gl = glse != nullptr ? static_cast<Acc>(glse[bh * p.N + i]) : Acc(0);
-  const int64_t U = num_offsets(p.n, p.ndim);
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) go_s[c] = static_cast<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
+  Head<Acc> hd;
+  load_head<Acc>(p, h, sigma, hd);
+  int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
+  unravel_index(i, p.g.n, p.g.ndim, ci);
+  query_limits<Acc>(p, hd, ci, lo, hi);
+  int64_t first, last;
+  key_span(p, i, lo, hi, first, last);
+  __syncthreads();
+  const Acc lse_i = lse[bh * p.N + i], rowd_i = rowd[bh * p.N + i];
   const T* kh = k + bh * p.N * p.D;
   const T* vh = v + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * U * p.D : nullptr;
-  Acc* dkh = dk + bh * p.N * p.D;
-  Acc* dvh = dv + bh * p.N * p.Dv;
-  Acc* drelh = p.has_pos ? drel + h * U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * U : nullptr;
-  Acc* dbiash = p.has_bias ? dbias + h * U : nullptr;
+  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
-  if (lse_i != neg_inf) {
-    for (int64_t j = threadIdx.x; j < p.N; j += blockDim.x) {
-      Acc s, raw, quad;
-      int64_t row;
-      if (!pair_score<T, Acc>(p, qv, i, j, kh, relh, biash, s, raw, quad, row)) continue;
-      const Acc prob = exp(s - lse_i);
-      Acc dp = 0;
-      for (int64_t c = 0; c < p.Dv; ++c) dp += go_s[c] * static_cast<Acc>(vh[j * p.Dv + c]);
-      const Acc dS = prob * (dp - Di) + prob * gl;
-      Acc dA = dS, dquad = -dS;
-      if (p.has_sigma && p.multiply) {
-        const Acc g = exp(-quad);
-        dA = dS * g;
-        dquad = -dS * s;
-      }
-      if (p.has_sigma) {  // d sigma_d += dquad * d quad / d sigma_d = dquad * (-x_d^2 / sigma_d^3)
+  if (lse_i != -static_cast<Acc>(INFINITY)) {
+    for (int64_t j0 = first; j0 <= last; j0 += blockDim.x) {
+      const int64_t j = j0 + threadIdx.x;
+      Acc w = 0;
+      int64_t row = 0;
+      if (j <= last) {
         int64_t cj[kMaxGridDims];
-        unravel_index(j, p.n, p.ndim, cj);
-        for (int d = 0; d < p.ndim; ++d) {
-          if (p.n[d] <= 1) continue;
-          const Acc x = static_cast<Acc>(normalised_offset(cj[d] - qv.coord[d], p.n[d]));
-          const Acc is = qv.inv_sigma[d];
-          atomicAdd(dsig + h * p.G_in + p.axis[d], static_cast<double>(-dquad * x * x * is * is * is));
+        unravel_index(j, p.g.n, p.g.ndim, cj);
+        const PairGrad<T, Acc> g = pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, q_s, qpos_s, go_s, kh + j * p.D,
+                                                     vh + j * p.Dv, relh, biash, lse_i, rowd_i);
+        if (g.kept) {
+          w = g.dA * scale;
+          row = g.row;
         }
       }
-      if (p.has_bias) atomicAdd(dbiash + row, dA);
-      const Acc dAs = dA * scale;
-      for (int64_t c = 0; c < p.Dv; ++c) atomicAdd(dvh + j * p.Dv + c, prob * go_s[c]);
-      for (int64_t c = 0; c < p.D; ++c) {
-        atomicAdd(dq_s + c, dAs * static_cast<Acc>(kh[j * p.D + c]));
-        atomicAdd(dkh + j * p.D + c, dAs * q_s[c]);
-      }
-      if (p.has_pos) {
-        for (int64_t c = 0; c < p.D; ++c) {
-          atomicAdd(dqpos_s + c, dAs * static_cast<Acc>(relh[row * p.D + c]));
-          atomicAdd(drelh + row * p.D + c, dAs * qpos_s[c]);
+      w_s[threadIdx.x] = w;
+      row_s[threadIdx.x] = row;
+      __syncthreads();
+      const int64_t count = min(last - j0 + 1, static_cast<int64_t>(blockDim.x));
+      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+        Acc a = dq_s[c], b = dqpos_s[c];
+        for (int64_t e = 0; e < count; ++e) {
+          const Acc we = w_s[e];
+          if (we == Acc(0)) continue;
+          a += we * static_cast<Acc>(kh[(j0 + e) * p.D + c]);
+          if (p.has_pos) b += we * static_cast<Acc>(relh[row_s[e] * p.D + c]);
         }
+        dq_s[c] = a;
+        dqpos_s[c] = b;
       }
+      __syncthreads();
     }
   }
-  __syncthreads();
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
     dq[(bh * p.N + i) * p.D + c] = static_cast<T>(dq_s[c]);
     if (p.has_pos) dqpos[(bh * p.N + i) * p.D + c] = static_cast<T>(dqpos_s[c]);
   }
 }
 
-template <typename T>
-const T* ptr_or_null(const at::Tensor& t) {
-  return t.defined() && t.numel() > 0 ? t.data_ptr<T>() : nullptr;
+// dk and dv: a block per (batch, head, key), the queries that may keep the key
+// (within the head's reach of it, and not before it with causal attention) in
+// chunks of blockDim.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    relpos_backward_dkv_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
+                               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                               const T* __restrict__ qpos, const T* __restrict__ rel,
+                               const double* __restrict__ sigma, const T* __restrict__ bias,
+                               const Acc* __restrict__ lse, T* __restrict__ dk, T* __restrict__ dv) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Acc* k_s = reinterpret_cast<Acc*>(smem_raw);  // D
+  Acc* v_s = k_s + p.D;                         // Dv
+  Acc* dk_s = v_s + p.Dv;                       // D
+  Acc* dv_s = dk_s + p.D;                       // Dv
+  Acc* wp_s = dv_s + p.Dv;                      // blockDim: probabilities of a chunk (for dv)
+  Acc* wa_s = wp_s + blockDim.x;                // blockDim: dA * scale of a chunk (for dk)
+  const int64_t t = blockIdx.x;
+  const int64_t j = t % p.N, bh = t / p.N, h = bh % p.H;
+  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+    k_s[c] = static_cast<Acc>(k[(bh * p.N + j) * p.D + c]);
+    dk_s[c] = 0;
+  }
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
+    v_s[c] = static_cast<Acc>(v[(bh * p.N + j) * p.Dv + c]);
+    dv_s[c] = 0;
+  }
+  Head<Acc> hd;
+  load_head<Acc>(p, h, sigma, hd);
+  int64_t cj[kMaxGridDims], qlo[kMaxGridDims], qhi[kMaxGridDims];
+  unravel_index(j, p.g.n, p.g.ndim, cj);
+  for (int d = 0; d < p.g.ndim; ++d) {
+    qlo[d] = max(cj[d] - hd.reach[d], int64_t{0});
+    qhi[d] = min(cj[d] + hd.reach[d], p.g.n[d] - 1);
+  }
+  int64_t first = ravel_index(qlo, p.g.n, p.g.ndim);
+  const int64_t last = ravel_index(qhi, p.g.n, p.g.ndim);
+  if (p.causal && first < j) first = j;
+  __syncthreads();
+  const T* qh = q + bh * p.N * p.D;
+  const T* qposh = p.has_pos ? qpos + bh * p.N * p.D : nullptr;
+  const T* goh = gout + bh * p.N * p.Dv;
+  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  const Acc scale = static_cast<Acc>(p.scale);
+  for (int64_t i0 = first; i0 <= last; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x;
+    Acc wp = 0, wa = 0;
+    if (i <= last) {
+      const Acc lse_i = lse[bh * p.N + i];
+      if (lse_i != -static_cast<Acc>(INFINITY)) {
+        int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
+        unravel_index(i, p.g.n, p.g.ndim, ci);
+        query_limits<Acc>(p, hd, ci, lo, hi);
+        const PairGrad<T, Acc> g =
+            pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, qh + i * p.D, p.has_pos ? qposh + i * p.D : nullptr,
+                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, rowd[bh * p.N + i]);
+        if (g.kept) {
+          wp = g.prob;
+          wa = g.dA * scale;
+        }
+      }
+    }
+    wp_s[threadIdx.x] = wp;
+    wa_s[threadIdx.x] = wa;
+    __syncthreads();
+    const int64_t count = min(last - i0 + 1, static_cast<int64_t>(blockDim.x));
+    for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
+      Acc a = dv_s[c];
+      for (int64_t e = 0; e < count; ++e)
+        if (wp_s[e] != Acc(0)) a += wp_s[e] * static_cast<Acc>(goh[(i0 + e) * p.Dv + c]);
+      dv_s[c] = a;
+    }
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+      Acc a = dk_s[c];
+      for (int64_t e = 0; e < count; ++e)
+        if (wa_s[e] != Acc(0)) a += wa_s[e] * static_cast<Acc>(qh[(i0 + e) * p.D + c]);
+      dk_s[c] = a;
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) dk[(bh * p.N + j) * p.D + c] = static_cast<T>(dk_s[c]);
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) dv[(bh * p.N + j) * p.Dv + c] = static_cast<T>(dv_s[c]);
 }
 
-at::Tensor opt_contig(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? t->contiguous() : at::Tensor();
+// d rel, d bias and the per-offset partial sums of d sigma: a block per (head,
+// offset u), over the pairs (b, i, i + delta_u) in chunks of blockDim.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    relpos_backward_offset_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
+                                  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                  const T* __restrict__ qpos, const T* __restrict__ rel,
+                                  const double* __restrict__ sigma, const T* __restrict__ bias,
+                                  const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
+                                  double* __restrict__ dsig_part) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: flat (b, h, i) of a chunk's queries
+  Acc* drel_s = reinterpret_cast<Acc*>(qrow_s + blockDim.x);  // D
+  Acc* w_s = drel_s + p.D;                                 // blockDim: dA * scale of a chunk
+  Acc* red = w_s + blockDim.x;                             // blockDim
+  const int64_t u = blockIdx.x % p.U, h = blockIdx.x / p.U;
+  Head<Acc> hd;
+  load_head<Acc>(p, h, sigma, hd);
+  int64_t delta[kMaxGridDims], count_d[kMaxGridDims];
+  offset_of_row(u, p.g.n, p.g.ndim, delta);
+  bool reachable = true;
+  int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
+  for (int d = 0; d < p.g.ndim; ++d) {
+    const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
+    reachable &= ad <= hd.reach[d];
+    count_d[d] = p.g.n[d] - ad;
+    count *= count_d[d];
+  }
+  int64_t doff = 0;  // flat token offset of delta
+  {
+    int64_t stride = 1;
+    for (int d = p.g.ndim - 1; d >= 0; --d) {
+      doff += delta[d] * stride;
+      stride *= p.g.n[d];
+    }
+  }
+  if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
+  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
+  __syncthreads();
+  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  const Acc scale = static_cast<Acc>(p.scale);
+  Acc sum_dA = 0, sum_dquad = 0;
+  const int64_t items = reachable ? p.B * count : 0;
+  for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
+    Acc w = 0;
+    int64_t qrow = 0;
+    if (e < items) {
+      const int64_t b = e / count;
+      int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
+      for (int d = p.g.ndim - 1; d >= 0; --d) {
+        ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
+        cj[d] = ci[d] + delta[d];
+        local /= count_d[d];
+      }
+      const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
+      const int64_t bh = b * p.H + h;
+      const Acc lse_i = lse[bh * p.N + i];
+      if (lse_i != -static_cast<Acc>(INFINITY)) {
+        int64_t lo[kMaxGridDims], hi[kMaxGridDims];
+        query_limits<Acc>(p, hd, ci, lo, hi);
+        const PairGrad<T, Acc> g = pair_grad<T, Acc>(
+            p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D, p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr,
+            gout + (bh * p.N + i) * p.Dv, k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash, lse_i,
+            rowd[bh * p.N + i]);
+        if (g.kept) {
+          w = g.dA * scale;
+          qrow = bh * p.N + i;
+          sum_dA += g.dA;
+          sum_dquad += g.dquad;
+        }
+      }
+    }
+    w_s[threadIdx.x] = w;
+    qrow_s[threadIdx.x] = qrow;
+    __syncthreads();
+    if (p.has_pos) {
+      const int64_t n_chunk = min(items - e0, static_cast<int64_t>(blockDim.x));
+      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+        Acc a = drel_s[c];
+        for (int64_t x = 0; x < n_chunk; ++x)
+          if (w_s[x] != Acc(0)) a += w_s[x] * static_cast<Acc>(qpos[qrow_s[x] * p.D + c]);
+        drel_s[c] = a;
+      }
+    }
+    __syncthreads();
+  }
+  if (p.has_pos)
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel[(h * p.U + u) * p.D + c] = static_cast<T>(drel_s[c]);
+  if (p.has_bias) {
+    const Acc total = block_reduce<Acc>(sum_dA, red, false);
+    if (threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(total);
+  }
+  if (p.has_sigma) {
+    // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
+    const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
+    if (threadIdx.x == 0) {
+      for (int d = 0; d < p.g.ndim; ++d) {
+        if (p.g.n[d] <= 1) continue;
+        const double x = normalised_offset(delta[d], p.g.n[d]);
+        const double is = 1.0 / sigma[h * p.G_in + p.g.axis[d]];
+        dsig_part[(h * p.U + u) * p.G_in + p.g.axis[d]] = total == 0.0 ? 0.0 : -total * x * x * is * is * is;
+      }
+    }
+  }
+}
+
+// Grid sizes and dynamic shared memory within the device's limits, with an
+// error naming the sizes that exceed them.
+void check_blocks(int64_t blocks, const char* what) {
+  TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", what, " needs ", blocks,
+                    " thread blocks, more than a launch allows (", INT_MAX, "); split the batch");
+}
+
+template <typename Kernel>
+void reserve_smem(Kernel kernel, size_t bytes, const RelposShape& s) {
+  constexpr size_t kDefault = 48 * 1024;
+  if (bytes <= kDefault) return;
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK_VALUE(bytes <= static_cast<size_t>(optin), "relpos_attention (CUDA): head dims D = ", s.D,
+                    ", Dv = ", s.Dv, " need ", bytes, " bytes of shared memory per block, more than the device's ",
+                    optin);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// sigma as double for the kernels (a small (H, G) tensor; no host sync).
+at::Tensor sigma_double(const at::Tensor& sg) {
+  return sg.defined() ? sg.to(at::kDouble).contiguous() : at::Tensor();
 }
 
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -347,20 +577,25 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma), bs = opt_contig(bias);
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), bs = opt_contig(bias);
+  const at::Tensor sg = sigma_double(opt_contig(sigma));
   at::Tensor out = at::empty({shape.B, shape.H, shape.N, shape.Dv}, q.options());
-  at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options());
+  at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options().dtype(lse_dtype(q.scalar_type())));
   if (shape.B == 0 || shape.H == 0) return {out, lse};
-  const CudaProblem p = make_cuda_problem(shape, threshold, scale, causal);
+  const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
   const int64_t blocks = shape.B * shape.H * shape.N;
+  check_blocks(blocks, "the forward");
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_cuda", [&] {
     using acc_t = at::acc_type<scalar_t, true>;
     const size_t smem = sizeof(acc_t) * (2 * shape.D + shape.Dv + 2 * kThreads);
-    relpos_forward_kernel<scalar_t, acc_t><<<blocks, kThreads, smem, stream>>>(
-        p, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp),
-        ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(sg), ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(),
-        lse.data_ptr<scalar_t>());
+    auto kernel = relpos_forward_kernel<scalar_t, acc_t>;
+    reserve_smem(kernel, smem, shape);
+    kernel<<<blocks, kThreads, smem, stream>>>(p, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                               v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp),
+                                               ptr_or_null<scalar_t>(rl), ptr_or_null<double>(sg),
+                                               ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(),
+                                               lse.data_ptr<acc_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {out, lse};
@@ -380,42 +615,85 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), sg = opt_contig(sigma), gl = opt_contig(grad_lse),
-                   bs = opt_contig(bias);
-  const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
+  const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), bs = opt_contig(bias);
+  const at::Tensor sg = sigma_double(opt_contig(sigma));
+  const at::Tensor gout = grad_out_in.contiguous();
+  const auto acc_dtype = lse_dtype(q.scalar_type());
+  const at::Tensor lse = lse_in.to(acc_dtype).contiguous();
+  // D_i = dO_i . out_i - d lse_i, the softmax backward's row term
+  at::Tensor rowd = (gout.to(acc_dtype) * out_in.to(acc_dtype)).sum(-1);
+  if (grad_lse.has_value()) rowd = rowd - grad_lse->to(acc_dtype);
+  rowd = rowd.contiguous();
   at::Tensor dq = at::empty_like(q);
+  at::Tensor dk = at::empty_like(k);
+  at::Tensor dv = at::empty_like(v);
   at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
-  const auto acc_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor dk_acc = at::zeros(k.sizes(), k.options().dtype(acc_dtype));
-  at::Tensor dv_acc = at::zeros(v.sizes(), v.options().dtype(acc_dtype));
-  at::Tensor drel_acc = shape.has_pos ? at::zeros(rl.sizes(), rl.options().dtype(acc_dtype)) : at::Tensor();
-  at::Tensor dbias_acc = shape.has_bias ? at::zeros(bs.sizes(), bs.options().dtype(acc_dtype)) : at::Tensor();
-  at::Tensor dsig_acc = shape.has_sigma ? at::zeros(sg.sizes(), sg.options().dtype(at::kDouble)) : at::Tensor();
+  at::Tensor drel = shape.has_pos ? at::empty_like(rl) : at::empty({0}, q.options());
+  at::Tensor dbias = shape.has_bias ? at::empty_like(bs) : at::empty({0}, q.options());
+  const int64_t U = shape.has_pos || shape.has_bias || shape.has_sigma
+                        ? make_relpos_params(shape, threshold, scale, causal).U
+                        : 0;
+  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, U, static_cast<int64_t>(shape.grid.size())},
+                                                     q.options().dtype(at::kDouble))
+                                         : at::Tensor();
   if (shape.B > 0 && shape.H > 0) {
-    const CudaProblem p = make_cuda_problem(shape, threshold, scale, causal);
+    const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
     const int64_t blocks = shape.B * shape.H * shape.N;
+    check_blocks(blocks, "the backward");
     auto stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_backward_cuda", [&] {
       using acc_t = at::acc_type<scalar_t, true>;
-      const size_t smem = sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
-      relpos_backward_kernel<scalar_t, acc_t><<<blocks, kThreads, smem, stream>>>(
-          p, gout.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(gl), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-          v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp), ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(sg),
-          ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk_acc.data_ptr<acc_t>(),
-          dv_acc.data_ptr<acc_t>(), shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr,
-          shape.has_pos ? drel_acc.data_ptr<acc_t>() : nullptr,
-          shape.has_bias ? dbias_acc.data_ptr<acc_t>() : nullptr, shape.has_sigma ? dsig_acc.data_ptr<double>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const scalar_t* qpos_p = ptr_or_null<scalar_t>(qp);
+      const scalar_t* rel_p = ptr_or_null<scalar_t>(rl);
+      const scalar_t* bias_p = ptr_or_null<scalar_t>(bs);
+      const double* sig_p = ptr_or_null<double>(sg);
+      {
+        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
+        auto kernel = relpos_backward_dq_kernel<scalar_t, acc_t>;
+        reserve_smem(kernel, smem, shape);
+        kernel<<<blocks, kThreads, smem, stream>>>(
+            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(), dq.data_ptr<scalar_t>(),
+            shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      {
+        const size_t smem = sizeof(acc_t) * (2 * shape.D + 2 * shape.Dv + 2 * kThreads);
+        auto kernel = relpos_backward_dkv_kernel<scalar_t, acc_t>;
+        reserve_smem(kernel, smem, shape);
+        kernel<<<blocks, kThreads, smem, stream>>>(
+            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(), dk.data_ptr<scalar_t>(),
+            dv.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
+        const int64_t offset_blocks = shape.H * p.U;
+        check_blocks(offset_blocks, "the backward (d rel, d bias, d sigma)");
+        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (shape.D + 2 * kThreads);
+        auto kernel = relpos_backward_offset_kernel<scalar_t, acc_t>;
+        reserve_smem(kernel, smem, shape);
+        kernel<<<offset_blocks, kThreads, smem, stream>>>(
+            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(),
+            shape.has_pos ? drel.data_ptr<scalar_t>() : nullptr, shape.has_bias ? dbias.data_ptr<scalar_t>() : nullptr,
+            shape.has_sigma ? dsig_part.data_ptr<double>() : nullptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
     });
   } else {
     dq.zero_();
-    if (shape.has_pos) dqpos.zero_();
+    dk.zero_();
+    dv.zero_();
+    if (shape.has_pos) {
+      dqpos.zero_();
+      drel.zero_();
+    }
+    if (shape.has_bias) dbias.zero_();
   }
-  at::Tensor dk = dk_acc.to(q.scalar_type());
-  at::Tensor dv = dv_acc.to(q.scalar_type());
-  at::Tensor drel = shape.has_pos ? drel_acc.to(q.scalar_type()) : at::empty({0}, q.options());
-  at::Tensor dsigma = shape.has_sigma ? dsig_acc.to(q.scalar_type()) : at::empty({0}, q.options());
-  at::Tensor dbias = shape.has_bias ? dbias_acc.to(q.scalar_type()) : at::empty({0}, q.options());
+  // d sigma in sigma's own dtype (float32 is allowed with half inputs: it is a
+  // sum over every pair of terms in 1 / sigma^3, which overflows float16).
+  at::Tensor dsigma = shape.has_sigma ? dsig_part.sum(1).to(sigma->scalar_type()) : at::empty({0}, q.options());
   return {dq, dk, dv, dqpos, drel, dsigma, dbias};
 }
 

@@ -11,13 +11,31 @@
 namespace posattn {
 namespace {
 
-void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
+bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// A floating tensor of q's dtype and device. `float32_with_half`: float32 is
+// accepted too when q is float16 / bfloat16 (sigma, whose gradient overflows
+// float16).
+void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+                        bool float32_with_half = false) {
   TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()),
                    "relpos_attention: ", name, " must be a floating-point tensor, got ",
                    t.scalar_type());
-  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "relpos_attention: ", name,
-                   " has dtype ", t.scalar_type(), " but q has dtype ", q.scalar_type(),
-                   "; all tensor arguments must share one dtype");
+  const bool ok = t.scalar_type() == q.scalar_type() ||
+                  (float32_with_half && is_half(q.scalar_type()) && t.scalar_type() == at::kFloat);
+  TORCH_CHECK_TYPE(ok, "relpos_attention: ", name, " has dtype ", t.scalar_type(),
+                   " but q has dtype ", q.scalar_type(),
+                   float32_with_half ? "; it must have q's dtype (or float32 when q is float16 or bfloat16)"
+                                     : "; all tensor arguments must share one dtype");
+  TORCH_CHECK_VALUE(t.device() == q.device(), "relpos_attention: ", name, " is on ", t.device(),
+                    " but q is on ", q.device(), "; all tensors must be on one device");
+}
+
+// lse and its gradient: the accumulation type of q's dtype, on q's device.
+void check_lse_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK_TYPE(t.scalar_type() == lse_dtype(q.scalar_type()), "relpos_attention_backward: ", name,
+                   " has dtype ", t.scalar_type(), " but must have ", lse_dtype(q.scalar_type()),
+                   " (the dtype of the forward's lse for q of dtype ", q.scalar_type(), ")");
   TORCH_CHECK_VALUE(t.device() == q.device(), "relpos_attention: ", name, " is on ", t.device(),
                     " but q is on ", q.device(), "; all tensors must be on one device");
 }
@@ -141,7 +159,7 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   s.mode = parse_span_mode(span_mode);
   if (sigma.has_value()) {
     s.has_sigma = true;
-    check_float_tensor(*sigma, "sigma", q);
+    check_float_tensor(*sigma, "sigma", q, /*float32_with_half=*/true);
     TORCH_CHECK_VALUE(sigma->dim() == 2 && sigma->size(0) == s.H &&
                           sigma->size(1) == static_cast<int64_t>(grid.size()),
                       "relpos_attention: sigma must have shape (H, G) = (", s.H, ", ",
@@ -174,7 +192,7 @@ void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
   const std::vector<int64_t> lse_shape{s.B, s.H, s.N};
   check_float_tensor(grad_out, "grad_out", q);
   check_float_tensor(out, "out", q);
-  check_float_tensor(lse, "lse", q);
+  check_lse_tensor(lse, "lse", q);
   TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(out_shape),
                     "relpos_attention_backward: grad_out must have shape ", shape_str(out_shape),
                     ", got ", shape_str(grad_out.sizes()));
@@ -185,7 +203,7 @@ void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
                     "relpos_attention_backward: lse must have shape ", shape_str(lse_shape),
                     ", got ", shape_str(lse.sizes()));
   if (grad_lse.has_value()) {
-    check_float_tensor(*grad_lse, "grad_lse", q);
+    check_lse_tensor(*grad_lse, "grad_lse", q);
     TORCH_CHECK_VALUE(grad_lse->sizes() == at::IntArrayRef(lse_shape),
                       "relpos_attention_backward: grad_lse must have shape ",
                       shape_str(lse_shape), ", got ", shape_str(grad_lse->sizes()));

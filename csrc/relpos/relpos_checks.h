@@ -24,6 +24,13 @@ struct RelposShape {
 
 SpanMode parse_span_mode(const std::string& span_mode);
 
+// The dtype of the saved log-sum-exp: the accumulation type (float32 for
+// float16 / bfloat16 / float32 inputs, float64 for float64), so that the
+// backward's probabilities sum to one whatever the input precision.
+inline at::ScalarType lse_dtype(at::ScalarType q) {
+  return q == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // Checks shapes, dtypes, devices and scalar arguments; throws ValueError /
 // TypeError naming the argument. Does not read tensor values (see
 // check_sigma_values for that), so it is safe for every device.

@@ -13,13 +13,13 @@
 
 #include "../common/grid_index.h"
 #include "relpos_checks.h"
+#include "relpos_params.h"
 #include "relpos_tiling.h"
 
 namespace posattn {
 namespace relpos_cpu {
 
 using tiling::Box;
-using tiling::Grid;
 
 // Queries per tile of the tiled kernel (see tiling::tile_target). Measured on
 // 32x32 and 64x64 grids (BENCHMARKS.md): dense, 64-query tiles amortise the
@@ -34,15 +34,9 @@ constexpr T neg_inf() {
 }
 
 // ---------------------------------------------------------------------------
-// Problem description shared by forward and backward (dtype independent).
-struct Problem {
-  int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
-  Grid g;
-  int64_t rel_stride[kMaxGridDims] = {};  // row stride of each kept axis in rel
-  int64_t U = 0;
-  bool has_pos = false, has_sigma = false, has_bias = false, has_box = false, causal = false;
-  SpanMode mode = SpanMode::kAdd;
-  double scale = 1.0;
+// Problem description shared by forward and backward (dtype independent): the
+// call's RelposParams plus the CPU kernels' tiles and per-head key limits.
+struct Problem : RelposParams {
   int64_t tile[kMaxGridDims] = {};
   int64_t ntiles = 0;
   // With a box (span threshold and/or fixed window): which keys each query
@@ -86,26 +80,8 @@ struct SpanTables {
 inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma,
                             double threshold, double scale, bool causal) {
   Problem p;
-  p.B = s.B;
-  p.H = s.H;
-  p.N = s.N;
-  p.D = s.D;
-  p.Dv = s.Dv;
-  p.g = tiling::squeeze_grid(s.grid.data(), static_cast<int>(s.grid.size()));
+  static_cast<RelposParams&>(p) = make_relpos_params(s, threshold, scale, causal);
   const int G = p.g.ndim;
-  p.U = num_offsets(p.g.n, G);
-  int64_t stride = 1;
-  for (int d = G - 1; d >= 0; --d) {
-    p.rel_stride[d] = stride;
-    stride *= 2 * p.g.n[d] - 1;
-  }
-  p.has_pos = s.has_pos;
-  p.has_sigma = s.has_sigma;
-  p.has_bias = s.has_bias;
-  p.has_box = threshold > 0.0 || !s.window.empty();
-  p.causal = causal;
-  p.mode = s.mode;
-  p.scale = scale;
   // The heads share the tiles: sized for their mean reach (span or window
   // half width: a tile's keys extend that far beyond it, also for shifted
   // windows, which only move at the borders).
@@ -117,7 +93,6 @@ inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor
       sig = sigma->to(at::kDouble).contiguous();
       sp = sig.data_ptr<double>();
     }
-    const int64_t G_in = static_cast<int64_t>(s.grid.size());
     p.limits.resize(p.H * G);
     p.half.resize(p.H * G);
     for (int64_t h = 0; h < p.H; ++h)
@@ -125,8 +100,8 @@ inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor
         const int64_t n = p.g.n[d], a = p.g.axis[d];
         AxisLimit& lim = p.limits[h * G + d];
         lim.n = n;
-        lim.span = sp != nullptr ? span_half_width(sp[h * G_in + a], threshold, n) : n - 1;
-        lim.win = s.window.empty() ? n - 1 : std::min(s.window[a], n - 1);
+        lim.span = sp != nullptr ? span_half_width(sp[h * p.G_in + a], threshold, n) : n - 1;
+        lim.win = p.win[d];
         lim.shift = s.window_shift;
         p.half[h * G + d] = axis_max_offset(lim);
         mean_reach[d] += std::min(lim.span, lim.win);

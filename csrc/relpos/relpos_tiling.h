@@ -15,31 +15,9 @@
 namespace posattn {
 namespace tiling {
 
-// A grid without its size-1 axes (they change neither token order, nor offset
-// rows, nor the span): the kernels only ever see axes with n_d >= 2, or a
-// single axis of size 1 when every axis has size 1.
-struct Grid {
-  int ndim = 0;
-  int64_t n[kMaxGridDims] = {};
-  int axis[kMaxGridDims] = {};  // index of each kept axis in the caller's grid
-};
-
-inline Grid squeeze_grid(const int64_t* shape, int ndim) {
-  Grid g;
-  for (int d = 0; d < ndim; ++d) {
-    if (shape[d] > 1) {
-      g.n[g.ndim] = shape[d];
-      g.axis[g.ndim] = d;
-      ++g.ndim;
-    }
-  }
-  if (g.ndim == 0) {
-    g.ndim = 1;
-    g.n[0] = 1;
-    g.axis[0] = 0;
-  }
-  return g;
-}
+// The squeezed grid lives with the index math (grid_index.h).
+using posattn::Grid;
+using posattn::squeeze_grid;
 
 // Half-open box [lo_d, hi_d) per axis.
 struct Box {

@@ -166,7 +166,10 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
             args["q_pos"] = q[:, :, start:] + self.v_bias[:, None, :]
             args["rel"] = rel.to(q.dtype)
         if self.span is not None:
-            args.update(sigma=self.span.sigma(grid).to(q.dtype), threshold=self.span.threshold, span_mode=self.span.mode)
+            # float32 with half inputs: d sigma sums terms in 1 / sigma^3 over every pair and overflows float16
+            sigma_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+            args.update(sigma=self.span.sigma(grid).to(sigma_dtype), threshold=self.span.threshold,
+                        span_mode=self.span.mode)
         if self.position_bias is not None:
             args["bias"] = self.position_bias(grid).to(q.dtype)
         if self.window is not None:

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the whole CUDA extension on a machine without a GPU, as CI does: a
+# separate virtual environment with a CUDA build of torch (it runs on the CPU),
+# a FORCE_CUDA=1 build of posattn for sm_80 and sm_90, then checks that the
+# extension imports, that its CUDA kernels are registered with the dispatcher,
+# and runs the operator tests (on the CPU) against that build. Link errors and
+# registration mistakes show up here, without a GPU. Exits non-zero on any
+# failure. Run by .ci/run.
+#   CUDA_TORCH_VERSION  the CUDA torch to build against (default 2.14.1)
+#   CUDA_HOME           the toolkit (default: the /usr/local/cuda-* holding lib64/libcudart.so)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+PY=${PYTHON:-python3}
+CUDA_TORCH_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
+venv="$repo/build/cuda-venv"
+src="$repo/build/cuda-src"
+
+if [ -z "${CUDA_HOME:-}" ]; then
+  for d in /usr/local/cuda /usr/local/cuda-*; do
+    if [ -e "$d/lib64/libcudart.so" ]; then CUDA_HOME=$d; break; fi
+  done
+fi
+if [ -z "${CUDA_HOME:-}" ] || [ ! -e "$CUDA_HOME/lib64/libcudart.so" ]; then
+  echo "cuda_build: no CUDA toolkit with lib64/libcudart.so found; set CUDA_HOME" >&2
+  exit 1
+fi
+export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
+
+vpy="$venv/bin/python"
+if ! [ -x "$vpy" ] || ! "$vpy" -c "import torch, sys; sys.exit(not torch.__version__.startswith('$CUDA_TORCH_VERSION'))"; then
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  "$vpy" -m pip install -q "torch==${CUDA_TORCH_VERSION}" 2>&1 | sed "/WARNING: Location/d"
+  "$vpy" -m pip install -q -r requirements.txt -r requirements-dev.txt 2>&1 | sed "/WARNING: Location/d"
+fi
+"$vpy" -c "import torch; assert torch.version.cuda, 'cuda_build: torch ' + torch.__version__ + ' is not a CUDA build'; print('cuda_build: torch', torch.__version__, 'CUDA', torch.version.cuda, 'toolkit', '$CUDA_HOME')"
+
+# Build from a copy of the project's files, so that this build and the
+# checkout's CPU build (build/temp*, posattn/_C*.so) never share objects.
+rm -rf "$src"
+mkdir -p "$src"
+git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$src"
+start=$(date +%s)
+(cd "$src" && FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="8.0;9.0" MAX_JOBS="$(nproc)" \
+  "$vpy" -m pip install -q --no-build-isolation --no-deps .)
+echo "cuda_build: built in $(( $(date +%s) - start )) s"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+"$vpy" - "$repo" <<'PY'
+import os
+import sys
+
+import torch
+
+import posattn
+from posattn import _C
+
+where = os.path.dirname(os.path.abspath(posattn.__file__))
+assert "site-packages" in where and where != os.path.join(sys.argv[1], "posattn"), where
+missing = [
+    f"{op} ({key})"
+    for op in ("relpos_attention", "relpos_attention_backward", "apply_maps", "apply_maps_backward")
+    for key in ("CPU", "CUDA", "Meta")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"posattn::{op}", key)
+]
+assert not missing, "kernels not registered: " + ", ".join(missing)
+libs = open(f"/proc/{os.getpid()}/maps").read()
+assert "libcudart" in libs or "libtorch_cuda" in libs, "the extension did not load the CUDA runtime"
+print("cuda_build: posattn from", where, "registers CPU, CUDA and Meta kernels of every op")
+PY
+"$vpy" -m pytest -q -p no:cacheprovider \
+  "$repo/tests/test_relpos_attention.py" "$repo/tests/test_relpos_registration.py" \
+  "$repo/tests/test_relpos_bad_input.py" "$repo/tests/test_relpos_dtype_contract.py" "$repo/tests/test_apply_maps.py" \
+  "$repo/tests/test_relpos_cuda.py" "$repo/tests/test_apply_maps_cuda.py"
+echo "cuda_build: the CUDA build imports, registers its kernels and passes the operator tests on the CPU"

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# GPU verification and benchmark in one command, for the lent GPU machine (torch with
+# CUDA, Python 3.12, nvcc, compute-sanitizer; no network, no wandb):
+#   build     posattn with CUDA for this device's architecture, in place (PYTHONPATH=.)
+#   test      pytest -m cuda: every CUDA test against the float64 reference and the CPU
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small calls of every
+#             kernel (scripts/gpu_sanitize_cases.py)
+#   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
+# Usage: bash scripts/gpu_check.sh [build] [test] [sanitize] [bench]   (default: all four)
+# Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
+# device, versions and each step's status and seconds), build.log, pytest.log,
+# sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json. Steps share one
+# deadline (GPU_CHECK_SECONDS, default 560 s: a device call is limited to 600 s); a step
+# that would not fit is skipped and says so, and a later call can run it alone
+# (`bash scripts/gpu_check.sh bench`: the build stays on a warm machine, and `build` is
+# skipped when the extension is already built for this device). Exits non-zero if any
+# step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-build/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+deadline=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-560} ))
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
+summary="$OUT/summary.txt"
+failed=0
+
+{
+  echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) steps: ${steps[*]}"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu /'
+  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' 2>&1
+  nvcc --version 2>&1 | tail -1
+} >> "$summary"
+
+# run NAME LIMIT LOG COMMAND...: one step under the remaining time, its status in summary.txt
+run() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then
+    echo "$name: SKIPPED (no time left in this call; run \`bash scripts/gpu_check.sh $name\` next)" | tee -a "$summary"
+    failed=1
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local start rc
+  start=$(date +%s)
+  echo "== $name (at most ${limit} s) -> $log"
+  timeout "$limit" "$@" >> "$log" 2>&1
+  rc=$?
+  local verdict=ok
+  [ $rc -eq 124 ] && verdict="TIMED OUT after ${limit} s"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (exit $rc)"
+  [ $rc -ne 0 ] && failed=1
+  echo "$name: $verdict in $(( $(date +%s) - start )) s" | tee -a "$summary"
+  tail -n 3 "$log" | sed 's/^/    /'
+}
+
+arch=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo "9.0")
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    build)
+      if "$PY" -c 'import torch, posattn, sys; sys.exit(not torch._C._dispatch_has_kernel_for_dispatch_key("posattn::relpos_attention", "CUDA"))' 2>/dev/null \
+         && [ -z "$(find csrc -newer posattn/_C*.so 2>/dev/null | head -1)" ]; then
+        echo "build: up to date (CUDA kernels registered)" | tee -a "$summary"
+        continue
+      fi
+      run build 300 "$OUT/build.log" env FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" \
+        "$PY" setup.py build_ext --inplace
+      run registered 60 "$OUT/build.log" "$PY" -c '
+import torch, posattn
+for op in ("relpos_attention", "relpos_attention_backward", "apply_maps", "apply_maps_backward"):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"posattn::{op}", "CUDA"), op
+print("CUDA kernels registered")'
+      ;;
+    test)
+      run test 240 "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs \
+        tests/test_relpos_cuda.py tests/test_apply_maps_cuda.py tests/test_apply_maps.py \
+        tests/test_nn_classifier.py tests/test_nn_encoders.py
+      ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        run "sanitize-$tool" 150 "$OUT/sanitizer.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$PY" scripts/gpu_sanitize_cases.py
+      done
+      ;;
+    bench)
+      run bench-relpos 300 "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 10 \
+        --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
+      run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
+      ;;
+    *)
+      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+echo
+cat "$summary"
+exit $failed

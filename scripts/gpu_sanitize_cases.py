@@ -1,0 +1,74 @@
+"""Small calls of every CUDA kernel of posattn, forward and backward, for
+compute-sanitizer (memcheck, racecheck, synccheck) in scripts/gpu_check.sh.
+Sizes are small (the sanitizers slow kernels down ~100x) but still run every
+loop of a kernel more than once: N > 128 keys per block, D > 128 channels.
+
+  python scripts/gpu_sanitize_cases.py [--device cuda]
+"""
+import argparse
+
+import torch
+
+from posattn import ops
+
+
+def relpos_cases(device):
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        dict(grid=[5, 31], D=8, Dv=6, kw=dict(sigma=True, pos=True, threshold=0.3)),
+        dict(grid=[3, 4, 11], D=130, Dv=5, kw=dict(sigma=True, pos=True, bias=True, span_mode="multiply")),
+        dict(grid=[150], D=4, Dv=140, kw=dict(pos=False, bias=True, window=[9], window_border="shift", causal=True)),
+        dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
+    ]
+    for dtype in (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,):
+        for c in cases:
+            grid, kw = c["grid"], dict(c["kw"])
+            N, U, H, G = 1, 1, 2, len(grid)
+            for n in grid:
+                N, U = N * n, U * (2 * n - 1)
+
+            def rand(*shape):
+                return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_()
+
+            x = dict(q=rand(2, H, N, c["D"]), k=rand(2, H, N, c["D"]), v=rand(2, H, N, c["Dv"]))
+            if kw.pop("pos", False):
+                x.update(q_pos=rand(2, H, N, c["D"]), rel=rand(H, U, c["D"]))
+            if kw.pop("bias", False):
+                x["bias"] = rand(H, U)
+            if kw.pop("sigma", False):
+                x["sigma"] = (0.2 + torch.rand(H, G, generator=g)).to(device).requires_grad_()
+            out, lse = ops.relpos_attention(**x, grid=grid, return_lse=True, **kw)
+            grads = torch.autograd.grad((out.float() ** 2).sum() + lse.sum(), list(x.values()))
+            assert all(torch.isfinite(t).all() for t in grads)
+            yield f"relpos {dtype} grid {grid}"
+
+
+def apply_maps_cases(device):
+    g = torch.Generator().manual_seed(1)
+    for B, H, N, A, m, P, batched in ((3, 2, 9, 2, 70, 5, False), (2, 1, 140, 65, 2, 7, True), (1, 1, 4, 1, 128, 3, False)):
+        x = torch.randn(B, H, N, A * m, generator=g).to(device).requires_grad_()
+        maps = torch.randn(P, H, A, m, m, generator=g).to(device).requires_grad_()
+        index = torch.randint(0, P, (B, N, A) if batched else (N, A), generator=g).to(device)
+        y = ops.apply_maps(x, maps, index)
+        torch.autograd.grad((y**2).sum(), (x, maps))
+        torch.use_deterministic_algorithms(True)
+        try:
+            torch.autograd.grad((ops.apply_maps(x, maps, index) ** 2).sum(), (x, maps))
+        finally:
+            torch.use_deterministic_algorithms(False)
+        yield f"apply_maps B={B} N={N} A={A} m={m} batched={batched}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    device = torch.device(p.parse_args().device)
+    for name in list(relpos_cases(device)) + list(apply_maps_cases(device)):
+        print("ok", name, flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    print("gpu_sanitize_cases: every case ran")
+
+
+if __name__ == "__main__":
+    main()
