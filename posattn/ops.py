@@ -255,7 +255,7 @@ def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, s
                 raise TypeError(f"relpos_attention_backward: {name} has dtype {t.dtype} but must have "
                                 f"{lse_dtype(q.dtype)} (the dtype of the forward's lse for q of dtype {q.dtype})")
             if t.device != q.device:
-                raise ValueError(f"relpos_attention: lse is on {t.device} but q is on {q.device}; "
+                raise ValueError(f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
                                  "all tensors must be on one device")
         else:
             _check_like_q(name, t, q)
@@ -376,7 +376,8 @@ def apply_maps(x: torch.Tensor, maps: torch.Tensor, index: torch.Tensor) -> torc
 
     Differentiable in ``x`` and ``maps`` (a map's gradient sums over every token
     that uses it). The gathered (B, N, H, m, m) maps are never formed. Index
-    values out of range raise ValueError (on CUDA this reads the index on the host).
+    values out of range raise ValueError on the CPU; on CUDA they are checked on the device (a
+    device-side assertion with the same words, no host synchronisation).
     """
     _check_apply_maps_args(x, maps, index)
     return torch.ops.posattn.apply_maps(x, maps, index)

@@ -51,7 +51,8 @@ def relpos_scores(
     if sigma is not None:
         denom = torch.tensor([max(n - 1, 1) for n in grid], dtype=q.dtype, device=q.device)
         x = delta.to(q.dtype) / denom  # normalised offsets, (N, N, G)
-        quad = 0.5 * ((x[None] / sigma[:, None, None, :]) ** 2).sum(-1)  # (H, N, N)
+        # sigma may be float32 with half q (as the operator allows); the logits keep q's dtype
+        quad = (0.5 * ((x[None] / sigma[:, None, None, :]) ** 2).sum(-1)).to(scores.dtype)  # (H, N, N)
         if span_mode == "add":
             scores = scores - quad
         elif span_mode == "multiply":
@@ -95,11 +96,13 @@ def relpos_attention(
     """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
     scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window,
                            window_border)
+    # The softmax statistics in the accumulation type (float32, or float64), as the operator keeps them.
+    scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
     # Rows with every key masked get zeros; NaN or inf anywhere else stays visible.
     masked = torch.isneginf(lse)[..., None]
     probs = torch.exp(scores - lse[..., None].masked_fill(masked, 0.0)).masked_fill(masked, 0.0)
-    out = probs @ v
+    out = probs.to(v.dtype) @ v
     return (out, lse) if return_lse else out
 
 

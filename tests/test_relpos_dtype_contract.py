@@ -4,7 +4,7 @@ half inputs; checked here on the meta (fake) kernels and the CPU."""
 import pytest
 import torch
 
-from posattn import ops
+from posattn import ops, reference
 from conftest import make_relpos_inputs
 
 
@@ -50,3 +50,26 @@ def test_backward_refuses_an_lse_of_another_dtype(device):
     with pytest.raises(TypeError, match="lse has dtype .*float32|lse has dtype .*Float"):
         torch.ops.posattn.relpos_attention_backward(out, None, x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4],
                                                     None, 0.0, "add", 0.5, False, out, lse.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_takes_float32_sigma_with_half_inputs(dtype):
+    # what the modules pass with half inputs; the reference (CPU fallback) must take it too
+    x = make_relpos_inputs([4, 5], sigma=True, dtype=dtype, requires_grad=True)
+    x["sigma"] = x["sigma"].detach().float().requires_grad_()
+    out, lse = reference.relpos_attention(**x, grid=[4, 5], threshold=0.2, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    grads = torch.autograd.grad(out.float().sum(), list(x.values()))
+    assert grads[-1].dtype == torch.float32 and all(torch.isfinite(g).all() for g in grads)
+    want = reference.relpos_attention(**{k: t.double() for k, t in x.items()}, grid=[4, 5], threshold=0.2)
+    assert (out.double() - want).abs().max() < 0.05
+
+
+def test_positional_attention_with_half_inputs_on_the_cpu():
+    from posattn.nn import DifferentiableSpan, PositionalSelfAttention
+
+    attn = PositionalSelfAttention(16, 2, span=DifferentiableSpan(2, 2, threshold=0.1)).to(torch.bfloat16)
+    x = torch.randn(2, 20, 16, dtype=torch.bfloat16)
+    attn(x, [4, 5]).float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+

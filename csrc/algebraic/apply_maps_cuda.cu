@@ -2,7 +2,8 @@
 // float or double). One thread block per (head, token) when the index is shared
 // by the batch (each block applies its maps to the token in every batch
 // element), per (batch, head, token) otherwise. A block's A maps are the same
-// for all its rows, so they are staged in shared memory when they fit (48 KiB);
+// for all its rows, so with a shared index they are staged in shared memory
+// when they fit (48 KiB; rows padded to m + 1 values against bank conflicts);
 // the index values are checked on the device (a device-side assertion, no host
 // synchronisation: the op can be captured in a CUDA graph).
 //
@@ -31,37 +32,46 @@ namespace {
 constexpr int kThreads = 128;
 constexpr size_t kStageBytes = 48 * 1024;
 
-// Whether a block's A maps (A m^2 values) are staged in shared memory.
+// Staged maps have rows of m + 1 values, so that lanes reading one column of
+// consecutive rows hit different banks.
+inline int64_t staged_values(const MapsShape& s) { return s.A * s.m * (s.m + 1); }
+
+// Whether a block's A maps are staged in shared memory: only when the block
+// applies them to several rows (a shared index, B > 1) and they fit.
 template <typename T>
-bool stage_maps(const MapsShape& s) {
-  return static_cast<size_t>(s.A * s.m * s.m) * sizeof(T) + static_cast<size_t>(s.A) * sizeof(int64_t) <= kStageBytes;
+bool stage_maps(const MapsShape& s, int64_t inner_b) {
+  return inner_b > 1 &&
+         static_cast<size_t>(staged_values(s)) * sizeof(T) + static_cast<size_t>(s.A) * sizeof(int64_t) <= kStageBytes;
 }
 
 template <typename T>
-size_t smem_bytes(const MapsShape& s) {
-  return static_cast<size_t>(s.A) * sizeof(int64_t) + (stage_maps<T>(s) ? static_cast<size_t>(s.A * s.m * s.m) * sizeof(T) : 0);
+size_t smem_bytes(const MapsShape& s, int64_t inner_b) {
+  return static_cast<size_t>(s.A) * sizeof(int64_t) +
+         (stage_maps<T>(s, inner_b) ? static_cast<size_t>(staged_values(s)) * sizeof(T) : 0);
 }
 
 // The block's maps: moff[a] is the offset of map a in `base` (shared memory
-// when staged, else maps itself). Checks the index values on the device.
+// when staged, else maps itself) and ld its row stride (m + 1 when staged, else
+// m). Checks the index values on the device.
 template <typename T>
 __device__ const T* load_block_maps(const MapsShape& s, const T* __restrict__ maps, const int64_t* __restrict__ index,
                                     int64_t b0, int64_t n, int64_t h, bool staged, unsigned char* smem,
-                                    int64_t*& moff) {
+                                    int64_t*& moff, int64_t& ld) {
   moff = reinterpret_cast<int64_t*>(smem);
   T* maps_s = reinterpret_cast<T*>(moff + s.A);
   const int64_t mm = s.m * s.m;
+  ld = staged ? s.m + 1 : s.m;
   for (int64_t a = threadIdx.x; a < s.A; a += blockDim.x) {
     const int64_t p = index[index_offset(s, b0, n, a)];
     CUDA_KERNEL_ASSERT_MSG(p >= 0 && p < s.P, "apply_maps: index values must be in [0, P)");
-    moff[a] = staged ? a * mm : map_offset(s, p, h, a);
+    moff[a] = staged ? a * s.m * (s.m + 1) : map_offset(s, p, h, a);
   }
   __syncthreads();
   if (!staged) return maps;
   for (int64_t e = threadIdx.x; e < s.A * mm; e += blockDim.x) {  // rows of consecutive maps: coalesced
-    const int64_t a = e / mm;
+    const int64_t a = e / mm, i = (e % mm) / s.m, j = e % s.m;
     const int64_t p = index[index_offset(s, b0, n, a)];
-    maps_s[e] = (p >= 0 && p < s.P) ? maps[map_offset(s, p, h, a) + e % mm] : T(0);
+    maps_s[moff[a] + i * (s.m + 1) + j] = (p >= 0 && p < s.P) ? maps[map_offset(s, p, h, a) + e % mm] : T(0);
   }
   __syncthreads();
   return maps_s;
@@ -76,16 +86,17 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x;
   const int64_t n = t % s.N, h = (t / s.N) % s.H, b0 = t / (s.N * s.H);
   int64_t* moff;
-  const T* base = load_block_maps<T>(s, maps, index, b0, n, h, staged, smem_raw, moff);
+  int64_t ld;
+  const T* base = load_block_maps<T>(s, maps, index, b0, n, h, staged, smem_raw, moff, ld);
   for (int64_t e = threadIdx.x; e < inner_b * s.D; e += blockDim.x) {
     const int64_t b = b0 + e / s.D, d = e % s.D, a = d / s.m, i = d % s.m;
     const T* M = base + moff[a];
     const T* xb = x + x_offset(s, b, h, n, a);
     Acc acc = 0;
     if (!transpose) {
-      for (int64_t j = 0; j < s.m; ++j) acc += static_cast<Acc>(M[i * s.m + j]) * static_cast<Acc>(xb[j]);
+      for (int64_t j = 0; j < s.m; ++j) acc += static_cast<Acc>(M[i * ld + j]) * static_cast<Acc>(xb[j]);
     } else {  // (M^T x)_i = sum_j M[j, i] x_j
-      for (int64_t j = 0; j < s.m; ++j) acc += static_cast<Acc>(M[j * s.m + i]) * static_cast<Acc>(xb[j]);
+      for (int64_t j = 0; j < s.m; ++j) acc += static_cast<Acc>(M[j * ld + i]) * static_cast<Acc>(xb[j]);
     }
     y[x_offset(s, b, h, n, a) + i] = static_cast<T>(acc);
   }
@@ -100,7 +111,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x;
   const int64_t n = t % s.N, h = (t / s.N) % s.H, b0 = t / (s.N * s.H);
   int64_t* moff;
-  load_block_maps<T>(s, nullptr, index, b0, n, h, /*staged=*/false, smem_raw, moff);
+  int64_t ld;
+  load_block_maps<T>(s, nullptr, index, b0, n, h, /*staged=*/false, smem_raw, moff, ld);
   const int64_t mm = s.m * s.m;
   for (int64_t e = threadIdx.x; e < s.A * mm; e += blockDim.x) {
     const int64_t a = e / mm, i = (e % mm) / s.m, j = e % s.m;
@@ -121,7 +133,18 @@ int64_t num_blocks(const MapsShape& s) {
   const int64_t blocks = (s.batched_index ? s.B : 1) * s.H * s.N;
   TORCH_CHECK_VALUE(blocks <= INT_MAX, "apply_maps (CUDA): ", blocks,
                     " thread blocks needed, more than a launch allows; split the batch");
+  // the block's map offsets (A int64) live in shared memory
+  TORCH_CHECK_VALUE(s.A * static_cast<int64_t>(sizeof(int64_t)) <= static_cast<int64_t>(kStageBytes),
+                    "apply_maps (CUDA): A = ", s.A, " blocks per token is more than the kernels take (",
+                    kStageBytes / sizeof(int64_t), ")");
   return blocks;
+}
+
+// The index range check without a host synchronisation, for the paths that
+// launch no kernel reading the index (a device-side assertion, as in the kernels).
+void assert_index_range_async(const at::Tensor& index, int64_t P) {
+  if (index.numel() > 0)
+    at::_assert_async(((index >= 0) & (index < P)).all(), "apply_maps: index values must be in [0, P)");
 }
 
 // The deterministic d maps: every token's outer products, summed into the maps
@@ -148,14 +171,17 @@ at::Tensor apply_maps_cuda(const at::Tensor& x_in, const at::Tensor& maps_in, co
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), maps = maps_in.contiguous(), index = index_in.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
-  if (y.numel() == 0) return y;
+  if (y.numel() == 0) {
+    assert_index_range_async(index, s.P);
+    return y;
+  }
   const int64_t inner_b = s.batched_index ? 1 : s.B;
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "apply_maps_cuda", [&] {
     using acc_t = at::acc_type<scalar_t, true>;
-    apply_maps_forward_kernel<scalar_t, acc_t><<<num_blocks(s), kThreads, smem_bytes<scalar_t>(s), stream>>>(
+    apply_maps_forward_kernel<scalar_t, acc_t><<<num_blocks(s), kThreads, smem_bytes<scalar_t>(s, inner_b), stream>>>(
         s, x.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(), index.data_ptr<int64_t>(), y.data_ptr<scalar_t>(),
-        inner_b, false, stage_maps<scalar_t>(s));
+        inner_b, false, stage_maps<scalar_t>(s, inner_b));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return y;
@@ -171,7 +197,10 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& gr
   const at::Tensor x = x_in.contiguous(), maps = maps_in.contiguous(), index = index_in.contiguous();
   const at::Tensor gy = grad_y_in.contiguous();
   at::Tensor gx = need_x ? at::empty(x.sizes(), x.options()) : at::empty({0}, x.options());
-  if (x.numel() == 0) return {need_x ? gx.zero_() : gx, need_maps ? at::zeros(maps.sizes(), maps.options()) : at::empty({0}, x.options())};
+  if (x.numel() == 0) {
+    assert_index_range_async(index, s.P);
+    return {need_x ? gx.zero_() : gx, need_maps ? at::zeros(maps.sizes(), maps.options()) : at::empty({0}, x.options())};
+  }
   at::Tensor gmaps = at::empty({0}, x.options());
   const int64_t inner_b = s.batched_index ? 1 : s.B;
   const bool deterministic = at::globalContext().deterministicAlgorithms();
@@ -179,12 +208,13 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& gr
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "apply_maps_backward_cuda", [&] {
     using acc_t = at::acc_type<scalar_t, true>;
     if (need_x) {
-      apply_maps_forward_kernel<scalar_t, acc_t><<<num_blocks(s), kThreads, smem_bytes<scalar_t>(s), stream>>>(
+      apply_maps_forward_kernel<scalar_t, acc_t><<<num_blocks(s), kThreads, smem_bytes<scalar_t>(s, inner_b), stream>>>(
           s, gy.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(), index.data_ptr<int64_t>(), gx.data_ptr<scalar_t>(),
-          inner_b, true, stage_maps<scalar_t>(s));
+          inner_b, true, stage_maps<scalar_t>(s, inner_b));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (need_maps && deterministic) {
+      if (!need_x) assert_index_range_async(index, s.P);  // index_put_ would wrap negative values
       gmaps = grad_maps_deterministic(s, gy, x, index, maps);
     } else if (need_maps) {
       // float32 / float64 accumulate in place; half types through one buffer of the accumulation type

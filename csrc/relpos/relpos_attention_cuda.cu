@@ -15,8 +15,8 @@
 //             d rel, d bias   a block per (head, offset): the pairs at that offset;
 //             d sigma         per-(head, offset) partial sums, then one sum.
 //             The row term D_i = dO_i . out_i - d lse_i is computed first.
-// Keys are visited in the row-major range that holds the query's kept box (and
-// the causal limit); masked pairs inside it are skipped. Sigma values are
+// Only the keys in a query's kept box are visited (the box's cells, in row-major
+// order), and with causal attention those after the query are skipped. Sigma values are
 // checked on the device (a device-side assertion: no host synchronisation, so
 // the op can be captured in a CUDA graph).
 #include <ATen/AccumulateType.h>
@@ -29,16 +29,20 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <limits>
 
 #include "../common/grid_index.h"
 #include "../common/tensor_args.h"
 #include "relpos_checks.h"
 #include "relpos_params.h"
+#include "relpos_tiled_cuda.h"
 
 namespace posattn {
 namespace {
 
 constexpr int kThreads = 128;
+// Blocks per head of the backward's offset kernel (each takes U / kOffsetBlocks offsets).
+constexpr int64_t kOffsetBlocks = 2048;
 
 // A head's span and limits, computed by every thread of a block (G <= 8 axes).
 template <typename Acc>
@@ -66,7 +70,8 @@ __device__ void load_head(const RelposParams& p, int64_t h, const double* __rest
     hd.inv_sigma[d] = 0;
     if (p.has_sigma) {
       const double sg = sigma[h * p.G_in + p.g.axis[d]];
-      hd.inv_sigma[d] = static_cast<Acc>(1.0 / sg);
+      // clamped: 1 / a subnormal sigma overflows Acc, and 0 * inf would make a query's own logit NaN
+      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, static_cast<double>(std::numeric_limits<Acc>::max())));
       if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
     }
     hd.reach[d] = axis_max_offset(lim);
@@ -142,13 +147,29 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
   return r;
 }
 
-// The row-major token range [first, last] that holds every kept key of a query
-// (limits lo/hi) and, with causal attention, no key after the query itself.
-__device__ void key_span(const RelposParams& p, int64_t i, const int64_t* lo, const int64_t* hi, int64_t& first,
-                         int64_t& last) {
-  first = ravel_index(lo, p.g.n, p.g.ndim);
-  last = ravel_index(hi, p.g.n, p.g.ndim);
-  if (p.causal && last > i) last = i;
+// A box of tokens, [lo_d, hi_d] on every axis, visited in row-major order
+// through a local index e < count (so that only the box's cells are visited).
+struct TokenBox {
+  int64_t lo[kMaxGridDims], ext[kMaxGridDims];
+  int64_t count;
+};
+
+__device__ TokenBox make_token_box(const RelposParams& p, const int64_t* lo, const int64_t* hi) {
+  TokenBox b;
+  b.count = 1;
+  for (int d = 0; d < p.g.ndim; ++d) {
+    b.lo[d] = lo[d];
+    b.ext[d] = hi[d] >= lo[d] ? hi[d] - lo[d] + 1 : 0;
+    b.count *= b.ext[d];
+  }
+  return b;
+}
+
+__device__ int64_t box_token(const RelposParams& p, const TokenBox& b, int64_t e) {
+  int64_t c[kMaxGridDims];
+  unravel_index(e, b.ext, p.g.ndim, c);
+  for (int d = 0; d < p.g.ndim; ++d) c[d] += b.lo[d];
+  return ravel_index(c, p.g.n, p.g.ndim);
 }
 
 template <typename T, typename Acc>
@@ -157,8 +178,9 @@ __global__ void __launch_bounds__(kThreads)
                           const T* __restrict__ qpos, const T* __restrict__ rel, const double* __restrict__ sigma,
                           const T* __restrict__ bias, T* __restrict__ out, Acc* __restrict__ lse) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Acc* q_s = reinterpret_cast<Acc*>(smem_raw);  // D
-  Acc* qpos_s = q_s + p.D;                      // D
+  int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: keys of a chunk
+  Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
+  Acc* qpos_s = q_s + p.D;                                // D
   Acc* out_s = qpos_s + p.D;                    // Dv
   Acc* red = out_s + p.Dv;                      // blockDim
   Acc* w_s = red + blockDim.x;                  // blockDim: weights of a chunk of keys
@@ -174,8 +196,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
-  int64_t first, last;
-  key_span(p, i, lo, hi, first, last);
+  const TokenBox kb = make_token_box(p, lo, hi);  // the keys the query may keep
   __syncthreads();
   const T* kh = k + bh * p.N * p.D;
   const T* vh = v + bh * p.N * p.Dv;
@@ -198,7 +219,9 @@ __global__ void __launch_bounds__(kThreads)
   };
   // pass 1: max and sum of exp over the kept keys
   Acc m = neg_inf, l = 0;
-  for (int64_t j = first + threadIdx.x; j <= last; j += blockDim.x) {
+  for (int64_t e = threadIdx.x; e < kb.count; e += blockDim.x) {
+    const int64_t j = box_token(p, kb, e);
+    if (p.causal && j > i) continue;
     const Acc s = logit(j);
     if (s != s || m != m) {  // a NaN logit sticks: the row's lse and output are NaN, as in the reference
       m = s + m;
@@ -217,15 +240,22 @@ __global__ void __launch_bounds__(kThreads)
   const Acc lse_i = (M == neg_inf || L <= 0) ? neg_inf : M + log(L);
   // pass 2: out = sum_j exp(s_j - lse) v_j, a chunk of blockDim keys at a time
   if (lse_i != neg_inf) {
-    for (int64_t j0 = first; j0 <= last; j0 += blockDim.x) {
-      const int64_t j = j0 + threadIdx.x;
-      w_s[threadIdx.x] = j <= last ? exp(logit(j) - lse_i) : Acc(0);
+    for (int64_t e0 = 0; e0 < kb.count; e0 += blockDim.x) {
+      const int64_t e = e0 + threadIdx.x;
+      Acc w = 0;
+      int64_t j = 0;
+      if (e < kb.count) {
+        j = box_token(p, kb, e);
+        if (!(p.causal && j > i)) w = exp(logit(j) - lse_i);
+      }
+      w_s[threadIdx.x] = w;
+      tok_s[threadIdx.x] = j;
       __syncthreads();
-      const int64_t count = min(last - j0 + 1, static_cast<int64_t>(blockDim.x));
+      const int64_t count = min(kb.count - e0, static_cast<int64_t>(blockDim.x));
       for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
         Acc acc = out_s[c];
-        for (int64_t e = 0; e < count; ++e)
-          if (w_s[e] != Acc(0)) acc += w_s[e] * static_cast<Acc>(vh[(j0 + e) * p.Dv + c]);
+        for (int64_t x = 0; x < count; ++x)
+          if (w_s[x] != Acc(0)) acc += w_s[x] * static_cast<Acc>(vh[tok_s[x] * p.Dv + c]);
         out_s[c] = acc;
       }
       __syncthreads();
@@ -277,7 +307,8 @@ __global__ void __launch_bounds__(kThreads)
                               const Acc* __restrict__ lse, T* __restrict__ dq, T* __restrict__ dqpos) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* row_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: offset rows of a chunk
-  Acc* q_s = reinterpret_cast<Acc*>(row_s + blockDim.x);  // D
+  int64_t* tok_s = row_s + blockDim.x;                    // blockDim: its keys
+  Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
   Acc* qpos_s = q_s + p.D;                                // D
   Acc* go_s = qpos_s + p.D;                               // Dv
   Acc* dq_s = go_s + p.Dv;                                // D
@@ -297,8 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
-  int64_t first, last;
-  key_span(p, i, lo, hi, first, last);
+  const TokenBox kb = make_token_box(p, lo, hi);
   __syncthreads();
   const Acc lse_i = lse[bh * p.N + i], rowd_i = rowd[bh * p.N + i];
   const T* kh = k + bh * p.N * p.D;
@@ -307,11 +337,12 @@ __global__ void __launch_bounds__(kThreads)
   const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
   if (lse_i != -static_cast<Acc>(INFINITY)) {
-    for (int64_t j0 = first; j0 <= last; j0 += blockDim.x) {
-      const int64_t j = j0 + threadIdx.x;
+    for (int64_t e0 = 0; e0 < kb.count; e0 += blockDim.x) {
+      const int64_t e = e0 + threadIdx.x;
       Acc w = 0;
-      int64_t row = 0;
-      if (j <= last) {
+      int64_t row = 0, j = 0;
+      if (e < kb.count) j = box_token(p, kb, e);
+      if (e < kb.count && !(p.causal && j > i)) {
         int64_t cj[kMaxGridDims];
         unravel_index(j, p.g.n, p.g.ndim, cj);
         const PairGrad<T, Acc> g = pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, q_s, qpos_s, go_s, kh + j * p.D,
@@ -323,15 +354,16 @@ __global__ void __launch_bounds__(kThreads)
       }
       w_s[threadIdx.x] = w;
       row_s[threadIdx.x] = row;
+      tok_s[threadIdx.x] = j;
       __syncthreads();
-      const int64_t count = min(last - j0 + 1, static_cast<int64_t>(blockDim.x));
+      const int64_t count = min(kb.count - e0, static_cast<int64_t>(blockDim.x));
       for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
         Acc a = dq_s[c], b = dqpos_s[c];
-        for (int64_t e = 0; e < count; ++e) {
-          const Acc we = w_s[e];
+        for (int64_t x = 0; x < count; ++x) {
+          const Acc we = w_s[x];
           if (we == Acc(0)) continue;
-          a += we * static_cast<Acc>(kh[(j0 + e) * p.D + c]);
-          if (p.has_pos) b += we * static_cast<Acc>(relh[row_s[e] * p.D + c]);
+          a += we * static_cast<Acc>(kh[tok_s[x] * p.D + c]);
+          if (p.has_pos) b += we * static_cast<Acc>(relh[row_s[x] * p.D + c]);
         }
         dq_s[c] = a;
         dqpos_s[c] = b;
@@ -356,8 +388,9 @@ __global__ void __launch_bounds__(kThreads)
                                const double* __restrict__ sigma, const T* __restrict__ bias,
                                const Acc* __restrict__ lse, T* __restrict__ dk, T* __restrict__ dv) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Acc* k_s = reinterpret_cast<Acc*>(smem_raw);  // D
-  Acc* v_s = k_s + p.D;                         // Dv
+  int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: queries of a chunk
+  Acc* k_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
+  Acc* v_s = k_s + p.D;                                   // Dv
   Acc* dk_s = v_s + p.Dv;                       // D
   Acc* dv_s = dk_s + p.D;                       // Dv
   Acc* wp_s = dv_s + p.Dv;                      // blockDim: probabilities of a chunk (for dv)
@@ -380,9 +413,7 @@ __global__ void __launch_bounds__(kThreads)
     qlo[d] = max(cj[d] - hd.reach[d], int64_t{0});
     qhi[d] = min(cj[d] + hd.reach[d], p.g.n[d] - 1);
   }
-  int64_t first = ravel_index(qlo, p.g.n, p.g.ndim);
-  const int64_t last = ravel_index(qhi, p.g.n, p.g.ndim);
-  if (p.causal && first < j) first = j;
+  const TokenBox qb = make_token_box(p, qlo, qhi);  // the queries that may keep key j
   __syncthreads();
   const T* qh = q + bh * p.N * p.D;
   const T* qposh = p.has_pos ? qpos + bh * p.N * p.D : nullptr;
@@ -390,10 +421,12 @@ __global__ void __launch_bounds__(kThreads)
   const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
-  for (int64_t i0 = first; i0 <= last; i0 += blockDim.x) {
-    const int64_t i = i0 + threadIdx.x;
+  for (int64_t e0 = 0; e0 < qb.count; e0 += blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
     Acc wp = 0, wa = 0;
-    if (i <= last) {
+    int64_t i = 0;
+    if (e < qb.count) i = box_token(p, qb, e);
+    if (e < qb.count && !(p.causal && i < j)) {
       const Acc lse_i = lse[bh * p.N + i];
       if (lse_i != -static_cast<Acc>(INFINITY)) {
         int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
@@ -410,18 +443,19 @@ __global__ void __launch_bounds__(kThreads)
     }
     wp_s[threadIdx.x] = wp;
     wa_s[threadIdx.x] = wa;
+    tok_s[threadIdx.x] = i;
     __syncthreads();
-    const int64_t count = min(last - i0 + 1, static_cast<int64_t>(blockDim.x));
+    const int64_t count = min(qb.count - e0, static_cast<int64_t>(blockDim.x));
     for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
       Acc a = dv_s[c];
-      for (int64_t e = 0; e < count; ++e)
-        if (wp_s[e] != Acc(0)) a += wp_s[e] * static_cast<Acc>(goh[(i0 + e) * p.Dv + c]);
+      for (int64_t x = 0; x < count; ++x)
+        if (wp_s[x] != Acc(0)) a += wp_s[x] * static_cast<Acc>(goh[tok_s[x] * p.Dv + c]);
       dv_s[c] = a;
     }
     for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
       Acc a = dk_s[c];
-      for (int64_t e = 0; e < count; ++e)
-        if (wa_s[e] != Acc(0)) a += wa_s[e] * static_cast<Acc>(qh[(i0 + e) * p.D + c]);
+      for (int64_t x = 0; x < count; ++x)
+        if (wa_s[x] != Acc(0)) a += wa_s[x] * static_cast<Acc>(qh[tok_s[x] * p.D + c]);
       dk_s[c] = a;
     }
     __syncthreads();
@@ -430,119 +464,130 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) dv[(bh * p.N + j) * p.Dv + c] = static_cast<T>(dv_s[c]);
 }
 
-// d rel, d bias and the per-offset partial sums of d sigma: a block per (head,
-// offset u), over the pairs (b, i, i + delta_u) in chunks of blockDim.
+// d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
+// offsets u = b, b + per_head, ... in turn: for each, the pairs (batch, i,
+// i + delta_u) in chunks of blockDim; d rel and d bias of u are written by
+// this block alone, and d sigma is summed per block (offsets in order) into
+// dsig_part (H, per_head, G_in), reduced afterwards.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    relpos_backward_offset_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
-                                  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                  const T* __restrict__ qpos, const T* __restrict__ rel,
+    relpos_backward_offset_kernel(RelposParams p, int64_t per_head, const T* __restrict__ gout,
+                                  const Acc* __restrict__ rowd, const T* __restrict__ q, const T* __restrict__ k,
+                                  const T* __restrict__ v, const T* __restrict__ qpos, const T* __restrict__ rel,
                                   const double* __restrict__ sigma, const T* __restrict__ bias,
                                   const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
                                   double* __restrict__ dsig_part) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: flat (b, h, i) of a chunk's queries
+  int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);     // blockDim: flat (b, h, i) of a chunk's queries
   Acc* drel_s = reinterpret_cast<Acc*>(qrow_s + blockDim.x);  // D
-  Acc* w_s = drel_s + p.D;                                 // blockDim: dA * scale of a chunk
-  Acc* red = w_s + blockDim.x;                             // blockDim
-  const int64_t u = blockIdx.x % p.U, h = blockIdx.x / p.U;
+  Acc* w_s = drel_s + p.D;                                    // blockDim: dA * scale of a chunk
+  Acc* red = w_s + blockDim.x;                                // blockDim
+  const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
   Head<Acc> hd;
   load_head<Acc>(p, h, sigma, hd);
-  int64_t delta[kMaxGridDims], count_d[kMaxGridDims];
-  offset_of_row(u, p.g.n, p.g.ndim, delta);
-  bool reachable = true;
-  int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
-  for (int d = 0; d < p.g.ndim; ++d) {
-    const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
-    reachable &= ad <= hd.reach[d];
-    count_d[d] = p.g.n[d] - ad;
-    count *= count_d[d];
-  }
-  int64_t doff = 0;  // flat token offset of delta
-  {
-    int64_t stride = 1;
-    for (int d = p.g.ndim - 1; d >= 0; --d) {
-      doff += delta[d] * stride;
-      stride *= p.g.n[d];
-    }
-  }
-  if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
-  __syncthreads();
   const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
-  Acc sum_dA = 0, sum_dquad = 0;
-  const int64_t items = reachable ? p.B * count : 0;
-  for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
-    const int64_t e = e0 + threadIdx.x;
-    Acc w = 0;
-    int64_t qrow = 0;
-    if (e < items) {
-      const int64_t b = e / count;
-      int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
-      for (int d = p.g.ndim - 1; d >= 0; --d) {
-        ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
-        cj[d] = ci[d] + delta[d];
-        local /= count_d[d];
-      }
-      const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
-      const int64_t bh = b * p.H + h;
-      const Acc lse_i = lse[bh * p.N + i];
-      if (lse_i != -static_cast<Acc>(INFINITY)) {
-        int64_t lo[kMaxGridDims], hi[kMaxGridDims];
-        query_limits<Acc>(p, hd, ci, lo, hi);
-        const PairGrad<T, Acc> g = pair_grad<T, Acc>(
-            p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D, p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr,
-            gout + (bh * p.N + i) * p.Dv, k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash, lse_i,
-            rowd[bh * p.N + i]);
-        if (g.kept) {
-          w = g.dA * scale;
-          qrow = bh * p.N + i;
-          sum_dA += g.dA;
-          sum_dquad += g.dquad;
+  double dsig[kMaxGridDims] = {};  // this block's d sigma per kept axis (thread 0)
+  for (int64_t u = blk; u < p.U; u += per_head) {
+    int64_t delta[kMaxGridDims], count_d[kMaxGridDims];
+    offset_of_row(u, p.g.n, p.g.ndim, delta);
+    bool reachable = true;
+    int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
+    for (int d = 0; d < p.g.ndim; ++d) {
+      const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
+      reachable &= ad <= hd.reach[d];
+      count_d[d] = p.g.n[d] - ad;
+      count *= count_d[d];
+    }
+    int64_t doff = 0;  // flat token offset of delta
+    for (int64_t d = p.g.ndim - 1, stride = 1; d >= 0; --d) {
+      doff += delta[d] * stride;
+      stride *= p.g.n[d];
+    }
+    if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
+    if (!reachable) {  // no kept pair: zero gradients (uniform across the block: no barrier skipped)
+      for (int64_t c = threadIdx.x; c < (p.has_pos ? p.D : 0); c += blockDim.x)
+        drel[(h * p.U + u) * p.D + c] = static_cast<T>(0);
+      if (p.has_bias && threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(0);
+      continue;
+    }
+    __syncthreads();  // the previous offset is done with drel_s, w_s, qrow_s and red
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
+    Acc sum_dA = 0, sum_dquad = 0;
+    const int64_t items = p.B * count;
+    for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
+      const int64_t e = e0 + threadIdx.x;
+      Acc w = 0;
+      int64_t qrow = 0;
+      if (e < items) {
+        const int64_t b = e / count;
+        int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
+        for (int d = p.g.ndim - 1; d >= 0; --d) {
+          ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
+          cj[d] = ci[d] + delta[d];
+          local /= count_d[d];
+        }
+        const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
+        const int64_t bh = b * p.H + h;
+        const Acc lse_i = lse[bh * p.N + i];
+        if (lse_i != -static_cast<Acc>(INFINITY)) {
+          int64_t lo[kMaxGridDims], hi[kMaxGridDims];
+          query_limits<Acc>(p, hd, ci, lo, hi);
+          const PairGrad<T, Acc> g = pair_grad<T, Acc>(
+              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D, p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr,
+              gout + (bh * p.N + i) * p.Dv, k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash,
+              lse_i, rowd[bh * p.N + i]);
+          if (g.kept) {
+            w = g.dA * scale;
+            qrow = bh * p.N + i;
+            sum_dA += g.dA;
+            sum_dquad += g.dquad;
+          }
         }
       }
-    }
-    w_s[threadIdx.x] = w;
-    qrow_s[threadIdx.x] = qrow;
-    __syncthreads();
-    if (p.has_pos) {
-      const int64_t n_chunk = min(items - e0, static_cast<int64_t>(blockDim.x));
-      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-        Acc a = drel_s[c];
-        for (int64_t x = 0; x < n_chunk; ++x)
-          if (w_s[x] != Acc(0)) a += w_s[x] * static_cast<Acc>(qpos[qrow_s[x] * p.D + c]);
-        drel_s[c] = a;
+      w_s[threadIdx.x] = w;
+      qrow_s[threadIdx.x] = qrow;
+      __syncthreads();
+      if (p.has_pos) {
+        const int64_t n_chunk = min(items - e0, static_cast<int64_t>(blockDim.x));
+        for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
+          Acc a = drel_s[c];
+          for (int64_t x = 0; x < n_chunk; ++x)
+            if (w_s[x] != Acc(0)) a += w_s[x] * static_cast<Acc>(qpos[qrow_s[x] * p.D + c]);
+          drel_s[c] = a;
+        }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  if (p.has_pos)
-    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel[(h * p.U + u) * p.D + c] = static_cast<T>(drel_s[c]);
-  if (p.has_bias) {
-    const Acc total = block_reduce<Acc>(sum_dA, red, false);
-    if (threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(total);
-  }
-  if (p.has_sigma) {
-    // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
-    const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
-    if (threadIdx.x == 0) {
-      for (int d = 0; d < p.g.ndim; ++d) {
-        if (p.g.n[d] <= 1) continue;
-        const double x = normalised_offset(delta[d], p.g.n[d]);
-        const double is = 1.0 / sigma[h * p.G_in + p.g.axis[d]];
-        dsig_part[(h * p.U + u) * p.G_in + p.g.axis[d]] = total == 0.0 ? 0.0 : -total * x * x * is * is * is;
-      }
+    if (p.has_pos)
+      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
+        drel[(h * p.U + u) * p.D + c] = static_cast<T>(drel_s[c]);
+    if (p.has_bias) {
+      const Acc total = block_reduce<Acc>(sum_dA, red, false);
+      if (threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(total);
+    }
+    if (p.has_sigma) {
+      // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
+      const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
+      if (threadIdx.x == 0 && total != 0.0)
+        for (int d = 0; d < p.g.ndim; ++d) {
+          if (p.g.n[d] <= 1) continue;
+          const double x = normalised_offset(delta[d], p.g.n[d]);
+          const double is = 1.0 / sigma[h * p.G_in + p.g.axis[d]];
+          dsig[d] += -total * x * x * is * is * is;
+        }
     }
   }
+  if (p.has_sigma && threadIdx.x == 0)
+    for (int d = 0; d < p.g.ndim; ++d) dsig_part[(h * per_head + blk) * p.G_in + p.g.axis[d]] = dsig[d];
 }
 
 // Grid sizes and dynamic shared memory within the device's limits, with an
 // error naming the sizes that exceed them.
-void check_blocks(int64_t blocks, const char* what) {
+void check_blocks(int64_t blocks, const char* what, const char* remedy = "split the batch") {
   TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", what, " needs ", blocks,
-                    " thread blocks, more than a launch allows (", INT_MAX, "); split the batch");
+                    " thread blocks, more than a launch allows (", INT_MAX, "); ", remedy);
 }
 
 template <typename Kernel>
@@ -583,12 +628,16 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
   at::Tensor lse = at::empty({shape.B, shape.H, shape.N}, q.options().dtype(lse_dtype(q.scalar_type())));
   if (shape.B == 0 || shape.H == 0) return {out, lse};
   const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
+  if (choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl}) == CudaKernel::kTiled) {
+    relpos_tiled_forward(p, q, k, v, qp, rl, sg, bs, out, lse);
+    return {out, lse};
+  }
   const int64_t blocks = shape.B * shape.H * shape.N;
   check_blocks(blocks, "the forward");
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_cuda", [&] {
     using acc_t = at::acc_type<scalar_t, true>;
-    const size_t smem = sizeof(acc_t) * (2 * shape.D + shape.Dv + 2 * kThreads);
+    const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (2 * shape.D + shape.Dv + 2 * kThreads);
     auto kernel = relpos_forward_kernel<scalar_t, acc_t>;
     reserve_smem(kernel, smem, shape);
     kernel<<<blocks, kThreads, smem, stream>>>(p, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
@@ -630,10 +679,10 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
   at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
   at::Tensor drel = shape.has_pos ? at::empty_like(rl) : at::empty({0}, q.options());
   at::Tensor dbias = shape.has_bias ? at::empty_like(bs) : at::empty({0}, q.options());
-  const int64_t U = shape.has_pos || shape.has_bias || shape.has_sigma
-                        ? make_relpos_params(shape, threshold, scale, causal).U
-                        : 0;
-  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, U, static_cast<int64_t>(shape.grid.size())},
+  // blocks per head of the offset kernel: every offset once, at most kOffsetBlocks blocks
+  const int64_t U = make_relpos_params(shape, threshold, scale, causal).U;
+  const int64_t per_head = std::min<int64_t>(U, kOffsetBlocks);
+  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, per_head, static_cast<int64_t>(shape.grid.size())},
                                                      q.options().dtype(at::kDouble))
                                          : at::Tensor();
   if (shape.B > 0 && shape.H > 0) {
@@ -648,7 +697,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
       const scalar_t* bias_p = ptr_or_null<scalar_t>(bs);
       const double* sig_p = ptr_or_null<double>(sg);
       {
-        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
+        const size_t smem = 2 * sizeof(int64_t) * kThreads + sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
         auto kernel = relpos_backward_dq_kernel<scalar_t, acc_t>;
         reserve_smem(kernel, smem, shape);
         kernel<<<blocks, kThreads, smem, stream>>>(
@@ -658,7 +707,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       {
-        const size_t smem = sizeof(acc_t) * (2 * shape.D + 2 * shape.Dv + 2 * kThreads);
+        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (2 * shape.D + 2 * shape.Dv + 2 * kThreads);
         auto kernel = relpos_backward_dkv_kernel<scalar_t, acc_t>;
         reserve_smem(kernel, smem, shape);
         kernel<<<blocks, kThreads, smem, stream>>>(
@@ -668,13 +717,13 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       if (shape.has_pos || shape.has_bias || shape.has_sigma) {
-        const int64_t offset_blocks = shape.H * p.U;
-        check_blocks(offset_blocks, "the backward (d rel, d bias, d sigma)");
+        const int64_t offset_blocks = shape.H * per_head;
+        check_blocks(offset_blocks, "the backward (d rel, d bias, d sigma)", "use fewer heads");
         const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (shape.D + 2 * kThreads);
         auto kernel = relpos_backward_offset_kernel<scalar_t, acc_t>;
         reserve_smem(kernel, smem, shape);
         kernel<<<offset_blocks, kThreads, smem, stream>>>(
-            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+            p, per_head, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
             v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(),
             shape.has_pos ? drel.data_ptr<scalar_t>() : nullptr, shape.has_bias ? dbias.data_ptr<scalar_t>() : nullptr,
             shape.has_sigma ? dsig_part.data_ptr<double>() : nullptr);

@@ -33,7 +33,8 @@ inline at::ScalarType lse_dtype(at::ScalarType q) {
 
 // Checks shapes, dtypes, devices and scalar arguments; throws ValueError /
 // TypeError naming the argument. Does not read tensor values (see
-// check_sigma_values for that), so it is safe for every device.
+// check_sigma_values_cpu, or the CUDA kernels' device-side check, for that), so it
+// is safe for every device.
 RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const c10::optional<at::Tensor>& q_pos,
                                 const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,

@@ -25,9 +25,9 @@ struct Box {
   int64_t hi[kMaxGridDims] = {};
 };
 
-inline int64_t box_volume(const Box& b, int ndim) {
+POSATTN_HD int64_t box_volume(const Box& b, int ndim) {
   int64_t v = 1;
-  for (int d = 0; d < ndim; ++d) v *= std::max<int64_t>(b.hi[d] - b.lo[d], 0);
+  for (int d = 0; d < ndim; ++d) v *= b.hi[d] > b.lo[d] ? b.hi[d] - b.lo[d] : 0;
   return v;
 }
 
@@ -75,21 +75,21 @@ inline int64_t tile_target(const Grid& g, const int64_t* half, int64_t dense_tar
   return std::max(target, min_target);
 }
 
-inline int64_t num_tiles(const Grid& g, const int64_t* tile) {
+POSATTN_HD int64_t num_tiles(const Grid& g, const int64_t* tile) {
   int64_t t = 1;
   for (int d = 0; d < g.ndim; ++d) t *= (g.n[d] + tile[d] - 1) / tile[d];
   return t;
 }
 
 // The `index`-th tile in row-major order of tiles; edge tiles are clipped.
-inline Box tile_box(const Grid& g, const int64_t* tile, int64_t index) {
+POSATTN_HD Box tile_box(const Grid& g, const int64_t* tile, int64_t index) {
   Box b;
   for (int d = g.ndim - 1; d >= 0; --d) {
     const int64_t count = (g.n[d] + tile[d] - 1) / tile[d];
     const int64_t i = index % count;
     index /= count;
     b.lo[d] = i * tile[d];
-    b.hi[d] = std::min(b.lo[d] + tile[d], g.n[d]);
+    b.hi[d] = b.lo[d] + tile[d] < g.n[d] ? b.lo[d] + tile[d] : g.n[d];
   }
   return b;
 }
@@ -100,7 +100,7 @@ inline Box tile_box(const Grid& g, const int64_t* tile, int64_t index) {
 // coordinate past the tile's last one (every such key comes later in token
 // order than every query of the tile). The ranges never decrease along an
 // axis, so the tile's first and last coordinates bound the region.
-inline Box key_region(const Grid& g, const Box& tile, const AxisLimit* limits, bool causal) {
+POSATTN_HD Box key_region(const Grid& g, const Box& tile, const AxisLimit* limits, bool causal) {
   Box r;
   for (int d = 0; d < g.ndim; ++d) {
     if (limits != nullptr) {
@@ -113,7 +113,7 @@ inline Box key_region(const Grid& g, const Box& tile, const AxisLimit* limits, b
       r.hi[d] = g.n[d];
     }
   }
-  if (causal) r.hi[0] = std::min(r.hi[0], tile.hi[0]);
+  if (causal && tile.hi[0] < r.hi[0]) r.hi[0] = tile.hi[0];
   return r;
 }
 

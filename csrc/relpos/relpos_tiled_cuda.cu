@@ -1,0 +1,484 @@
+// Tiled tensor-core forward of relpos_attention (FlashAttention-2 style), float16 /
+// bfloat16 inputs with float32 accumulation, D == Dv in {32, 64, 128}, sm_80+.
+//
+// A block (4 warps) owns a query tile: a box of at most 64 cells of the grid
+// (tiling::choose_tile, as on the CPU). It visits only the keys its queries may
+// keep (tiling::key_region: the union of their span / window boxes, and nothing
+// past the tile with causal attention), cut into key chunks of the tile's shape,
+// so that the time falls with the kept keys. Per chunk:
+//   S  = Q K^T                              wmma 16x16x16, fp32 accumulators
+//   S += Qpos RelBox^T, scattered           the rows of rel for the offsets between
+//                                           the tile and the chunk (the "offset box"
+//                                           of extent tile + chunk - 1 per axis, clipped
+//                                           to the head's reach), 64 rows at a time;
+//                                           entry (query r, key c) sits at qbox[r] + kbox[c]
+//   logits: scale, bias, span, masks        per element, 2 threads per query row
+//   online softmax in registers, P (bf16 / f16) in shared memory, O += P V (wmma)
+// lse is stored in float32; the backward (general path) reads it.
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "../common/grid_index.h"
+#include "relpos_tiled_cuda.h"
+#include "relpos_tiling.h"
+
+namespace posattn {
+namespace {
+
+constexpr int kBQ = 64;       // query slots of a tile
+constexpr int kBK = 64;       // key slots of a chunk
+constexpr int kThreads = 128;  // 4 warps, 16 query rows each
+constexpr int kPad = 8;       // elements of padding per 16-bit row (16 bytes: wmma needs ldm % 8 == 0)
+
+template <typename CT>
+struct Cvt;
+template <>
+struct Cvt<__half> {
+  static __device__ float f(__half x) { return __half2float(x); }
+  static __device__ __half t(float x) { return __float2half(x); }
+};
+template <>
+struct Cvt<__nv_bfloat16> {
+  static __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
+};
+
+struct TiledArgs {
+  RelposParams p;
+  int64_t tile[kMaxGridDims];  // tile extents per axis of p.g
+  int64_t tiles;               // tiles per (batch, head)
+};
+
+template <int D>
+struct Layout {
+  static constexpr int LD = D + kPad;                      // row stride of the 16-bit tiles
+  static constexpr int LS = (D > kBK ? D : kBK) + 4;       // row stride of the float scratch
+  static constexpr int LP = kBK + kPad;                    // row stride of P
+  static constexpr size_t tiles16 = size_t(5) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K, V, Rel, P
+  static constexpr size_t bytes(int G) {
+    return tiles16 * 2 + size_t(kBQ) * LS * 4                 // S / T / O scratch
+           + size_t(kBQ + kBK) * 8                             // qrel, krel (int64)
+           + size_t(kBQ + kBK) * 4 * 2                         // qtok, ktok, qbox, kbox
+           + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;   // qc, klo, khi; kc
+  }
+};
+
+// Copies `rows` rows of D 16-bit values (row r from src + row_off[r] * D, zeros
+// where row_off[r] < 0) into dst (row stride LD), 16 bytes per thread and step.
+template <typename CT, int D, int LD>
+__device__ void load_rows(CT* dst, const CT* __restrict__ src, const int64_t* row_off, int rows) {
+  constexpr int V = D / 8;  // 16-byte vectors per row
+  for (int e = threadIdx.x; e < rows * V; e += blockDim.x) {
+    const int r = e / V, c = (e % V) * 8;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row_off[r] >= 0) val = *reinterpret_cast<const uint4*>(src + row_off[r] * D + c);
+    *reinterpret_cast<uint4*>(dst + r * LD + c) = val;
+  }
+}
+
+// C (16 rows x 16 * NT cols, float, row stride LS) = A (16 x K, row-major, lda) * B,
+// B given as rows of a row-major (cols x K) matrix (ldb): C = A B^T.
+template <typename CT, int K, int NT>
+__device__ void warp_abt(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
+  using namespace nvcuda;
+  for (int nt = 0; nt < NT; ++nt) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, CT, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, A + k0, lda);
+      wmma::load_matrix_sync(fb, B + nt * 16 * ldb + k0, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+// C (16 x 16 * NT, float) = A (16 x K, row-major) * B (K x 16 * NT, row-major).
+template <typename CT, int K, int NT>
+__device__ void warp_ab(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
+  using namespace nvcuda;
+  for (int nt = 0; nt < NT; ++nt) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, CT, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, A + k0, lda);
+      wmma::load_matrix_sync(fb, B + k0 * ldb + nt * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+// max that lets a NaN through, so that a NaN logit reaches the row's output
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
+template <typename CT, int D>
+__global__ void __launch_bounds__(kThreads)
+    relpos_tiled_forward_kernel(TiledArgs a, const CT* __restrict__ q, const CT* __restrict__ k,
+                                const CT* __restrict__ v, const CT* __restrict__ qpos, const CT* __restrict__ rel,
+                                const double* __restrict__ sigma, const CT* __restrict__ bias, CT* __restrict__ out,
+                                float* __restrict__ lse) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
+#else
+  using L = Layout<D>;
+  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  const RelposParams& p = a.p;
+  const int G = p.g.ndim;
+  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
+  const int warp = threadIdx.x / 32;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  CT* Qs = reinterpret_cast<CT*>(smem);
+  CT* Qps = Qs + kBQ * LD;
+  CT* Ks = Qps + kBQ * LD;
+  CT* Vs = Ks + kBK * LD;
+  CT* Rs = Vs + kBK * LD;
+  CT* Ps = Rs + kBK * LD;
+  float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);
+  int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d; then row offsets
+  int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
+  int* qtok = reinterpret_cast<int*>(krel + kBK);              // token of each query slot (-1: none)
+  int* ktok = qtok + kBQ;
+  int* qbox = ktok + kBK;  // query part of the offset-box index
+  int* kbox = qbox + kBQ;  // key part
+  int* qc = kbox + kBK;    // (kBQ, G) coordinates
+  int* klo = qc + kBQ * G; // (kBQ, G) kept keys per axis
+  int* khi = klo + kBQ * G;
+  int* kc = khi + kBQ * G; // (kBK, G)
+  int64_t* row_off = krel;  // reused as the row list of a load (kBK entries) only while krel is not needed
+
+  // The head's span and limits (every thread; G <= 8 axes).
+  float inv_sigma[kMaxGridDims], inv_n[kMaxGridDims];
+  AxisLimit lim[kMaxGridDims];
+  int64_t reach[kMaxGridDims];
+  if (p.has_sigma)
+    for (int64_t ax = 0; ax < p.G_in; ++ax) {
+      const double sg = sigma[h * p.G_in + ax];
+      CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
+    }
+  for (int d = 0; d < G; ++d) {
+    lim[d].n = p.g.n[d];
+    lim[d].span = p.g.n[d] - 1;
+    lim[d].win = p.win[d];
+    lim[d].shift = p.window_shift;
+    inv_sigma[d] = 0.f;
+    inv_n[d] = 1.f / static_cast<float>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
+    if (p.has_sigma) {
+      const double sg = sigma[h * p.G_in + p.g.axis[d]];
+      inv_sigma[d] = static_cast<float>(1.0 / sg);
+      if (p.threshold > 0.0 && sg > 0.0) lim[d].span = span_half_width(sg, p.threshold, p.g.n[d]);
+    }
+    reach[d] = axis_max_offset(lim[d]);
+  }
+
+  // The query tile.
+  const tiling::Box tb = tiling::tile_box(p.g, a.tile, tile_index);
+  const int Bq = static_cast<int>(tiling::box_volume(tb, G));
+  if (threadIdx.x < kBQ) {
+    const int r = threadIdx.x;
+    if (r < Bq) {
+      int64_t ext[kMaxGridDims], c[kMaxGridDims];
+      for (int d = 0; d < G; ++d) ext[d] = tb.hi[d] - tb.lo[d];
+      unravel_index(r, ext, G, c);
+      int64_t qr = 0;
+      for (int d = 0; d < G; ++d) {
+        c[d] += tb.lo[d];
+        qc[r * G + d] = static_cast<int>(c[d]);
+        int64_t lo, hi;
+        axis_key_range(lim[d], c[d], lo, hi);
+        klo[r * G + d] = static_cast<int>(lo);
+        khi[r * G + d] = static_cast<int>(hi);
+        qr += c[d] * p.rel_stride[d];
+      }
+      qtok[r] = static_cast<int>(ravel_index(c, p.g.n, G));
+      qrel[r] = qr;
+    } else {
+      qtok[r] = -1;
+      qrel[r] = 0;
+    }
+  }
+  __syncthreads();
+  // Q and Qpos rows (row offsets in krel's space for the load; krel is filled per chunk)
+  if (threadIdx.x < kBQ) row_off[threadIdx.x] = qtok[threadIdx.x] >= 0 ? bh * p.N + qtok[threadIdx.x] : -1;
+  __syncthreads();
+  load_rows<CT, D, LD>(Qs, q, row_off, kBQ);
+  if (p.has_pos) load_rows<CT, D, LD>(Qps, qpos, row_off, kBQ);
+  int64_t tile_last_tok;
+  {
+    int64_t c[kMaxGridDims];
+    for (int d = 0; d < G; ++d) c[d] = tb.hi[d] - 1;
+    tile_last_tok = ravel_index(c, p.g.n, G);
+  }
+
+  // The keys the tile may keep, cut into chunks of the tile's shape.
+  const tiling::Box region = tiling::key_region(p.g, tb, p.has_box ? lim : nullptr, p.causal);
+  int64_t cnt[kMaxGridDims];
+  int64_t nchunks = 1;
+  for (int d = 0; d < G; ++d) {
+    const int64_t ext = region.hi[d] - region.lo[d];
+    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
+    nchunks *= cnt[d];
+  }
+
+  // Each thread owns half a query row: row r = tid / 2, columns half * 32 ... + 31 of
+  // the key slots, and the same half of the output's Dv columns.
+  const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  constexpr int OC = D / 2;
+  float o[OC];
+  for (int j = 0; j < OC; ++j) o[j] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const float scale = static_cast<float>(p.scale);
+  const int64_t U = p.U;
+
+  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+    tiling::Box cb;
+    {
+      int64_t idx = chunk;
+      for (int d = G - 1; d >= 0; --d) {
+        const int64_t i = idx % cnt[d];
+        idx /= cnt[d];
+        cb.lo[d] = region.lo[d] + i * a.tile[d];
+        cb.hi[d] = cb.lo[d] + a.tile[d] < region.hi[d] ? cb.lo[d] + a.tile[d] : region.hi[d];
+      }
+    }
+    {  // with causal attention, a chunk whose first key comes after the tile's last query is skipped
+      const int64_t first = ravel_index(cb.lo, p.g.n, G);
+      if (p.causal && first > tile_last_tok) continue;  // uniform across the block
+    }
+    const int Bk = static_cast<int>(tiling::box_volume(cb, G));
+    // The offset box (clipped to the head's reach: kept pairs never leave it).
+    int64_t olo[kMaxGridDims], W[kMaxGridDims], Wstride[kMaxGridDims];
+    int64_t R = 1;
+    for (int d = G - 1; d >= 0; --d) {
+      int64_t lo = cb.lo[d] - (tb.hi[d] - 1), hi = cb.hi[d] - 1 - tb.lo[d];
+      if (lo < -reach[d]) lo = -reach[d];
+      if (hi > reach[d]) hi = reach[d];
+      olo[d] = lo;
+      W[d] = hi >= lo ? hi - lo + 1 : 0;
+      Wstride[d] = R;
+      R *= W[d];
+    }
+    if (R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
+    __syncthreads();  // the previous chunk is done with the key slots and the scratch
+    if (threadIdx.x < kBK) {
+      const int c = threadIdx.x;
+      if (c < Bk) {
+        int64_t ext[kMaxGridDims], kcoord[kMaxGridDims];
+        for (int d = 0; d < G; ++d) ext[d] = cb.hi[d] - cb.lo[d];
+        unravel_index(c, ext, G, kcoord);
+        int64_t kr = 0, kb = 0;
+        for (int d = 0; d < G; ++d) {
+          kcoord[d] += cb.lo[d];
+          kc[c * G + d] = static_cast<int>(kcoord[d]);
+          kr += (kcoord[d] + p.g.n[d] - 1) * p.rel_stride[d];
+          kb += kcoord[d] * Wstride[d];
+        }
+        ktok[c] = static_cast<int>(ravel_index(kcoord, p.g.n, G));
+        kbox[c] = static_cast<int>(kb);
+      } else {
+        ktok[c] = -1;
+        kbox[c] = 0;
+      }
+    } else if (threadIdx.x - kBK < kBQ) {
+      const int rr = threadIdx.x - kBK;
+      int64_t qb = 0;
+      if (qtok[rr] >= 0)
+        for (int d = 0; d < G; ++d) qb -= (qc[rr * G + d] + olo[d]) * Wstride[d];
+      qbox[rr] = static_cast<int>(qb);
+    }
+    __syncthreads();
+    // K and V rows of the chunk (row list in krel's slots, refilled with the rel rows below)
+    if (threadIdx.x < kBK) row_off[threadIdx.x] = ktok[threadIdx.x] >= 0 ? bh * p.N + ktok[threadIdx.x] : -1;
+    __syncthreads();
+    load_rows<CT, D, LD>(Ks, k, row_off, kBK);
+    load_rows<CT, D, LD>(Vs, v, row_off, kBK);
+    __syncthreads();
+    // S = Q K^T (each warp its 16 rows)
+    warp_abt<CT, D, kBK / 16>(Qs + warp * 16 * LD, LD, Ks, LD, Ss + warp * 16 * LS, LS);
+    __syncthreads();
+    float s[32];
+    for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + half * 32 + j];
+    // S += Qpos RelBox^T, 64 offset-box rows at a time, scattered to the pairs
+    if (p.has_pos) {
+      for (int64_t p0 = 0; p0 < R; p0 += kBK) {
+        __syncthreads();  // every thread has read Ss (and row_off is free)
+        if (threadIdx.x < kBK) {
+          const int64_t e = p0 + threadIdx.x;
+          int64_t off = -1;
+          if (e < R) {
+            int64_t row = 0, rest = e;
+            for (int d = G - 1; d >= 0; --d) {
+              const int64_t ed = rest % W[d];
+              rest /= W[d];
+              row += (olo[d] + ed + p.g.n[d] - 1) * p.rel_stride[d];
+            }
+            off = h * U + row;
+          }
+          row_off[threadIdx.x] = off;
+        }
+        __syncthreads();
+        load_rows<CT, D, LD>(Rs, rel, row_off, kBK);
+        __syncthreads();
+        warp_abt<CT, D, kBK / 16>(Qps + warp * 16 * LD, LD, Rs, LD, Ss + warp * 16 * LS, LS);
+        __syncthreads();
+        const int qb = qbox[r];
+        for (int j = 0; j < 32; ++j) {
+          const int64_t e = static_cast<int64_t>(qb) + kbox[half * 32 + j] - p0;
+          if (e >= 0 && e < kBK) s[j] += Ss[r * LS + e];
+        }
+      }
+    }
+    __syncthreads();  // row_off (krel's slots) is free again: fill krel
+    if (threadIdx.x < kBK) {
+      const int c = threadIdx.x;
+      int64_t kr = 0;
+      if (ktok[c] >= 0)
+        for (int d = 0; d < G; ++d) kr += (kc[c * G + d] + p.g.n[d] - 1) * p.rel_stride[d];
+      krel[c] = kr;
+    }
+    __syncthreads();
+    // logits, masks, online softmax (2 threads per row)
+    const int qt = qtok[r];
+    float rowmax = -INFINITY;
+    for (int j = 0; j < 32; ++j) {
+      const int c = half * 32 + j;
+      const int kt = ktok[c];
+      bool keep = qt >= 0 && kt >= 0 && !(p.causal && kt > qt);
+      if (keep && p.has_box)
+        for (int d = 0; d < G; ++d) {
+          const int kd = kc[c * G + d];
+          keep &= kd >= klo[r * G + d] && kd <= khi[r * G + d];
+        }
+      float x = -INFINITY;
+      if (keep) {
+        x = scale * s[j];
+        if (p.has_bias) x += Cvt<CT>::f(bias[h * U + krel[c] - qrel[r]]);
+        if (p.has_sigma) {
+          float quad = 0.f;
+          for (int d = 0; d < G; ++d) {
+            const float xd = static_cast<float>(kc[c * G + d] - qc[r * G + d]) * inv_n[d] * inv_sigma[d];
+            quad += 0.5f * xd * xd;
+          }
+          x = p.mode == SpanMode::kMultiply ? x * __expf(-quad) : x - quad;
+        }
+      }
+      s[j] = x;
+      rowmax = nan_max(rowmax, x);
+    }
+    rowmax = nan_max(rowmax, __shfl_xor_sync(0xffffffffu, rowmax, 1));
+    const float m_new = nan_max(m, rowmax);
+    float alpha = 1.f, psum = 0.f;
+    if (m_new != -INFINITY) {
+      alpha = expf(m - m_new);  // 0 while the row had nothing; NaN sticks
+      for (int j = 0; j < 32; ++j) {
+        const float pj = s[j] == -INFINITY ? 0.f : expf(s[j] - m_new);
+        s[j] = pj;
+        psum += pj;
+      }
+    } else {
+      for (int j = 0; j < 32; ++j) s[j] = 0.f;
+    }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    l = l * alpha + psum;
+    m = m_new;
+    for (int j = 0; j < 32; ++j) Ps[r * LP + half * 32 + j] = Cvt<CT>::t(s[j]);
+    __syncthreads();
+    // O = O * alpha + P V (each warp its 16 rows)
+    warp_ab<CT, kBK, D / 16>(Ps + warp * 16 * LP, LP, Vs, LD, Ss + warp * 16 * LS, LS);
+    __syncthreads();
+    for (int j = 0; j < OC; ++j) o[j] = o[j] * alpha + Ss[r * LS + half * OC + j];
+  }
+
+  const int qt = qtok[r];
+  if (qt >= 0) {
+    const bool empty = m == -INFINITY || l <= 0.f;
+    const float inv_l = empty ? 0.f : 1.f / l;
+    CT* orow = out + (bh * p.N + qt) * D + half * OC;
+    for (int j = 0; j < OC; ++j) orow[j] = Cvt<CT>::t(empty ? 0.f : o[j] * inv_l);
+    if (half == 0) lse[bh * p.N + qt] = empty ? -INFINITY : m + logf(l);
+  }
+#endif
+}
+
+bool aligned16(const at::Tensor& t) {
+  return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// Why the tiled kernel cannot take a call, or empty if it can.
+std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
+  if (dtype != at::kHalf && dtype != at::kBFloat16) return "it takes float16 and bfloat16 only";
+  if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
+  if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
+  for (const at::Tensor& t : tensors)
+    if (!aligned16(t)) return "an input is not 16-byte aligned";
+  int device = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 8) return "it needs compute capability 8.0 or newer";
+  return "";
+}
+
+}  // namespace
+
+CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
+  const char* env = std::getenv("POSATTN_CUDA_KERNEL");
+  const std::string want = env == nullptr ? "auto" : env;
+  TORCH_CHECK_VALUE(want == "auto" || want == "general" || want == "tiled",
+                    "POSATTN_CUDA_KERNEL must be auto, general or tiled, got \"", want, "\"");
+  if (want == "general") return CudaKernel::kGeneral;
+  const std::string why = tiled_refusal(p, dtype, tensors);
+  TORCH_CHECK_VALUE(want != "tiled" || why.empty(),
+                    "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: ", why);
+  return why.empty() ? CudaKernel::kTiled : CudaKernel::kGeneral;
+}
+
+void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
+                          const at::Tensor& bias, at::Tensor& out, at::Tensor& lse) {
+  TiledArgs a;
+  a.p = p;
+  for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
+  tiling::choose_tile(p.g, kBQ, a.tile);
+  a.tiles = tiling::num_tiles(p.g, a.tile);
+  const int64_t blocks = p.B * p.H * a.tiles;
+  TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", blocks,
+                    " thread blocks needed, more than a launch allows; split the batch");
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    const size_t smem = Layout<D>::bytes(p.g.ndim);
+    auto kernel = relpos_tiled_forward_kernel<CT, D>;
+    if (smem > 48 * 1024)
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const CT*>(t.data_ptr()) : nullptr; };
+    kernel<<<blocks, kThreads, smem, stream>>>(
+        a, ptr(q), ptr(k), ptr(v), ptr(q_pos), ptr(rel), sigma.defined() ? sigma.data_ptr<double>() : nullptr,
+        ptr(bias), reinterpret_cast<CT*>(out.data_ptr()), lse.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  auto by_dim = [&](auto ct_tag) {
+    if (p.D == 32) launch(ct_tag, std::integral_constant<int, 32>{});
+    else if (p.D == 64) launch(ct_tag, std::integral_constant<int, 64>{});
+    else launch(ct_tag, std::integral_constant<int, 128>{});
+  };
+  if (q.scalar_type() == at::kHalf) by_dim(__half{});
+  else by_dim(__nv_bfloat16{});
+}
+
+}  // namespace posattn

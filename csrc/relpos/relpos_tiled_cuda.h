@@ -1,0 +1,25 @@
+// The tiled tensor-core forward of relpos_attention on CUDA (relpos_tiled_cuda.cu),
+// for float16 / bfloat16 with D == Dv in {32, 64, 128} on sm_80+; the general path
+// (relpos_attention_cuda.cu) takes every other call and all backwards.
+#pragma once
+
+#include <torch/types.h>
+
+#include "relpos_params.h"
+
+namespace posattn {
+
+// Which CUDA forward runs a call: POSATTN_CUDA_KERNEL=auto (default: the tiled
+// kernel where it applies), general, or tiled (a ValueError naming the reason if
+// it does not apply). Any other value is a ValueError.
+enum class CudaKernel { kGeneral, kTiled };
+
+// `tensors` are the call's contiguous q, k, v, q_pos, rel (undefined when not given).
+CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors);
+
+// out (B, H, N, Dv) in q's dtype, lse (B, H, N) float32; sigma as float64 (or undefined).
+void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
+                          const at::Tensor& bias, at::Tensor& out, at::Tensor& lse);
+
+}  // namespace posattn

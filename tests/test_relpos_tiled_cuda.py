@@ -1,0 +1,95 @@
+"""The tiled tensor-core forward of relpos_attention on CUDA (float16 / bfloat16,
+D == Dv in {32, 64, 128}) against the float64 reference and the general CUDA path,
+with the backward (general path) reading its lse. Run on a GPU machine; skipped
+cleanly without one. POSATTN_CUDA_KERNEL picks the path."""
+import pytest
+import torch
+
+from conftest import make_relpos_inputs
+from posattn import ops, reference
+
+pytestmark = pytest.mark.cuda
+
+CASES = [
+    ([9], dict()),
+    ([5, 6], dict(sigma=True)),
+    ([16, 16], dict(sigma=True, threshold=0.2)),
+    ([300], dict(sigma=True, causal=True, threshold=0.3)),  # 5 tiles, the last one partial
+    ([7, 5, 9], dict(sigma=True, span_mode="multiply")),
+    ([1, 7], dict(bias=True)),
+    ([12, 12], dict(pos=False, bias=True, window=2, window_border="shift")),
+    ([13, 11], dict(bias=True, sigma=True, threshold=0.3, window=3, causal=True)),
+    ([64], dict(pos=False)),
+    ([2, 3, 4, 5], dict(sigma=True, threshold=0.5)),
+    ([40, 40], dict(sigma=True, window=4)),  # chunks far outside the window are never visited
+]
+
+
+def split(kw):
+    kw = dict(kw)
+    args = dict(threshold=kw.pop("threshold", 0.0), span_mode=kw.pop("span_mode", "add"),
+                causal=kw.pop("causal", False), window=kw.pop("window", None),
+                window_border=kw.pop("window_border", "clip"))
+    return kw, args
+
+
+def rel_err(got, want):
+    want = want.detach().double().cpu()
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got.detach().double().cpu()))
+    err = (got.detach().double().cpu()[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+    return err / max(1.0, want[finite].abs().max().item() if finite.any() else 1.0)
+
+
+@pytest.mark.parametrize("grid,kw", CASES)
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiled_forward_matches_reference_and_general_path(monkeypatch, grid, kw, D, dtype):
+    inputs, args = split(kw)
+    x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, requires_grad=True, **inputs)
+    out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True, **args)
+    xc = {k: t.detach().to("cuda", dtype if k != "sigma" else torch.float32).requires_grad_() for k, t in x.items()}
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
+    out_g, lse_g = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    out_t, lse_t = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert lse_t.dtype == torch.float32 and out_t.dtype == dtype
+    assert rel_err(out_t, out_ref) < 2e-2 and rel_err(lse_t, lse_ref) < 2e-2
+    assert rel_err(out_t, out_g) < 2e-2 and rel_err(lse_t, lse_g) < 2e-2
+    # the backward (general path) from the tiled forward's lse
+    g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
+    got = torch.autograd.grad((out_t * g.to("cuda", dtype)).sum() + lse_t.sum(), list(xc.values()))
+    for name, a, b in zip(x, got, want):
+        assert rel_err(a, b) < 0.1, name
+
+
+def test_auto_picks_the_tiled_kernel_where_it_applies(monkeypatch):
+    x = make_relpos_inputs([8, 8], B=2, H=2, D=64, Dv=64, sigma=True, dtype=torch.bfloat16, device="cuda")
+    x["sigma"] = x["sigma"].float()
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    tiled = ops.relpos_attention(**x, grid=[8, 8], threshold=0.2)
+    monkeypatch.delenv("POSATTN_CUDA_KERNEL")
+    assert torch.equal(ops.relpos_attention(**x, grid=[8, 8], threshold=0.2), tiled)
+
+
+def test_kernel_choice_is_checked(monkeypatch):
+    x = make_relpos_inputs([4, 4], D=64, Dv=64, dtype=torch.float32, device="cuda")
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "fast")
+    with pytest.raises(ValueError, match="POSATTN_CUDA_KERNEL must be auto, general or tiled"):
+        ops.relpos_attention(**x, grid=[4, 4])
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    with pytest.raises(ValueError, match="tiled kernel cannot take this call: it takes float16 and bfloat16 only"):
+        ops.relpos_attention(**x, grid=[4, 4])
+    xh = {k: t.half() for k, t in make_relpos_inputs([4, 4], D=48, Dv=48, device="cuda").items()}
+    with pytest.raises(ValueError, match=r"D == Dv in \{32, 64, 128\}"):
+        ops.relpos_attention(**xh, grid=[4, 4])
+
+
+def test_nan_and_fully_masked_rows(monkeypatch):
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    x = make_relpos_inputs([6, 6], B=1, H=2, D=32, Dv=32, dtype=torch.float16, device="cuda")
+    x["q"][0, 1, 7, 3] = float("nan")
+    out, lse = ops.relpos_attention(**x, grid=[6, 6], return_lse=True)
+    assert out[0, 1, 7].isnan().all() and lse[0, 1, 7].isnan()
+    assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, :7]).all()
