@@ -7,7 +7,9 @@ round) after warm-up, timed with CUDA events:
 
   sdpa      scaled_dot_product_attention without positions (flash backend on CUDA): the
             floor, what attention costs with no positional term at all
-  posattn   relpos_attention(q, k, v, q_pos, rel, grid, sigma): dense
+  posattn   relpos_attention(q, k, v, q_pos, rel, grid, sigma): dense (the tiled tensor-core
+            forward where it applies, POSATTN_CUDA_KERNEL=auto)
+  general   the same on the general CUDA path (POSATTN_CUDA_KERNEL=general)
   window    the same with a window keeping about --keep of the keys (half widths chosen per
             grid; the kept fraction is printed), against posattn dense
   flex      flex_attention (compiled) with a score_mod adding the same positional term
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import statistics
 import time
@@ -44,7 +47,7 @@ from posattn._grid import num_offsets
 
 from bench_common import parse_grid, ratio, record, write_records
 
-METHODS = ("sdpa", "posattn", "window", "flex", "eager")
+METHODS = ("sdpa", "posattn", "general", "window", "flex", "eager")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}
 
@@ -156,6 +159,19 @@ def make_method(name, grid, x, window, scale):
     params = [q, k, v, x["q_pos"], x["rel"], x["sigma"]]
     if name == "posattn":
         return (lambda: ops.relpos_attention(q, k, v, grid=grid, scale=scale, **pos)), params
+    if name == "general":
+        def general():
+            old = os.environ.get("POSATTN_CUDA_KERNEL")
+            os.environ["POSATTN_CUDA_KERNEL"] = "general"
+            try:
+                return ops.relpos_attention(q, k, v, grid=grid, scale=scale, **pos)
+            finally:
+                if old is None:
+                    del os.environ["POSATTN_CUDA_KERNEL"]
+                else:
+                    os.environ["POSATTN_CUDA_KERNEL"] = old
+
+        return general, params
     if name == "window":
         return (lambda: ops.relpos_attention(q, k, v, grid=grid, scale=scale, window=window, **pos)), params
     if name == "flex":
@@ -282,6 +298,7 @@ def summary(res, matmul):
         lines.append(f"  {what}: posattn / sdpa (no positions) {ratio(get('posattn', key), get('sdpa', key)):.2f}x; "
                      f"flex / posattn {ratio(get('flex', key), get('posattn', key)):.2f}x; "
                      f"eager / posattn {ratio(get('eager', key), get('posattn', key)):.2f}x; "
+                     f"general / posattn {ratio(get('general', key), get('posattn', key)):.2f}x; "
                      f"dense / window ({res['keep']:.0%} kept) {ratio(get('posattn', key), get('window', key)):.2f}x; "
                      f"flex window / posattn window {ratio(get('flex_window', key), get('window', key)):.2f}x")
     lines.append(f"  posattn forward {get('posattn', 'fwd_tflops'):.3g} useful TFLOP/s "
@@ -340,7 +357,7 @@ def main(argv=None):
     for res in results:
         case = f"grid {res['grid']} {args.dtype} B={args.batch} H={args.heads} D={args.dim} ({device.type})"
         r = res["rows"]
-        for base in ("sdpa", "flex", "eager"):
+        for base in ("sdpa", "flex", "eager", "general"):
             if base in r and "posattn" in r:
                 records.append(record("relpos_attention cuda fwd+bwd", case, "posattn", base,
                                       r["posattn"]["fwd_bwd_ms"], r[base]["fwd_bwd_ms"]))

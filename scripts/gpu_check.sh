@@ -89,7 +89,7 @@ print("CUDA kernels registered")'
       done
       ;;
     bench)
-      run bench-relpos 300 "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 10 \
+      run bench-relpos 300 "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 \
         --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;

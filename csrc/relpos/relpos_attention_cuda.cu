@@ -147,6 +147,20 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
   return r;
 }
 
+// acc[c] += sum_x w[x] * src[rows[x] * width + c] for c < width, the threads of
+// the block taking the columns and every column summing the chunk's `count`
+// rows in order (deterministic); rows of weight 0 are skipped.
+template <typename T, typename Acc>
+__device__ void accumulate_rows(Acc* acc, const Acc* w, const int64_t* rows, const T* __restrict__ src,
+                                int64_t width, int64_t count) {
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    Acc a = acc[c];
+    for (int64_t x = 0; x < count; ++x)
+      if (w[x] != Acc(0)) a += w[x] * static_cast<Acc>(src[rows[x] * width + c]);
+    acc[c] = a;
+  }
+}
+
 // A box of tokens, [lo_d, hi_d] on every axis, visited in row-major order
 // through a local index e < count (so that only the box's cells are visited).
 struct TokenBox {
@@ -251,13 +265,7 @@ __global__ void __launch_bounds__(kThreads)
       w_s[threadIdx.x] = w;
       tok_s[threadIdx.x] = j;
       __syncthreads();
-      const int64_t count = min(kb.count - e0, static_cast<int64_t>(blockDim.x));
-      for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-        Acc acc = out_s[c];
-        for (int64_t x = 0; x < count; ++x)
-          if (w_s[x] != Acc(0)) acc += w_s[x] * static_cast<Acc>(vh[tok_s[x] * p.Dv + c]);
-        out_s[c] = acc;
-      }
+      accumulate_rows<T, Acc>(out_s, w_s, tok_s, vh, p.Dv, min(kb.count - e0, static_cast<int64_t>(blockDim.x)));
       __syncthreads();
     }
   }
@@ -357,17 +365,8 @@ __global__ void __launch_bounds__(kThreads)
       tok_s[threadIdx.x] = j;
       __syncthreads();
       const int64_t count = min(kb.count - e0, static_cast<int64_t>(blockDim.x));
-      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-        Acc a = dq_s[c], b = dqpos_s[c];
-        for (int64_t x = 0; x < count; ++x) {
-          const Acc we = w_s[x];
-          if (we == Acc(0)) continue;
-          a += we * static_cast<Acc>(kh[tok_s[x] * p.D + c]);
-          if (p.has_pos) b += we * static_cast<Acc>(relh[row_s[x] * p.D + c]);
-        }
-        dq_s[c] = a;
-        dqpos_s[c] = b;
-      }
+      accumulate_rows<T, Acc>(dq_s, w_s, tok_s, kh, p.D, count);
+      if (p.has_pos) accumulate_rows<T, Acc>(dqpos_s, w_s, row_s, relh, p.D, count);
       __syncthreads();
     }
   }
@@ -446,18 +445,8 @@ __global__ void __launch_bounds__(kThreads)
     tok_s[threadIdx.x] = i;
     __syncthreads();
     const int64_t count = min(qb.count - e0, static_cast<int64_t>(blockDim.x));
-    for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-      Acc a = dv_s[c];
-      for (int64_t x = 0; x < count; ++x)
-        if (wp_s[x] != Acc(0)) a += wp_s[x] * static_cast<Acc>(goh[tok_s[x] * p.Dv + c]);
-      dv_s[c] = a;
-    }
-    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-      Acc a = dk_s[c];
-      for (int64_t x = 0; x < count; ++x)
-        if (wa_s[x] != Acc(0)) a += wa_s[x] * static_cast<Acc>(qh[tok_s[x] * p.D + c]);
-      dk_s[c] = a;
-    }
+    accumulate_rows<T, Acc>(dv_s, wp_s, tok_s, goh, p.Dv, count);
+    accumulate_rows<T, Acc>(dk_s, wa_s, tok_s, qh, p.D, count);
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) dk[(bh * p.N + j) * p.D + c] = static_cast<T>(dk_s[c]);
@@ -549,15 +538,8 @@ __global__ void __launch_bounds__(kThreads)
       w_s[threadIdx.x] = w;
       qrow_s[threadIdx.x] = qrow;
       __syncthreads();
-      if (p.has_pos) {
-        const int64_t n_chunk = min(items - e0, static_cast<int64_t>(blockDim.x));
-        for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-          Acc a = drel_s[c];
-          for (int64_t x = 0; x < n_chunk; ++x)
-            if (w_s[x] != Acc(0)) a += w_s[x] * static_cast<Acc>(qpos[qrow_s[x] * p.D + c]);
-          drel_s[c] = a;
-        }
-      }
+      if (p.has_pos)
+        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D, min(items - e0, static_cast<int64_t>(blockDim.x)));
       __syncthreads();
     }
     if (p.has_pos)

@@ -86,37 +86,21 @@ __device__ void load_rows(CT* dst, const CT* __restrict__ src, const int64_t* ro
   }
 }
 
-// C (16 rows x 16 * NT cols, float, row stride LS) = A (16 x K, row-major, lda) * B,
-// B given as rows of a row-major (cols x K) matrix (ldb): C = A B^T.
-template <typename CT, int K, int NT>
-__device__ void warp_abt(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
+// C (16 rows x 16 * NT cols, float, row stride ldc) = A (16 x K, row-major, lda) times
+// B^T when B_ROWS (B given as the rows of a row-major (16 * NT x K) matrix, ldb:
+// C = A B^T), else times B (a row-major K x 16 * NT matrix, ldb).
+template <typename CT, int K, int NT, bool B_ROWS>
+__device__ void warp_mma(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
   using namespace nvcuda;
+  using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
   for (int nt = 0; nt < NT; ++nt) {
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.0f);
     for (int k0 = 0; k0 < K; k0 += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, CT, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, wmma::col_major> fb;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, BLayout> fb;
       wmma::load_matrix_sync(fa, A + k0, lda);
-      wmma::load_matrix_sync(fb, B + nt * 16 * ldb + k0, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
-  }
-}
-
-// C (16 x 16 * NT, float) = A (16 x K, row-major) * B (K x 16 * NT, row-major).
-template <typename CT, int K, int NT>
-__device__ void warp_ab(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
-  using namespace nvcuda;
-  for (int nt = 0; nt < NT; ++nt) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, CT, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, A + k0, lda);
-      wmma::load_matrix_sync(fb, B + k0 * ldb + nt * 16, ldb);
+      wmma::load_matrix_sync(fb, B_ROWS ? B + nt * 16 * ldb + k0 : B + k0 * ldb + nt * 16, ldb);
       wmma::mma_sync(acc, fa, fb, acc);
     }
     wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
@@ -309,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
     load_rows<CT, D, LD>(Vs, v, row_off, kBK);
     __syncthreads();
     // S = Q K^T (each warp its 16 rows)
-    warp_abt<CT, D, kBK / 16>(Qs + warp * 16 * LD, LD, Ks, LD, Ss + warp * 16 * LS, LS);
+    warp_mma<CT, D, kBK / 16, true>(Qs + warp * 16 * LD, LD, Ks, LD, Ss + warp * 16 * LS, LS);
     __syncthreads();
     float s[32];
     for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + half * 32 + j];
@@ -334,7 +318,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         load_rows<CT, D, LD>(Rs, rel, row_off, kBK);
         __syncthreads();
-        warp_abt<CT, D, kBK / 16>(Qps + warp * 16 * LD, LD, Rs, LD, Ss + warp * 16 * LS, LS);
+        warp_mma<CT, D, kBK / 16, true>(Qps + warp * 16 * LD, LD, Rs, LD, Ss + warp * 16 * LS, LS);
         __syncthreads();
         const int qb = qbox[r];
         for (int j = 0; j < 32; ++j) {
@@ -399,7 +383,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 32; ++j) Ps[r * LP + half * 32 + j] = Cvt<CT>::t(s[j]);
     __syncthreads();
     // O = O * alpha + P V (each warp its 16 rows)
-    warp_ab<CT, kBK, D / 16>(Ps + warp * 16 * LP, LP, Vs, LD, Ss + warp * 16 * LS, LS);
+    warp_mma<CT, kBK, D / 16, false>(Ps + warp * 16 * LP, LP, Vs, LD, Ss + warp * 16 * LS, LS);
     __syncthreads();
     for (int j = 0; j < OC; ++j) o[j] = o[j] * alpha + Ss[r * LS + half * OC + j];
   }
