@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <cfloat>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -64,7 +65,7 @@ struct Layout {
   static constexpr int LD = D + kPad;                      // row stride of the 16-bit tiles
   static constexpr int LS = (D > kBK ? D : kBK) + 4;       // row stride of the float scratch
   static constexpr int LP = kBK + kPad;                    // row stride of P
-  static constexpr size_t tiles16 = size_t(5) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K, V, Rel, P
+  static constexpr size_t tiles16 = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
   static constexpr size_t bytes(int G) {
     return tiles16 * 2 + size_t(kBQ) * LS * 4                 // S / T / O scratch
            + size_t(kBQ + kBK) * 8                             // qrel, krel (int64)
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kThreads)
   CT* Qps = Qs + kBQ * LD;
   CT* Ks = Qps + kBQ * LD;
   CT* Vs = Ks + kBK * LD;
-  CT* Rs = Vs + kBK * LD;
-  CT* Ps = Rs + kBK * LD;
+  CT* Rs = Ks;  // the rel rows of an offset-box piece reuse K's tile: K is dead once S = Q K^T is read
+  CT* Ps = Vs + kBK * LD;
   float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);
   int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d; then row offsets
   int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
@@ -164,7 +165,8 @@ __global__ void __launch_bounds__(kThreads)
     inv_n[d] = 1.f / static_cast<float>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
     if (p.has_sigma) {
       const double sg = sigma[h * p.G_in + p.g.axis[d]];
-      inv_sigma[d] = static_cast<float>(1.0 / sg);
+      // clamped: 1 / a subnormal sigma overflows float, and 0 * inf would make a query's own logit NaN
+      inv_sigma[d] = static_cast<float>(fmin(1.0 / sg, static_cast<double>(FLT_MAX)));
       if (p.threshold > 0.0 && sg > 0.0) lim[d].span = span_half_width(sg, p.threshold, p.g.n[d]);
     }
     reach[d] = axis_max_offset(lim[d]);
@@ -219,8 +221,9 @@ __global__ void __launch_bounds__(kThreads)
     nchunks *= cnt[d];
   }
 
-  // Each thread owns half a query row: row r = tid / 2, columns half * 32 ... + 31 of
-  // the key slots, and the same half of the output's Dv columns.
+  // Each thread owns half a query row: row r = tid / 2, the key slots 2 j + half
+  // (interleaved: fewer shared-memory bank conflicts) and the output columns
+  // half * D / 2 ... + D / 2 - 1.
   const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
   constexpr int OC = D / 2;
   float o[OC];
@@ -296,7 +299,8 @@ __global__ void __launch_bounds__(kThreads)
     warp_mma<CT, D, kBK / 16, true>(Qs + warp * 16 * LD, LD, Ks, LD, Ss + warp * 16 * LS, LS);
     __syncthreads();
     float s[32];
-    for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + half * 32 + j];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + 2 * j + half];
     // S += Qpos RelBox^T, 64 offset-box rows at a time, scattered to the pairs
     if (p.has_pos) {
       for (int64_t p0 = 0; p0 < R; p0 += kBK) {
@@ -321,8 +325,9 @@ __global__ void __launch_bounds__(kThreads)
         warp_mma<CT, D, kBK / 16, true>(Qps + warp * 16 * LD, LD, Rs, LD, Ss + warp * 16 * LS, LS);
         __syncthreads();
         const int qb = qbox[r];
+#pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const int64_t e = static_cast<int64_t>(qb) + kbox[half * 32 + j] - p0;
+          const int64_t e = static_cast<int64_t>(qb) + kbox[2 * j + half] - p0;
           if (e >= 0 && e < kBK) s[j] += Ss[r * LS + e];
         }
       }
@@ -339,8 +344,9 @@ __global__ void __launch_bounds__(kThreads)
     // logits, masks, online softmax (2 threads per row)
     const int qt = qtok[r];
     float rowmax = -INFINITY;
+#pragma unroll
     for (int j = 0; j < 32; ++j) {
-      const int c = half * 32 + j;
+      const int c = 2 * j + half;
       const int kt = ktok[c];
       bool keep = qt >= 0 && kt >= 0 && !(p.causal && kt > qt);
       if (keep && p.has_box)
@@ -369,6 +375,7 @@ __global__ void __launch_bounds__(kThreads)
     float alpha = 1.f, psum = 0.f;
     if (m_new != -INFINITY) {
       alpha = expf(m - m_new);  // 0 while the row had nothing; NaN sticks
+#pragma unroll
       for (int j = 0; j < 32; ++j) {
         const float pj = s[j] == -INFINITY ? 0.f : expf(s[j] - m_new);
         s[j] = pj;
@@ -380,7 +387,8 @@ __global__ void __launch_bounds__(kThreads)
     psum += __shfl_xor_sync(0xffffffffu, psum, 1);
     l = l * alpha + psum;
     m = m_new;
-    for (int j = 0; j < 32; ++j) Ps[r * LP + half * 32 + j] = Cvt<CT>::t(s[j]);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) Ps[r * LP + 2 * j + half] = Cvt<CT>::t(s[j]);
     __syncthreads();
     // O = O * alpha + P V (each warp its 16 rows)
     warp_mma<CT, kBK, D / 16, false>(Ps + warp * 16 * LP, LP, Vs, LD, Ss + warp * 16 * LS, LS);
@@ -403,6 +411,25 @@ bool aligned16(const at::Tensor& t) {
   return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// Why the compiled kernel for (CT, D) cannot run on the current device, or empty:
+// it must have been compiled for sm_80+ (bf16 tensor cores; a build JIT-compiled
+// from older PTX would trap) and its shared memory must fit the device's opt-in limit.
+template <typename CT, int D>
+std::string kernel_refusal(int G) {
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, relpos_tiled_forward_kernel<CT, D>));
+  if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
+    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t need = Layout<D>::bytes(G);
+  if (need > static_cast<size_t>(optin))
+    return "it needs " + std::to_string(need) + " bytes of shared memory per block for D = " + std::to_string(D) +
+           ", more than the device's " + std::to_string(optin);
+  return "";
+}
+
 // Why the tiled kernel cannot take a call, or empty if it can.
 std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
   if (dtype != at::kHalf && dtype != at::kBFloat16) return "it takes float16 and bfloat16 only";
@@ -410,11 +437,15 @@ std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::init
   if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
   for (const at::Tensor& t : tensors)
     if (!aligned16(t)) return "an input is not 16-byte aligned";
-  int device = 0, major = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 8) return "it needs compute capability 8.0 or newer";
-  return "";
+  const int G = p.g.ndim;
+  if (dtype == at::kHalf) {
+    if (p.D == 32) return kernel_refusal<__half, 32>(G);
+    if (p.D == 64) return kernel_refusal<__half, 64>(G);
+    return kernel_refusal<__half, 128>(G);
+  }
+  if (p.D == 32) return kernel_refusal<__nv_bfloat16, 32>(G);
+  if (p.D == 64) return kernel_refusal<__nv_bfloat16, 64>(G);
+  return kernel_refusal<__nv_bfloat16, 128>(G);
 }
 
 }  // namespace
