@@ -6,10 +6,12 @@
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small calls of every
 #             kernel (scripts/gpu_sanitize_cases.py)
 #   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
-# Usage: bash scripts/gpu_check.sh [build] [test] [sanitize] [bench]   (default: all four)
+#   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
+# Usage: bash scripts/gpu_check.sh [build] [test] [sanitize] [bench] [profile]   (default: the first four)
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
 # device, versions and each step's status and seconds), build.log, pytest.log,
-# sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json. Steps share one
+# sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json (profile: ncu.log
+# instead of build.log when run alone). Steps share one
 # deadline (GPU_CHECK_SECONDS, default 560 s: a device call is limited to 600 s); a step
 # that would not fit is skipped and says so, and a later call can run it alone
 # (`bash scripts/gpu_check.sh bench`: the build stays on a warm machine, and `build` is
@@ -93,8 +95,12 @@ print("CUDA kernels registered")'
         --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
+    profile)
+      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name regex:relpos --launch-count 12 \
+        "$PY" scripts/gpu_sanitize_cases.py
+      ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench, profile)" >&2
       exit 2
       ;;
   esac

@@ -19,7 +19,7 @@ def test_gpu_check_syntax_and_the_files_it_runs():
             "tests/test_apply_maps_cuda.py"} <= paths
     missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
     assert not missing, missing
-    for step in ("build", "test", "sanitize", "bench"):
+    for step in ("build", "test", "sanitize", "bench", "profile"):
         assert f"    {step})" in text
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert tool in text

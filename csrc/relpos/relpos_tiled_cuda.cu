@@ -1,5 +1,7 @@
 // Tiled tensor-core forward of relpos_attention (FlashAttention-2 style), float16 /
-// bfloat16 inputs with float32 accumulation, D == Dv in {32, 64, 128}, sm_80+.
+// bfloat16 inputs with float32 accumulation, and float32 inputs through TF32 where
+// the user allows it (torch.backends.cuda.matmul.allow_tf32); D == Dv in
+// {32, 64, 128}, sm_80+.
 //
 // A block (4 warps) owns a query tile: a box of at most 64 cells of the grid
 // (tiling::choose_tile, as on the CPU). It visits only the keys its queries may
@@ -15,6 +17,7 @@
 //   logits: scale, bias, span, masks        per element, 2 threads per query row
 //   online softmax in registers, P (bf16 / f16) in shared memory, O += P V (wmma)
 // lse is stored in float32; the backward (general path) reads it.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -39,7 +42,7 @@ namespace {
 constexpr int kBQ = 64;       // query slots of a tile
 constexpr int kBK = 64;       // key slots of a chunk
 constexpr int kThreads = 128;  // 4 warps, 16 query rows each
-constexpr int kPad = 8;       // elements of padding per 16-bit row (16 bytes: wmma needs ldm % 8 == 0)
+constexpr int kPad = 8;       // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
 
 template <typename CT>
 struct Cvt;
@@ -53,6 +56,24 @@ struct Cvt<__nv_bfloat16> {
   static __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
 };
+template <>
+struct Cvt<float> {
+  static __device__ float f(float x) { return x; }
+  static __device__ float t(float x) { return x; }
+};
+
+// The tensor-core shape per input type: 16x16x16 for 16-bit inputs, 16x16x8 TF32
+// for float32 (operands rounded to TF32 after loading).
+template <typename CT>
+struct Mma {
+  using In = CT;
+  static constexpr int K = 16;
+};
+template <>
+struct Mma<float> {
+  using In = nvcuda::wmma::precision::tf32;
+  static constexpr int K = 8;
+};
 
 struct TiledArgs {
   RelposParams p;
@@ -60,27 +81,28 @@ struct TiledArgs {
   int64_t tiles;               // tiles per (batch, head)
 };
 
-template <int D>
+template <typename CT, int D>
 struct Layout {
-  static constexpr int LD = D + kPad;                      // row stride of the 16-bit tiles
+  static constexpr int LD = D + kPad;                      // row stride of the input tiles
   static constexpr int LS = (D > kBK ? D : kBK) + 4;       // row stride of the float scratch
   static constexpr int LP = kBK + kPad;                    // row stride of P
-  static constexpr size_t tiles16 = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
+  static constexpr size_t tiles = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
   static constexpr size_t bytes(int G) {
-    return tiles16 * 2 + size_t(kBQ) * LS * 4                 // S / T / O scratch
+    return tiles * sizeof(CT) + size_t(kBQ) * LS * 4           // S / T / O scratch
            + size_t(kBQ + kBK) * 8                             // qrel, krel (int64)
            + size_t(kBQ + kBK) * 4 * 2                         // qtok, ktok, qbox, kbox
            + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;   // qc, klo, khi; kc
   }
 };
 
-// Copies `rows` rows of D 16-bit values (row r from src + row_off[r] * D, zeros
-// where row_off[r] < 0) into dst (row stride LD), 16 bytes per thread and step.
+// Copies `rows` rows of D values (row r from src + row_off[r] * D, zeros where
+// row_off[r] < 0) into dst (row stride LD), 16 bytes per thread and step.
 template <typename CT, int D, int LD>
 __device__ void load_rows(CT* dst, const CT* __restrict__ src, const int64_t* row_off, int rows) {
-  constexpr int V = D / 8;  // 16-byte vectors per row
+  constexpr int E = 16 / sizeof(CT);  // values per 16-byte vector
+  constexpr int V = D / E;            // vectors per row
   for (int e = threadIdx.x; e < rows * V; e += blockDim.x) {
-    const int r = e / V, c = (e % V) * 8;
+    const int r = e / V, c = (e % V) * E;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row_off[r] >= 0) val = *reinterpret_cast<const uint4*>(src + row_off[r] * D + c);
     *reinterpret_cast<uint4*>(dst + r * LD + c) = val;
@@ -94,14 +116,20 @@ template <typename CT, int K, int NT, bool B_ROWS>
 __device__ void warp_mma(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
   using namespace nvcuda;
   using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
+  using In = typename Mma<CT>::In;
+  constexpr int KS = Mma<CT>::K;
   for (int nt = 0; nt < NT; ++nt) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fragment<wmma::accumulator, 16, 16, KS, float> acc;
     wmma::fill_fragment(acc, 0.0f);
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, CT, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, CT, BLayout> fb;
+    for (int k0 = 0; k0 < K; k0 += KS) {
+      wmma::fragment<wmma::matrix_a, 16, 16, KS, In, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, KS, In, BLayout> fb;
       wmma::load_matrix_sync(fa, A + k0, lda);
       wmma::load_matrix_sync(fb, B_ROWS ? B + nt * 16 * ldb + k0 : B + k0 * ldb + nt * 16, ldb);
+      if constexpr (std::is_same<CT, float>::value) {
+        for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
+        for (int t = 0; t < fb.num_elements; ++t) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
+      }
       wmma::mma_sync(acc, fa, fb, acc);
     }
     wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
@@ -120,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
 #else
-  using L = Layout<D>;
+  using L = Layout<CT, D>;
   constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
   const RelposParams& p = a.p;
   const int G = p.g.ndim;
@@ -134,7 +162,7 @@ __global__ void __launch_bounds__(kThreads)
   CT* Vs = Ks + kBK * LD;
   CT* Rs = Ks;  // the rel rows of an offset-box piece reuse K's tile: K is dead once S = Q K^T is read
   CT* Ps = Vs + kBK * LD;
-  float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);
+  float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);  // 32-byte aligned: every tile above is 64 rows of 16-byte multiples
   int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d; then row offsets
   int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
   int* qtok = reinterpret_cast<int*>(krel + kBK);              // token of each query slot (-1: none)
@@ -416,6 +444,7 @@ bool aligned16(const at::Tensor& t) {
 // from older PTX would trap) and its shared memory must fit the device's opt-in limit.
 template <typename CT, int D>
 std::string kernel_refusal(int G) {
+  using L = Layout<CT, D>;
   cudaFuncAttributes attr;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, relpos_tiled_forward_kernel<CT, D>));
   if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
@@ -423,7 +452,7 @@ std::string kernel_refusal(int G) {
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t need = Layout<D>::bytes(G);
+  const size_t need = L::bytes(G);
   if (need > static_cast<size_t>(optin))
     return "it needs " + std::to_string(need) + " bytes of shared memory per block for D = " + std::to_string(D) +
            ", more than the device's " + std::to_string(optin);
@@ -432,12 +461,20 @@ std::string kernel_refusal(int G) {
 
 // Why the tiled kernel cannot take a call, or empty if it can.
 std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
-  if (dtype != at::kHalf && dtype != at::kBFloat16) return "it takes float16 and bfloat16 only";
+  if (dtype == at::kFloat && !at::globalContext().allowTF32CuBLAS())
+    return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
+  if (dtype != at::kHalf && dtype != at::kBFloat16 && dtype != at::kFloat)
+    return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
   if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
   for (const at::Tensor& t : tensors)
     if (!aligned16(t)) return "an input is not 16-byte aligned";
   const int G = p.g.ndim;
+  if (dtype == at::kFloat) {
+    if (p.D == 32) return kernel_refusal<float, 32>(G);
+    if (p.D == 64) return kernel_refusal<float, 64>(G);
+    return kernel_refusal<float, 128>(G);
+  }
   if (dtype == at::kHalf) {
     if (p.D == 32) return kernel_refusal<__half, 32>(G);
     if (p.D == 64) return kernel_refusal<__half, 64>(G);
@@ -477,7 +514,7 @@ void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::
   auto launch = [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    const size_t smem = Layout<D>::bytes(p.g.ndim);
+    const size_t smem = Layout<CT, D>::bytes(p.g.ndim);
     auto kernel = relpos_tiled_forward_kernel<CT, D>;
     if (smem > 48 * 1024)
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -493,6 +530,7 @@ void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::
     else launch(ct_tag, std::integral_constant<int, 128>{});
   };
   if (q.scalar_type() == at::kHalf) by_dim(__half{});
+  else if (q.scalar_type() == at::kFloat) by_dim(float{});
   else by_dim(__nv_bfloat16{});
 }
 

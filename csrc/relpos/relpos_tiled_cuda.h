@@ -1,6 +1,8 @@
 // The tiled tensor-core forward of relpos_attention on CUDA (relpos_tiled_cuda.cu),
-// for float16 / bfloat16 with D == Dv in {32, 64, 128} on sm_80+; the general path
-// (relpos_attention_cuda.cu) takes every other call and all backwards.
+// for float16 / bfloat16 (and float32 through TF32 where
+// torch.backends.cuda.matmul.allow_tf32 is set) with D == Dv in {32, 64, 128} on
+// sm_80+; the general path (relpos_attention_cuda.cu) takes every other call and
+// all backwards.
 #pragma once
 
 #include <torch/types.h>
