@@ -1,6 +1,6 @@
-"""The tiled tensor-core forward of relpos_attention on CUDA (float16 / bfloat16,
-float32 through TF32, D == Dv in {32, 64, 128}) against the float64 reference and the general CUDA path,
-with the backward (general path) reading its lse. Run on a GPU machine; skipped
+"""The tiled tensor-core kernels of relpos_attention on CUDA (float16 / bfloat16,
+float32 through TF32, D == Dv in {32, 64, 128}): forward and backward against the
+float64 reference and the general CUDA path. Run on a GPU machine; skipped
 cleanly without one. POSATTN_CUDA_KERNEL picks the path."""
 import pytest
 import torch
@@ -63,12 +63,16 @@ def test_tiled_forward_matches_reference_and_general_path(monkeypatch, grid, kw,
     tol = 5e-3 if dtype == torch.float32 else 2e-2  # TF32 rounds operands to 10 mantissa bits
     assert rel_err(out_t, out_ref) < tol and rel_err(lse_t, lse_ref) < tol
     assert rel_err(out_t, out_g) < tol and rel_err(lse_t, lse_g) < tol
-    # the backward (general path) from the tiled forward's lse
+    # the backward: tiled d q, d k, d v, d q_pos (general d rel, d bias, d sigma) against the
+    # float64 reference and against the general path's backward
     g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
     got = torch.autograd.grad((out_t * g.to("cuda", dtype)).sum() + lse_t.sum(), list(xc.values()))
-    for name, a, b in zip(x, got, want):
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
+    general = torch.autograd.grad((out_g * g.to("cuda", dtype)).sum() + lse_g.sum(), list(xc.values()))
+    for name, a, b, c in zip(x, got, want, general):
         assert rel_err(a, b) < 0.1, name
+        assert rel_err(a, c) < 0.1, name
 
 
 def test_auto_picks_the_tiled_kernel_where_it_applies(monkeypatch):
@@ -103,3 +107,14 @@ def test_nan_and_fully_masked_rows(monkeypatch):
     out, lse = ops.relpos_attention(**x, grid=[6, 6], return_lse=True)
     assert out[0, 1, 7].isnan().all() and lse[0, 1, 7].isnan()
     assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, :7]).all()
+
+
+def test_tiled_backward_is_bitwise_deterministic(monkeypatch):
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    x = make_relpos_inputs([16, 16], B=2, H=2, D=64, Dv=64, sigma=True, bias=True, dtype=torch.bfloat16,
+                           device="cuda", requires_grad=True)
+    out = ops.relpos_attention(**x, grid=[16, 16], threshold=0.1, window=5)
+    g = torch.randn_like(out)
+    first = torch.autograd.grad(out, list(x.values()), g, retain_graph=True)
+    again = torch.autograd.grad(out, list(x.values()), g)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

@@ -9,7 +9,9 @@
 //             memory per query; lse in the accumulation type (float32 for
 //             half inputs) so that the backward's probabilities sum to one.
 //   backward  deterministic, no atomics: every gradient element is owned by one
-//             block, and every sum runs in a fixed order.
+//             block, and every sum runs in a fixed order. Where the tiled kernels
+//             apply (relpos_tiled_cuda.h), they compute dq, dk, dv, d q_pos and
+//             only the offset kernel below runs.
 //             dq, d q_pos     a block per query (query-major);
 //             dk, dv          a block per key (key-major);
 //             d rel, d bias   a block per (head, offset): the pairs at that offset;
@@ -672,13 +674,17 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
     const int64_t blocks = shape.B * shape.H * shape.N;
     check_blocks(blocks, "the backward");
     auto stream = c10::cuda::getCurrentCUDAStream();
+    // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward)
+    const bool tiled =
+        choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout}, /*backward=*/true) == CudaKernel::kTiled;
+    if (tiled) relpos_tiled_backward(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, dq, dk, dv, dqpos);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_backward_cuda", [&] {
       using acc_t = at::acc_type<scalar_t, true>;
       const scalar_t* qpos_p = ptr_or_null<scalar_t>(qp);
       const scalar_t* rel_p = ptr_or_null<scalar_t>(rl);
       const scalar_t* bias_p = ptr_or_null<scalar_t>(bs);
       const double* sig_p = ptr_or_null<double>(sg);
-      {
+      if (!tiled) {
         const size_t smem = 2 * sizeof(int64_t) * kThreads + sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
         auto kernel = relpos_backward_dq_kernel<scalar_t, acc_t>;
         reserve_smem(kernel, smem, shape);
@@ -688,7 +694,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
             shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      {
+      if (!tiled) {
         const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (2 * shape.D + 2 * shape.Dv + 2 * kThreads);
         auto kernel = relpos_backward_dkv_kernel<scalar_t, acc_t>;
         reserve_smem(kernel, smem, shape);

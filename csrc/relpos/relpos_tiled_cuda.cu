@@ -16,128 +16,23 @@
 //                                           entry (query r, key c) sits at qbox[r] + kbox[c]
 //   logits: scale, bias, span, masks        per element, 2 threads per query row
 //   online softmax in registers, P (bf16 / f16) in shared memory, O += P V (wmma)
-// lse is stored in float32; the backward (general path) reads it.
+// lse is stored in float32; the backward (relpos_tiled_backward_cuda.cu and the
+// general path's offset kernel) reads it.
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <mma.h>
 
-#include <cfloat>
 #include <climits>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
-#include "../common/grid_index.h"
+#include "relpos_tiled_common.cuh"
 #include "relpos_tiled_cuda.h"
-#include "relpos_tiling.h"
 
 namespace posattn {
-namespace {
-
-constexpr int kBQ = 64;       // query slots of a tile
-constexpr int kBK = 64;       // key slots of a chunk
-constexpr int kThreads = 128;  // 4 warps, 16 query rows each
-constexpr int kPad = 8;       // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
-
-template <typename CT>
-struct Cvt;
-template <>
-struct Cvt<__half> {
-  static __device__ float f(__half x) { return __half2float(x); }
-  static __device__ __half t(float x) { return __float2half(x); }
-};
-template <>
-struct Cvt<__nv_bfloat16> {
-  static __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
-};
-template <>
-struct Cvt<float> {
-  static __device__ float f(float x) { return x; }
-  static __device__ float t(float x) { return x; }
-};
-
-// The tensor-core shape per input type: 16x16x16 for 16-bit inputs, 16x16x8 TF32
-// for float32 (operands rounded to TF32 after loading).
-template <typename CT>
-struct Mma {
-  using In = CT;
-  static constexpr int K = 16;
-};
-template <>
-struct Mma<float> {
-  using In = nvcuda::wmma::precision::tf32;
-  static constexpr int K = 8;
-};
-
-struct TiledArgs {
-  RelposParams p;
-  int64_t tile[kMaxGridDims];  // tile extents per axis of p.g
-  int64_t tiles;               // tiles per (batch, head)
-};
-
-template <typename CT, int D>
-struct Layout {
-  static constexpr int LD = D + kPad;                      // row stride of the input tiles
-  static constexpr int LS = (D > kBK ? D : kBK) + 4;       // row stride of the float scratch
-  static constexpr int LP = kBK + kPad;                    // row stride of P
-  static constexpr size_t tiles = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
-  static constexpr size_t bytes(int G) {
-    return tiles * sizeof(CT) + size_t(kBQ) * LS * 4           // S / T / O scratch
-           + size_t(kBQ + kBK) * 8                             // qrel, krel (int64)
-           + size_t(kBQ + kBK) * 4 * 2                         // qtok, ktok, qbox, kbox
-           + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;   // qc, klo, khi; kc
-  }
-};
-
-// Copies `rows` rows of D values (row r from src + row_off[r] * D, zeros where
-// row_off[r] < 0) into dst (row stride LD), 16 bytes per thread and step.
-template <typename CT, int D, int LD>
-__device__ void load_rows(CT* dst, const CT* __restrict__ src, const int64_t* row_off, int rows) {
-  constexpr int E = 16 / sizeof(CT);  // values per 16-byte vector
-  constexpr int V = D / E;            // vectors per row
-  for (int e = threadIdx.x; e < rows * V; e += blockDim.x) {
-    const int r = e / V, c = (e % V) * E;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row_off[r] >= 0) val = *reinterpret_cast<const uint4*>(src + row_off[r] * D + c);
-    *reinterpret_cast<uint4*>(dst + r * LD + c) = val;
-  }
-}
-
-// C (16 rows x 16 * NT cols, float, row stride ldc) = A (16 x K, row-major, lda) times
-// B^T when B_ROWS (B given as the rows of a row-major (16 * NT x K) matrix, ldb:
-// C = A B^T), else times B (a row-major K x 16 * NT matrix, ldb).
-template <typename CT, int K, int NT, bool B_ROWS>
-__device__ void warp_mma(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
-  using namespace nvcuda;
-  using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
-  using In = typename Mma<CT>::In;
-  constexpr int KS = Mma<CT>::K;
-  for (int nt = 0; nt < NT; ++nt) {
-    wmma::fragment<wmma::accumulator, 16, 16, KS, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int k0 = 0; k0 < K; k0 += KS) {
-      wmma::fragment<wmma::matrix_a, 16, 16, KS, In, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, KS, In, BLayout> fb;
-      wmma::load_matrix_sync(fa, A + k0, lda);
-      wmma::load_matrix_sync(fb, B_ROWS ? B + nt * 16 * ldb + k0 : B + k0 * ldb + nt * 16, ldb);
-      if constexpr (std::is_same<CT, float>::value) {
-        for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
-        for (int t = 0; t < fb.num_elements; ++t) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
-      }
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
-  }
-}
-
-// max that lets a NaN through, so that a NaN logit reaches the row's output
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+namespace tiled {
 
 template <typename CT, int D>
 __global__ void __launch_bounds__(kThreads)
@@ -485,15 +380,19 @@ std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::init
   return kernel_refusal<__nv_bfloat16, 128>(G);
 }
 
-}  // namespace
+}  // namespace tiled
 
-CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
+using namespace tiled;
+
+CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors,
+                              bool backward) {
   const char* env = std::getenv("POSATTN_CUDA_KERNEL");
   const std::string want = env == nullptr ? "auto" : env;
   TORCH_CHECK_VALUE(want == "auto" || want == "general" || want == "tiled",
                     "POSATTN_CUDA_KERNEL must be auto, general or tiled, got \"", want, "\"");
   if (want == "general") return CudaKernel::kGeneral;
-  const std::string why = tiled_refusal(p, dtype, tensors);
+  std::string why = tiled_refusal(p, dtype, tensors);
+  if (why.empty() && backward) why = tiled_backward_refusal(p, dtype);
   TORCH_CHECK_VALUE(want != "tiled" || why.empty(),
                     "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: ", why);
   return why.empty() ? CudaKernel::kTiled : CudaKernel::kGeneral;

@@ -1,0 +1,448 @@
+// Tiled tensor-core backward of relpos_attention for the calls the tiled forward
+// takes (relpos_tiled_cuda.cu): d q, d q_pos (query-major) and d k, d v (key-major),
+// deterministic (every gradient row is owned by one block, every sum in a fixed
+// order, no atomics). d rel, d bias and d sigma come from the general path's
+// offset kernel. Both kernels recompute the logits of a (query box, key box) pair
+// as the forward does, then, with P = exp(s - lse) and D_i = dO_i . out_i - d lse_i:
+//   dP = dO V^T, dS = P (dP - D), dA = dS (times exp(-quad) for the multiply span)
+//   key-major:   dV += P^T dO,  dK += scale dA^T Q          (over the query boxes that may keep the keys)
+//   query-major: dQ += scale dA K, dQpos += scale dA_box RelBox  (dA scattered to the offset box)
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <climits>
+#include <string>
+
+#include "relpos_tiled_common.cuh"
+#include "relpos_tiled_cuda.h"
+
+namespace posattn {
+namespace tiled {
+namespace {
+
+// Shared memory of both kernels: five input tiles (row stride LD), two 64 x 64
+// tiles (P and dA, or dA and the scattered dA box; stride LP) that also hold a
+// piece of rel while the logits are recomputed, three float tiles (S scratch and
+// two accumulators, stride LS), then the slots' small arrays.
+template <typename CT, int D>
+struct BwdLayout {
+  static constexpr int LD = D + kPad, LS = (D > kBK ? D : kBK) + 4, LP = kBK + kPad;
+  static_assert(2 * LP >= LD, "a piece of rel must fit the P / dA tiles");
+  static constexpr size_t bytes(int G) {
+    return (size_t(5) * 64 * LD + size_t(2) * 64 * LP) * sizeof(CT) + size_t(3) * 64 * LS * 4 +
+           size_t(64) * 4 * 2                  // lse, rowd of the query slots
+           + size_t(64) * 8 * 3                // qrel, krel, row_off
+           + size_t(64) * 4 * 4                // qtok, ktok, qbox, kbox
+           + size_t(64) * G * 4 * 4;           // qc, klo, khi, kc
+  }
+};
+
+// The pointers into the shared memory of BwdLayout.
+template <typename CT>
+struct BwdSmem {
+  CT *Q, *Qp, *dO, *K, *V, *P, *DS;
+  float *S, *acc1, *acc2, *lse, *rowd;
+  int64_t *qrel, *krel, *row_off;
+  int *qtok, *ktok, *qbox, *kbox, *qc, *klo, *khi, *kc;
+};
+
+template <typename CT, int D>
+__device__ BwdSmem<CT> carve(unsigned char* smem, int G) {
+  using L = BwdLayout<CT, D>;
+  BwdSmem<CT> m;
+  m.Q = reinterpret_cast<CT*>(smem);
+  m.Qp = m.Q + 64 * L::LD;
+  m.dO = m.Qp + 64 * L::LD;
+  m.K = m.dO + 64 * L::LD;
+  m.V = m.K + 64 * L::LD;
+  m.P = m.V + 64 * L::LD;
+  m.DS = m.P + 64 * L::LP;
+  m.S = reinterpret_cast<float*>(m.DS + 64 * L::LP);
+  m.acc1 = m.S + 64 * L::LS;
+  m.acc2 = m.acc1 + 64 * L::LS;
+  m.lse = m.acc2 + 64 * L::LS;
+  m.rowd = m.lse + 64;
+  m.qrel = reinterpret_cast<int64_t*>(m.rowd + 64);
+  m.krel = m.qrel + 64;
+  m.row_off = m.krel + 64;
+  m.qtok = reinterpret_cast<int*>(m.row_off + 64);
+  m.ktok = m.qtok + 64;
+  m.qbox = m.ktok + 64;
+  m.kbox = m.qbox + 64;
+  m.qc = m.kbox + 64;
+  m.klo = m.qc + 64 * G;
+  m.khi = m.klo + 64 * G;
+  m.kc = m.khi + 64 * G;
+  return m;
+}
+
+// What both kernels do for one (query box, key box) pair once the slots, the
+// offset box indices and the Q, Q_pos, dO, K, V tiles are in place: the logits
+// (S = Q K^T, the positional term through pieces of rel in the P / dA tiles,
+// bias, span, masks), P, dP = dO V^T and dA * scale, per thread for query slot
+// r and key slots 2 j + half. Leaves P in m.P and dA * scale in m.DS (16-bit),
+// and dA * scale in `das`.
+template <typename CT, int D>
+__device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_t h, const OffsetBox& ob,
+                               const BwdSmem<CT>& m, const CT* __restrict__ rel, const CT* __restrict__ bias,
+                               int r, int half, int warp, float* das) {
+  using L = BwdLayout<CT, D>;
+  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  CT* Rs = m.P;  // a piece of rel, while P and dA are not yet written
+  warp_mma<CT, D, kBK / 16, true>(m.Q + warp * 16 * LD, LD, m.K, LD, m.S + warp * 16 * LS, LS);
+  __syncthreads();
+  float s[32], g[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) s[j] = m.S[r * LS + 2 * j + half];
+  if (p.has_pos) {
+    for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
+      __syncthreads();  // every thread has read S (or the previous piece)
+      if (threadIdx.x < kBK) m.row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
+      __syncthreads();
+      load_rows<CT, D, LD>(Rs, rel, m.row_off, kBK);
+      __syncthreads();
+      warp_mma<CT, D, kBK / 16, true>(m.Qp + warp * 16 * LD, LD, Rs, LD, m.S + warp * 16 * LS, LS);
+      __syncthreads();
+      const int qb = m.qbox[r];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int64_t e = static_cast<int64_t>(qb) + m.kbox[2 * j + half] - p0;
+        if (e >= 0 && e < kBK) s[j] += m.S[r * LS + e];
+      }
+    }
+  }
+  finish_logits<CT>(p, hd, h, bias, r, half, m.qtok, m.ktok, m.qc, m.kc, m.klo, m.khi, m.qrel, m.krel, s, g);
+  __syncthreads();  // every thread is done with S and the rel piece
+  // dP = dO V^T
+  warp_mma<CT, D, kBK / 16, true>(m.dO + warp * 16 * LD, LD, m.V, LD, m.S + warp * 16 * LS, LS);
+  __syncthreads();
+  const float lse_r = m.lse[r], rowd_r = m.rowd[r], scale = static_cast<float>(p.scale);
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int c = 2 * j + half;
+    const float pj = (s[j] == -INFINITY || lse_r == -INFINITY) ? 0.f : expf(s[j] - lse_r);
+    // a pair of weight 0 has no gradient (also where dP is not finite, as the general path skips it)
+    das[j] = pj == 0.f ? 0.f : pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale;
+    m.P[r * LP + c] = Cvt<CT>::t(pj);
+    m.DS[r * LP + c] = Cvt<CT>::t(das[j]);
+  }
+  __syncthreads();
+}
+
+template <typename CT, int D>
+__device__ void store_rows(CT* __restrict__ dst, const float* acc, const int* tok, int64_t base, int r, int half) {
+  constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
+  if (tok[r] < 0) return;
+  CT* row = dst + (base + tok[r]) * D + half * OC;
+  for (int j = 0; j < OC; ++j) row[j] = Cvt<CT>::t(acc[r * LS + half * OC + j]);
+}
+
+__device__ inline void zero_floats(float* x, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = 0.f;
+}
+
+// dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
+// of the tile's shape over the keys' box grown by the head's reach.
+template <typename CT, int D>
+__global__ void __launch_bounds__(kThreads)
+    relpos_tiled_dkv_kernel(TiledArgs a, const CT* __restrict__ gout, const float* __restrict__ rowd,
+                            const CT* __restrict__ q, const CT* __restrict__ k, const CT* __restrict__ v,
+                            const CT* __restrict__ qpos, const CT* __restrict__ rel, const double* __restrict__ sigma,
+                            const CT* __restrict__ bias, const float* __restrict__ lse, CT* __restrict__ dk,
+                            CT* __restrict__ dv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  using L = BwdLayout<CT, D>;
+  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  const RelposParams& p = a.p;
+  const int G = p.g.ndim;
+  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
+  const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BwdSmem<CT> m = carve<CT, D>(smem, G);
+  TileHead hd;
+  load_tile_head(p, h, sigma, hd);
+  float* dKacc = m.acc1;
+  float* dVacc = m.acc2;
+
+  const tiling::Box kb = tiling::tile_box(p.g, a.tile, tile_index);
+  if (threadIdx.x < kBK) fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
+  zero_floats(dKacc, 64 * LS);
+  zero_floats(dVacc, 64 * LS);
+  __syncthreads();
+  if (threadIdx.x < kBK) m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
+  __syncthreads();
+  load_rows<CT, D, LD>(m.K, k, m.row_off, kBK);
+  load_rows<CT, D, LD>(m.V, v, m.row_off, kBK);
+  int64_t first_key;
+  {
+    int64_t c[kMaxGridDims];
+    for (int d = 0; d < G; ++d) c[d] = kb.lo[d];
+    first_key = ravel_index(c, p.g.n, G);
+  }
+  // The queries that may keep these keys: within the head's reach of the box,
+  // and (causal) not before its first outer-axis coordinate.
+  tiling::Box region;
+  int64_t cnt[kMaxGridDims], nchunks = 1;
+  for (int d = 0; d < G; ++d) {
+    region.lo[d] = kb.lo[d] - hd.reach[d] > 0 ? kb.lo[d] - hd.reach[d] : 0;
+    region.hi[d] = kb.hi[d] + hd.reach[d] < p.g.n[d] ? kb.hi[d] + hd.reach[d] : p.g.n[d];
+  }
+  if (p.causal && region.lo[0] < kb.lo[0]) region.lo[0] = kb.lo[0];
+  for (int d = 0; d < G; ++d) {
+    const int64_t ext = region.hi[d] - region.lo[d];
+    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
+    nchunks *= cnt[d];
+  }
+  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+    tiling::Box qb;
+    int64_t idx = chunk;
+    for (int d = G - 1; d >= 0; --d) {
+      const int64_t i = idx % cnt[d];
+      idx /= cnt[d];
+      qb.lo[d] = region.lo[d] + i * a.tile[d];
+      qb.hi[d] = qb.lo[d] + a.tile[d] < region.hi[d] ? qb.lo[d] + a.tile[d] : region.hi[d];
+    }
+    if (p.causal) {  // a query box wholly before the first key keeps none of them (uniform)
+      int64_t c[kMaxGridDims];
+      for (int d = 0; d < G; ++d) c[d] = qb.hi[d] - 1;
+      if (ravel_index(c, p.g.n, G) < first_key) continue;
+    }
+    const OffsetBox ob = make_offset_box(p, hd, qb, kb);
+    if (ob.R == 0) continue;
+    __syncthreads();  // the previous query box is done with the slots and tiles
+    if (threadIdx.x < kBQ) {
+      const int s = threadIdx.x;
+      fill_query_slot(p, hd, qb, s, m.qtok, m.qc, m.klo, m.khi, m.qrel);
+      const bool ok = m.qtok[s] >= 0;
+      m.lse[s] = ok ? lse[bh * p.N + m.qtok[s]] : -INFINITY;
+      m.rowd[s] = ok ? rowd[bh * p.N + m.qtok[s]] : 0.f;
+      m.row_off[s] = ok ? bh * p.N + m.qtok[s] : -1;
+    } else {
+      const int c = threadIdx.x - kBQ;
+      int64_t kbx = 0;
+      if (m.ktok[c] >= 0)
+        for (int d = 0; d < G; ++d) kbx += static_cast<int64_t>(m.kc[c * G + d]) * ob.Wstride[d];
+      m.kbox[c] = static_cast<int>(kbx);
+    }
+    __syncthreads();
+    if (threadIdx.x < kBQ) {
+      const int s = threadIdx.x;
+      int64_t qbx = 0;
+      if (m.qtok[s] >= 0)
+        for (int d = 0; d < G; ++d) qbx -= (m.qc[s * G + d] + ob.olo[d]) * ob.Wstride[d];
+      m.qbox[s] = static_cast<int>(qbx);
+    }
+    load_rows<CT, D, LD>(m.Q, q, m.row_off, kBQ);
+    if (p.has_pos) load_rows<CT, D, LD>(m.Qp, qpos, m.row_off, kBQ);
+    load_rows<CT, D, LD>(m.dO, gout, m.row_off, kBQ);
+    __syncthreads();
+    float das[32];
+    pair_gradients<CT, D>(p, hd, h, ob, m, rel, bias, r, half, warp, das);
+    // dV += P^T dO, dK += (scale dA)^T Q: warp w owns key rows 16 w ... 16 w + 15
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + warp * 16, LP, m.dO, LD, dVacc + warp * 16 * LS, LS);
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + warp * 16, LP, m.Q, LD, dKacc + warp * 16 * LS, LS);
+  }
+  __syncthreads();
+  store_rows<CT, D>(dk, dKacc, m.ktok, bh * p.N, r, half);
+  store_rows<CT, D>(dv, dVacc, m.ktok, bh * p.N, r, half);
+#endif
+}
+
+// dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
+template <typename CT, int D>
+__global__ void __launch_bounds__(kThreads)
+    relpos_tiled_dq_kernel(TiledArgs a, const CT* __restrict__ gout, const float* __restrict__ rowd,
+                           const CT* __restrict__ q, const CT* __restrict__ k, const CT* __restrict__ v,
+                           const CT* __restrict__ qpos, const CT* __restrict__ rel, const double* __restrict__ sigma,
+                           const CT* __restrict__ bias, const float* __restrict__ lse, CT* __restrict__ dq,
+                           CT* __restrict__ dqpos) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  using L = BwdLayout<CT, D>;
+  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  const RelposParams& p = a.p;
+  const int G = p.g.ndim;
+  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
+  const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BwdSmem<CT> m = carve<CT, D>(smem, G);
+  TileHead hd;
+  load_tile_head(p, h, sigma, hd);
+  float* dQacc = m.acc1;
+  float* dQpacc = m.acc2;
+  CT* Tp = m.P;  // dA scattered to 64 offset-box entries (P itself is not needed here)
+
+  const tiling::Box qb = tiling::tile_box(p.g, a.tile, tile_index);
+  if (threadIdx.x < kBQ) {
+    const int s = threadIdx.x;
+    fill_query_slot(p, hd, qb, s, m.qtok, m.qc, m.klo, m.khi, m.qrel);
+    const bool ok = m.qtok[s] >= 0;
+    m.lse[s] = ok ? lse[bh * p.N + m.qtok[s]] : -INFINITY;
+    m.rowd[s] = ok ? rowd[bh * p.N + m.qtok[s]] : 0.f;
+    m.row_off[s] = ok ? bh * p.N + m.qtok[s] : -1;
+  }
+  zero_floats(dQacc, 64 * LS);
+  zero_floats(dQpacc, 64 * LS);
+  __syncthreads();
+  load_rows<CT, D, LD>(m.Q, q, m.row_off, kBQ);
+  if (p.has_pos) load_rows<CT, D, LD>(m.Qp, qpos, m.row_off, kBQ);
+  load_rows<CT, D, LD>(m.dO, gout, m.row_off, kBQ);
+  int64_t last_query;
+  {
+    int64_t c[kMaxGridDims];
+    for (int d = 0; d < G; ++d) c[d] = qb.hi[d] - 1;
+    last_query = ravel_index(c, p.g.n, G);
+  }
+  const tiling::Box region = tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal);
+  int64_t cnt[kMaxGridDims], nchunks = 1;
+  for (int d = 0; d < G; ++d) {
+    const int64_t ext = region.hi[d] - region.lo[d];
+    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
+    nchunks *= cnt[d];
+  }
+  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+    tiling::Box kb;
+    int64_t idx = chunk;
+    for (int d = G - 1; d >= 0; --d) {
+      const int64_t i = idx % cnt[d];
+      idx /= cnt[d];
+      kb.lo[d] = region.lo[d] + i * a.tile[d];
+      kb.hi[d] = kb.lo[d] + a.tile[d] < region.hi[d] ? kb.lo[d] + a.tile[d] : region.hi[d];
+    }
+    if (p.causal && ravel_index(kb.lo, p.g.n, G) > last_query) continue;  // uniform
+    const OffsetBox ob = make_offset_box(p, hd, qb, kb);
+    if (ob.R == 0) continue;
+    __syncthreads();  // the previous key box is done with the slots and tiles
+    if (threadIdx.x < kBK) {
+      fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
+    } else {
+      const int s = threadIdx.x - kBK;
+      int64_t qbx = 0;
+      if (m.qtok[s] >= 0)
+        for (int d = 0; d < G; ++d) qbx -= (m.qc[s * G + d] + ob.olo[d]) * ob.Wstride[d];
+      m.qbox[s] = static_cast<int>(qbx);
+    }
+    __syncthreads();
+    if (threadIdx.x < kBK) {
+      const int c = threadIdx.x;
+      int64_t kbx = 0;
+      if (m.ktok[c] >= 0)
+        for (int d = 0; d < G; ++d) kbx += static_cast<int64_t>(m.kc[c * G + d]) * ob.Wstride[d];
+      m.kbox[c] = static_cast<int>(kbx);
+      m.row_off[c] = m.ktok[c] >= 0 ? bh * p.N + m.ktok[c] : -1;
+    }
+    __syncthreads();
+    load_rows<CT, D, LD>(m.K, k, m.row_off, kBK);
+    load_rows<CT, D, LD>(m.V, v, m.row_off, kBK);
+    __syncthreads();
+    float das[32];
+    pair_gradients<CT, D>(p, hd, h, ob, m, rel, bias, r, half, warp, das);
+    // dQ += (scale dA) K
+    warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc + warp * 16 * LS, LS);
+    // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it holds them)
+    if (p.has_pos) {
+      CT* Rs = m.V;
+      for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
+        __syncthreads();  // the previous piece's product is done with Tp and Rs (and the dQ product with DS)
+        for (int i = threadIdx.x; i < 64 * LP; i += blockDim.x) Tp[i] = Cvt<CT>::t(0.f);
+        if (threadIdx.x < kBK) m.row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
+        __syncthreads();
+        const int qbr = m.qbox[r];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int64_t e = static_cast<int64_t>(qbr) + m.kbox[2 * j + half] - p0;
+          if (e >= 0 && e < kBK && das[j] != 0.f) Tp[r * LP + e] = Cvt<CT>::t(das[j]);
+        }
+        load_rows<CT, D, LD>(Rs, rel, m.row_off, kBK);
+        __syncthreads();
+        warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + warp * 16 * LP, LP, Rs, LD, dQpacc + warp * 16 * LS, LS);
+      }
+    }
+  }
+  __syncthreads();
+  store_rows<CT, D>(dq, dQacc, m.qtok, bh * p.N, r, half);
+  if (p.has_pos) store_rows<CT, D>(dqpos, dQpacc, m.qtok, bh * p.N, r, half);
+#endif
+}
+
+template <typename CT, int D>
+std::string backward_refusal(int G) {
+  cudaFuncAttributes attr;
+  for (const void* fn : {reinterpret_cast<const void*>(relpos_tiled_dkv_kernel<CT, D>),
+                         reinterpret_cast<const void*>(relpos_tiled_dq_kernel<CT, D>)}) {
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, fn));
+    if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
+      return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
+  }
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t need = BwdLayout<CT, D>::bytes(G);
+  if (need > static_cast<size_t>(optin))
+    return "its backward needs " + std::to_string(need) + " bytes of shared memory per block for D = " +
+           std::to_string(D) + ", more than the device's " + std::to_string(optin);
+  return "";
+}
+
+template <typename Fn>
+void by_type_and_dim(at::ScalarType dtype, int64_t D, Fn fn) {
+  auto by_dim = [&](auto ct_tag) {
+    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
+    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
+    else fn(ct_tag, std::integral_constant<int, 128>{});
+  };
+  if (dtype == at::kHalf) by_dim(__half{});
+  else if (dtype == at::kFloat) by_dim(float{});
+  else by_dim(__nv_bfloat16{});
+}
+
+}  // namespace
+}  // namespace tiled
+
+std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype) {
+  std::string why;
+  tiled::by_type_and_dim(dtype, p.D, [&](auto ct_tag, auto d_tag) {
+    why = tiled::backward_refusal<decltype(ct_tag), decltype(d_tag)::value>(p.g.ndim);
+  });
+  return why;
+}
+
+void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
+                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
+                           const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
+                           at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos) {
+  using namespace tiled;
+  TiledArgs a;
+  a.p = p;
+  for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
+  tiling::choose_tile(p.g, kBQ, a.tile);
+  a.tiles = tiling::num_tiles(p.g, a.tile);
+  const int64_t blocks = p.B * p.H * a.tiles;
+  TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", blocks,
+                    " thread blocks needed, more than a launch allows; split the batch");
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    const size_t smem = BwdLayout<CT, D>::bytes(p.g.ndim);
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const CT*>(t.data_ptr()) : nullptr; };
+    auto out = [](at::Tensor& t) { return t.numel() > 0 ? reinterpret_cast<CT*>(t.data_ptr()) : nullptr; };
+    const double* sig = sigma.defined() ? sigma.data_ptr<double>() : nullptr;
+    auto dkv = relpos_tiled_dkv_kernel<CT, D>;
+    auto dqk = relpos_tiled_dq_kernel<CT, D>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    dkv<<<blocks, kThreads, smem, stream>>>(a, ptr(gout), rowd.data_ptr<float>(), ptr(q), ptr(k), ptr(v), ptr(q_pos),
+                                            ptr(rel), sig, ptr(bias), lse.data_ptr<float>(), out(dk), out(dv));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dqk<<<blocks, kThreads, smem, stream>>>(a, ptr(gout), rowd.data_ptr<float>(), ptr(q), ptr(k), ptr(v), ptr(q_pos),
+                                            ptr(rel), sig, ptr(bias), lse.data_ptr<float>(), out(dq), out(dqpos));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace posattn
