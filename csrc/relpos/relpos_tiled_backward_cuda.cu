@@ -122,7 +122,9 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
   for (int j = 0; j < 32; ++j) {
     const int c = 2 * j + half;
     const float pj = (s[j] == -INFINITY || lse_r == -INFINITY) ? 0.f : expf(s[j] - lse_r);
-    // a pair of weight 0 has no gradient (also where dP is not finite, as the general path skips it)
+    // a pair of weight 0 adds nothing (0, also where dP is not finite); note that the tile products
+    // still multiply such zeros with every row of the tiles, so a non-finite input row reaches
+    // the gradients of its whole tile, where the general path would confine it
     das[j] = pj == 0.f ? 0.f : pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale;
     m.P[r * LP + c] = Cvt<CT>::t(pj);
     m.DS[r * LP + c] = Cvt<CT>::t(das[j]);

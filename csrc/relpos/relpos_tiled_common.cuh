@@ -23,6 +23,7 @@ namespace tiled {
 constexpr int kBQ = 64;       // query slots of a tile
 constexpr int kBK = 64;       // key slots of a chunk
 constexpr int kThreads = 128;  // 4 warps, 16 query rows each
+static_assert(kThreads == kBQ + kBK, "the slot fills give one thread to each query slot and each key slot");
 constexpr int kPad = 8;       // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
 
 template <typename CT>
@@ -70,7 +71,7 @@ struct Layout {
   static constexpr size_t tiles = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
   static constexpr size_t bytes(int G) {
     return tiles * sizeof(CT) + size_t(kBQ) * LS * 4           // S / T / O scratch
-           + size_t(kBQ + kBK) * 8                             // qrel, krel (int64)
+           + size_t(kBQ + kBK + kBK) * 8                       // qrel, krel, row_off (int64)
            + size_t(kBQ + kBK) * 4 * 2                         // qtok, ktok, qbox, kbox
            + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;   // qc, klo, khi; kc
   }

@@ -33,6 +33,7 @@
 
 namespace posattn {
 namespace tiled {
+namespace {
 
 template <typename CT, int D>
 __global__ void __launch_bounds__(kThreads)
@@ -58,9 +59,10 @@ __global__ void __launch_bounds__(kThreads)
   CT* Rs = Ks;  // the rel rows of an offset-box piece reuse K's tile: K is dead once S = Q K^T is read
   CT* Ps = Vs + kBK * LD;
   float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);  // 32-byte aligned: every tile above is 64 rows of 16-byte multiples
-  int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d; then row offsets
+  int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d
   int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
-  int* qtok = reinterpret_cast<int*>(krel + kBK);              // token of each query slot (-1: none)
+  int64_t* row_off = krel + kBK;                               // the rows of a load
+  int* qtok = reinterpret_cast<int*>(row_off + kBK);           // token of each query slot (-1: none)
   int* ktok = qtok + kBQ;
   int* qbox = ktok + kBK;  // query part of the offset-box index
   int* kbox = qbox + kBQ;  // key part
@@ -68,62 +70,16 @@ __global__ void __launch_bounds__(kThreads)
   int* klo = qc + kBQ * G; // (kBQ, G) kept keys per axis
   int* khi = klo + kBQ * G;
   int* kc = khi + kBQ * G; // (kBK, G)
-  int64_t* row_off = krel;  // reused as the row list of a load (kBK entries) only while krel is not needed
 
-  // The head's span and limits (every thread; G <= 8 axes).
-  float inv_sigma[kMaxGridDims], inv_n[kMaxGridDims];
-  AxisLimit lim[kMaxGridDims];
-  int64_t reach[kMaxGridDims];
-  if (p.has_sigma)
-    for (int64_t ax = 0; ax < p.G_in; ++ax) {
-      const double sg = sigma[h * p.G_in + ax];
-      CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
-    }
-  for (int d = 0; d < G; ++d) {
-    lim[d].n = p.g.n[d];
-    lim[d].span = p.g.n[d] - 1;
-    lim[d].win = p.win[d];
-    lim[d].shift = p.window_shift;
-    inv_sigma[d] = 0.f;
-    inv_n[d] = 1.f / static_cast<float>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
-    if (p.has_sigma) {
-      const double sg = sigma[h * p.G_in + p.g.axis[d]];
-      // clamped: 1 / a subnormal sigma overflows float, and 0 * inf would make a query's own logit NaN
-      inv_sigma[d] = static_cast<float>(fmin(1.0 / sg, static_cast<double>(FLT_MAX)));
-      if (p.threshold > 0.0 && sg > 0.0) lim[d].span = span_half_width(sg, p.threshold, p.g.n[d]);
-    }
-    reach[d] = axis_max_offset(lim[d]);
-  }
+  TileHead hd;
+  load_tile_head(p, h, sigma, hd);
 
   // The query tile.
   const tiling::Box tb = tiling::tile_box(p.g, a.tile, tile_index);
-  const int Bq = static_cast<int>(tiling::box_volume(tb, G));
   if (threadIdx.x < kBQ) {
-    const int r = threadIdx.x;
-    if (r < Bq) {
-      int64_t ext[kMaxGridDims], c[kMaxGridDims];
-      for (int d = 0; d < G; ++d) ext[d] = tb.hi[d] - tb.lo[d];
-      unravel_index(r, ext, G, c);
-      int64_t qr = 0;
-      for (int d = 0; d < G; ++d) {
-        c[d] += tb.lo[d];
-        qc[r * G + d] = static_cast<int>(c[d]);
-        int64_t lo, hi;
-        axis_key_range(lim[d], c[d], lo, hi);
-        klo[r * G + d] = static_cast<int>(lo);
-        khi[r * G + d] = static_cast<int>(hi);
-        qr += c[d] * p.rel_stride[d];
-      }
-      qtok[r] = static_cast<int>(ravel_index(c, p.g.n, G));
-      qrel[r] = qr;
-    } else {
-      qtok[r] = -1;
-      qrel[r] = 0;
-    }
+    fill_query_slot(p, hd, tb, threadIdx.x, qtok, qc, klo, khi, qrel);
+    row_off[threadIdx.x] = qtok[threadIdx.x] >= 0 ? bh * p.N + qtok[threadIdx.x] : -1;
   }
-  __syncthreads();
-  // Q and Qpos rows (row offsets in krel's space for the load; krel is filled per chunk)
-  if (threadIdx.x < kBQ) row_off[threadIdx.x] = qtok[threadIdx.x] >= 0 ? bh * p.N + qtok[threadIdx.x] : -1;
   __syncthreads();
   load_rows<CT, D, LD>(Qs, q, row_off, kBQ);
   if (p.has_pos) load_rows<CT, D, LD>(Qps, qpos, row_off, kBQ);
@@ -135,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // The keys the tile may keep, cut into chunks of the tile's shape.
-  const tiling::Box region = tiling::key_region(p.g, tb, p.has_box ? lim : nullptr, p.causal);
+  const tiling::Box region = tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal);
   int64_t cnt[kMaxGridDims];
   int64_t nchunks = 1;
   for (int d = 0; d < G; ++d) {
@@ -152,8 +108,6 @@ __global__ void __launch_bounds__(kThreads)
   float o[OC];
   for (int j = 0; j < OC; ++j) o[j] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const float scale = static_cast<float>(p.scale);
-  const int64_t U = p.U;
 
   for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
     tiling::Box cb;
@@ -170,50 +124,24 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t first = ravel_index(cb.lo, p.g.n, G);
       if (p.causal && first > tile_last_tok) continue;  // uniform across the block
     }
-    const int Bk = static_cast<int>(tiling::box_volume(cb, G));
-    // The offset box (clipped to the head's reach: kept pairs never leave it).
-    int64_t olo[kMaxGridDims], W[kMaxGridDims], Wstride[kMaxGridDims];
-    int64_t R = 1;
-    for (int d = G - 1; d >= 0; --d) {
-      int64_t lo = cb.lo[d] - (tb.hi[d] - 1), hi = cb.hi[d] - 1 - tb.lo[d];
-      if (lo < -reach[d]) lo = -reach[d];
-      if (hi > reach[d]) hi = reach[d];
-      olo[d] = lo;
-      W[d] = hi >= lo ? hi - lo + 1 : 0;
-      Wstride[d] = R;
-      R *= W[d];
-    }
-    if (R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
+    const OffsetBox ob = make_offset_box(p, hd, tb, cb);
+    if (ob.R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
     __syncthreads();  // the previous chunk is done with the key slots and the scratch
     if (threadIdx.x < kBK) {
       const int c = threadIdx.x;
-      if (c < Bk) {
-        int64_t ext[kMaxGridDims], kcoord[kMaxGridDims];
-        for (int d = 0; d < G; ++d) ext[d] = cb.hi[d] - cb.lo[d];
-        unravel_index(c, ext, G, kcoord);
-        int64_t kr = 0, kb = 0;
-        for (int d = 0; d < G; ++d) {
-          kcoord[d] += cb.lo[d];
-          kc[c * G + d] = static_cast<int>(kcoord[d]);
-          kr += (kcoord[d] + p.g.n[d] - 1) * p.rel_stride[d];
-          kb += kcoord[d] * Wstride[d];
-        }
-        ktok[c] = static_cast<int>(ravel_index(kcoord, p.g.n, G));
-        kbox[c] = static_cast<int>(kb);
-      } else {
-        ktok[c] = -1;
-        kbox[c] = 0;
-      }
-    } else if (threadIdx.x - kBK < kBQ) {
+      fill_key_slot(p, cb, c, ktok, kc, krel);
+      int64_t kb = 0;
+      if (ktok[c] >= 0)
+        for (int d = 0; d < G; ++d) kb += static_cast<int64_t>(kc[c * G + d]) * ob.Wstride[d];
+      kbox[c] = static_cast<int>(kb);
+      row_off[c] = ktok[c] >= 0 ? bh * p.N + ktok[c] : -1;
+    } else {
       const int rr = threadIdx.x - kBK;
       int64_t qb = 0;
       if (qtok[rr] >= 0)
-        for (int d = 0; d < G; ++d) qb -= (qc[rr * G + d] + olo[d]) * Wstride[d];
+        for (int d = 0; d < G; ++d) qb -= (qc[rr * G + d] + ob.olo[d]) * ob.Wstride[d];
       qbox[rr] = static_cast<int>(qb);
     }
-    __syncthreads();
-    // K and V rows of the chunk (row list in krel's slots, refilled with the rel rows below)
-    if (threadIdx.x < kBK) row_off[threadIdx.x] = ktok[threadIdx.x] >= 0 ? bh * p.N + ktok[threadIdx.x] : -1;
     __syncthreads();
     load_rows<CT, D, LD>(Ks, k, row_off, kBK);
     load_rows<CT, D, LD>(Vs, v, row_off, kBK);
@@ -226,22 +154,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + 2 * j + half];
     // S += Qpos RelBox^T, 64 offset-box rows at a time, scattered to the pairs
     if (p.has_pos) {
-      for (int64_t p0 = 0; p0 < R; p0 += kBK) {
-        __syncthreads();  // every thread has read Ss (and row_off is free)
-        if (threadIdx.x < kBK) {
-          const int64_t e = p0 + threadIdx.x;
-          int64_t off = -1;
-          if (e < R) {
-            int64_t row = 0, rest = e;
-            for (int d = G - 1; d >= 0; --d) {
-              const int64_t ed = rest % W[d];
-              rest /= W[d];
-              row += (olo[d] + ed + p.g.n[d] - 1) * p.rel_stride[d];
-            }
-            off = h * U + row;
-          }
-          row_off[threadIdx.x] = off;
-        }
+      for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
+        __syncthreads();  // every thread has read Ss (and the previous piece's rows)
+        if (threadIdx.x < kBK) row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
         __syncthreads();
         load_rows<CT, D, LD>(Rs, rel, row_off, kBK);
         __syncthreads();
@@ -255,44 +170,13 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // row_off (krel's slots) is free again: fill krel
-    if (threadIdx.x < kBK) {
-      const int c = threadIdx.x;
-      int64_t kr = 0;
-      if (ktok[c] >= 0)
-        for (int d = 0; d < G; ++d) kr += (kc[c * G + d] + p.g.n[d] - 1) * p.rel_stride[d];
-      krel[c] = kr;
-    }
-    __syncthreads();
-    // logits, masks, online softmax (2 threads per row)
-    const int qt = qtok[r];
+    __syncthreads();  // every thread is done with the scratch
+    // logits (scale, bias, span, masks), then the online softmax (2 threads per row)
+    float gauss[32];
+    finish_logits<CT>(p, hd, h, bias, r, half, qtok, ktok, qc, kc, klo, khi, qrel, krel, s, gauss);
     float rowmax = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int c = 2 * j + half;
-      const int kt = ktok[c];
-      bool keep = qt >= 0 && kt >= 0 && !(p.causal && kt > qt);
-      if (keep && p.has_box)
-        for (int d = 0; d < G; ++d) {
-          const int kd = kc[c * G + d];
-          keep &= kd >= klo[r * G + d] && kd <= khi[r * G + d];
-        }
-      float x = -INFINITY;
-      if (keep) {
-        x = scale * s[j];
-        if (p.has_bias) x += Cvt<CT>::f(bias[h * U + krel[c] - qrel[r]]);
-        if (p.has_sigma) {
-          float quad = 0.f;
-          for (int d = 0; d < G; ++d) {
-            const float xd = static_cast<float>(kc[c * G + d] - qc[r * G + d]) * inv_n[d] * inv_sigma[d];
-            quad += 0.5f * xd * xd;
-          }
-          x = p.mode == SpanMode::kMultiply ? x * __expf(-quad) : x - quad;
-        }
-      }
-      s[j] = x;
-      rowmax = nan_max(rowmax, x);
-    }
+    for (int j = 0; j < 32; ++j) rowmax = nan_max(rowmax, s[j]);
     rowmax = nan_max(rowmax, __shfl_xor_sync(0xffffffffu, rowmax, 1));
     const float m_new = nan_max(m, rowmax);
     float alpha = 1.f, psum = 0.f;
@@ -380,6 +264,7 @@ std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::init
   return kernel_refusal<__nv_bfloat16, 128>(G);
 }
 
+}  // namespace
 }  // namespace tiled
 
 using namespace tiled;

@@ -14,7 +14,7 @@
 
 namespace posattn {
 
-// Which CUDA forward runs a call: POSATTN_CUDA_KERNEL=auto (default: the tiled
+// Which CUDA kernels run a call (forward, and d q, d k, d v, d q_pos of the backward): POSATTN_CUDA_KERNEL=auto (default: the tiled
 // kernel where it applies), general, or tiled (a ValueError naming the reason if
 // it does not apply). Any other value is a ValueError.
 enum class CudaKernel { kGeneral, kTiled };
