@@ -19,6 +19,7 @@ MASKS = [
     dict(bias=True),
     dict(pos=False, bias=True, window=1, window_border="shift"),
     dict(bias=True, sigma=True, threshold=0.3, window=2, causal=True),
+    dict(sigma=True, threshold=0.4, window=1, window_border="shift", causal=True),  # exact query region per key
 ]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 

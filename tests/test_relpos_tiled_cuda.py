@@ -22,6 +22,8 @@ CASES = [
     ([64], dict(pos=False)),
     ([2, 3, 4, 5], dict(sigma=True, threshold=0.5)),
     ([40, 40], dict(sigma=True, window=4)),  # chunks far outside the window are never visited
+    # border queries' shifted windows: the key-major backward visits exactly the queries that keep a key
+    ([3, 21, 10], dict(sigma=True, threshold=0.4, window=2, window_border="shift", causal=True)),
 ]
 
 

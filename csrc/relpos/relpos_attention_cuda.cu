@@ -36,8 +36,10 @@
 #include "../common/grid_index.h"
 #include "../common/tensor_args.h"
 #include "relpos_checks.h"
+#include "relpos_head_cuda.cuh"
 #include "relpos_params.h"
 #include "relpos_tiled_cuda.h"
+#include "relpos_tiling.h"
 
 namespace posattn {
 namespace {
@@ -46,39 +48,9 @@ constexpr int kThreads = 128;
 // Blocks per head of the backward's offset kernel (each takes U / kOffsetBlocks offsets).
 constexpr int64_t kOffsetBlocks = 2048;
 
-// A head's span and limits, computed by every thread of a block (G <= 8 axes).
+// A head's span and limits, computed by every thread of a block (relpos_head_cuda.cuh).
 template <typename Acc>
-struct Head {
-  Acc inv_sigma[kMaxGridDims];  // 1 / sigma_d (0 without a span)
-  AxisLimit lim[kMaxGridDims];  // which keys a query keeps along each axis
-  int64_t reach[kMaxGridDims];  // the largest |j_d - i_d| of a kept pair
-};
-
-template <typename Acc>
-__device__ void load_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma, Head<Acc>& hd) {
-  if (p.has_sigma) {
-    for (int64_t a = 0; a < p.G_in; ++a) {
-      const double sg = sigma[h * p.G_in + a];
-      CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg),
-                             "relpos_attention: sigma must be positive and finite everywhere");
-    }
-  }
-  for (int d = 0; d < p.g.ndim; ++d) {
-    AxisLimit& lim = hd.lim[d];
-    lim.n = p.g.n[d];
-    lim.span = p.g.n[d] - 1;
-    lim.win = p.win[d];
-    lim.shift = p.window_shift;
-    hd.inv_sigma[d] = 0;
-    if (p.has_sigma) {
-      const double sg = sigma[h * p.G_in + p.g.axis[d]];
-      // clamped: 1 / a subnormal sigma overflows Acc, and 0 * inf would make a query's own logit NaN
-      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, static_cast<double>(std::numeric_limits<Acc>::max())));
-      if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
-    }
-    hd.reach[d] = axis_max_offset(lim);
-  }
-}
+using Head = SpanHead<Acc>;
 
 // The kept keys of the query at `ci`, per axis: [lo_d, hi_d].
 template <typename Acc>
@@ -208,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
   Head<Acc> hd;
-  load_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
@@ -334,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) go_s[c] = static_cast<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
   Head<Acc> hd;
-  load_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
@@ -407,14 +379,22 @@ __global__ void __launch_bounds__(kThreads)
     dv_s[c] = 0;
   }
   Head<Acc> hd;
-  load_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, sigma, hd);
   int64_t cj[kMaxGridDims], qlo[kMaxGridDims], qhi[kMaxGridDims];
   unravel_index(j, p.g.n, p.g.ndim, cj);
-  for (int d = 0; d < p.g.ndim; ++d) {
-    qlo[d] = max(cj[d] - hd.reach[d], int64_t{0});
-    qhi[d] = min(cj[d] + hd.reach[d], p.g.n[d] - 1);
+  {  // the queries that may keep key j, exactly per axis (tiling::query_region)
+    tiling::Box kb;
+    for (int d = 0; d < p.g.ndim; ++d) {
+      kb.lo[d] = cj[d];
+      kb.hi[d] = cj[d] + 1;
+    }
+    const tiling::Box r = tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal);
+    for (int d = 0; d < p.g.ndim; ++d) {
+      qlo[d] = r.lo[d];
+      qhi[d] = r.hi[d] - 1;
+    }
   }
-  const TokenBox qb = make_token_box(p, qlo, qhi);  // the queries that may keep key j
+  const TokenBox qb = make_token_box(p, qlo, qhi);
   __syncthreads();
   const T* qh = q + bh * p.N * p.D;
   const T* qposh = p.has_pos ? qpos + bh * p.N * p.D : nullptr;
@@ -475,7 +455,7 @@ __global__ void __launch_bounds__(kThreads)
   Acc* red = w_s + blockDim.x;                                // blockDim
   const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
   Head<Acc> hd;
-  load_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, sigma, hd);
   const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);

@@ -77,6 +77,30 @@ __device__ BwdSmem<CT> carve(unsigned char* smem, int G) {
   return m;
 }
 
+// The tensors of a backward call (flash-attention's params style: one struct for
+// both kernels; each writes two of the four gradients).
+template <typename CT>
+struct BwdTensors {
+  const CT *__restrict__ gout, *__restrict__ q, *__restrict__ k, *__restrict__ v, *__restrict__ qpos,
+      *__restrict__ rel, *__restrict__ bias;
+  const float *__restrict__ rowd, *__restrict__ lse;  // D_i = dO_i . out_i - d lse_i; the forward's lse
+  const double* __restrict__ sigma;
+  CT *__restrict__ dq, *__restrict__ dk, *__restrict__ dv, *__restrict__ dqpos;
+};
+
+// Query slot r of a backward kernel: fill_query_slot, plus the row's lse, rowd
+// and the offset of its rows in q, q_pos and grad_out (-1 for an empty slot).
+template <typename CT>
+__device__ void fill_bwd_query_slot(const RelposParams& p, const TileHead& hd, const tiling::Box& qb, int r,
+                                    int64_t bh, const float* __restrict__ lse, const float* __restrict__ rowd,
+                                    const BwdSmem<CT>& m) {
+  fill_query_slot(p, hd, qb, r, m.qtok, m.qc, m.klo, m.khi, m.qrel);
+  const bool ok = m.qtok[r] >= 0;
+  m.lse[r] = ok ? lse[bh * p.N + m.qtok[r]] : -INFINITY;
+  m.rowd[r] = ok ? rowd[bh * p.N + m.qtok[r]] : 0.f;
+  m.row_off[r] = ok ? bh * p.N + m.qtok[r] : -1;
+}
+
 // What both kernels do for one (query box, key box) pair once the slots, the
 // offset box indices and the Q, Q_pos, dO, K, V tiles are in place: the logits
 // (S = Q K^T, the positional term through pieces of rel in the P / dA tiles,
@@ -145,27 +169,15 @@ __device__ inline void zero_floats(float* x, int n) {
 }
 
 // dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
-// of the tile's shape over the keys' box grown by the head's reach.
+// of the tile's shape over the queries that may keep its keys (tiling::query_region).
 template <typename CT, int D>
-__global__ void __launch_bounds__(kThreads)
-    relpos_tiled_dkv_kernel(TiledArgs a, const CT* __restrict__ gout, const float* __restrict__ rowd,
-                            const CT* __restrict__ q, const CT* __restrict__ k, const CT* __restrict__ v,
-                            const CT* __restrict__ qpos, const CT* __restrict__ rel, const double* __restrict__ sigma,
-                            const CT* __restrict__ bias, const float* __restrict__ lse, CT* __restrict__ dk,
-                            CT* __restrict__ dv) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();
-#else
+__device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
   const RelposParams& p = a.p;
   const int G = p.g.ndim;
   const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
   const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const BwdSmem<CT> m = carve<CT, D>(smem, G);
-  TileHead hd;
-  load_tile_head(p, h, sigma, hd);
   float* dKacc = m.acc1;
   float* dVacc = m.acc2;
 
@@ -176,173 +188,86 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x < kBK) m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
   __syncthreads();
-  load_rows<CT, D, LD>(m.K, k, m.row_off, kBK);
-  load_rows<CT, D, LD>(m.V, v, m.row_off, kBK);
-  int64_t first_key;
-  {
-    int64_t c[kMaxGridDims];
-    for (int d = 0; d < G; ++d) c[d] = kb.lo[d];
-    first_key = ravel_index(c, p.g.n, G);
-  }
-  // The queries that may keep these keys: within the head's reach of the box,
-  // and (causal) not before its first outer-axis coordinate.
-  tiling::Box region;
-  int64_t cnt[kMaxGridDims], nchunks = 1;
-  for (int d = 0; d < G; ++d) {
-    region.lo[d] = kb.lo[d] - hd.reach[d] > 0 ? kb.lo[d] - hd.reach[d] : 0;
-    region.hi[d] = kb.hi[d] + hd.reach[d] < p.g.n[d] ? kb.hi[d] + hd.reach[d] : p.g.n[d];
-  }
-  if (p.causal && region.lo[0] < kb.lo[0]) region.lo[0] = kb.lo[0];
-  for (int d = 0; d < G; ++d) {
-    const int64_t ext = region.hi[d] - region.lo[d];
-    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
-    nchunks *= cnt[d];
-  }
-  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
-    tiling::Box qb;
-    int64_t idx = chunk;
-    for (int d = G - 1; d >= 0; --d) {
-      const int64_t i = idx % cnt[d];
-      idx /= cnt[d];
-      qb.lo[d] = region.lo[d] + i * a.tile[d];
-      qb.hi[d] = qb.lo[d] + a.tile[d] < region.hi[d] ? qb.lo[d] + a.tile[d] : region.hi[d];
-    }
-    if (p.causal) {  // a query box wholly before the first key keeps none of them (uniform)
-      int64_t c[kMaxGridDims];
-      for (int d = 0; d < G; ++d) c[d] = qb.hi[d] - 1;
-      if (ravel_index(c, p.g.n, G) < first_key) continue;
-    }
+  load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
+  load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
+  const int64_t first_key = ravel_index(kb.lo, p.g.n, G);
+  // The queries that may keep these keys (exactly, per axis: for shifted windows the
+  // head's reach would be twice too wide), cut into boxes of the tile's shape.
+  const BoxChunks chunks = make_box_chunks(a, tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal));
+  for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
+    const tiling::Box qb = chunk_box(a, chunks, chunk);
+    // a query box wholly before the first key keeps none of them (uniform)
+    if (p.causal && box_last_token(p, qb) < first_key) continue;
     const OffsetBox ob = make_offset_box(p, hd, qb, kb);
     if (ob.R == 0) continue;
     __syncthreads();  // the previous query box is done with the slots and tiles
     if (threadIdx.x < kBQ) {
-      const int s = threadIdx.x;
-      fill_query_slot(p, hd, qb, s, m.qtok, m.qc, m.klo, m.khi, m.qrel);
-      const bool ok = m.qtok[s] >= 0;
-      m.lse[s] = ok ? lse[bh * p.N + m.qtok[s]] : -INFINITY;
-      m.rowd[s] = ok ? rowd[bh * p.N + m.qtok[s]] : 0.f;
-      m.row_off[s] = ok ? bh * p.N + m.qtok[s] : -1;
+      fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
+      m.qbox[threadIdx.x] = query_box_index(p, ob, m.qc, m.qtok, threadIdx.x);
     } else {
       const int c = threadIdx.x - kBQ;
-      int64_t kbx = 0;
-      if (m.ktok[c] >= 0)
-        for (int d = 0; d < G; ++d) kbx += static_cast<int64_t>(m.kc[c * G + d]) * ob.Wstride[d];
-      m.kbox[c] = static_cast<int>(kbx);
+      m.kbox[c] = key_box_index(p, ob, m.kc, m.ktok, c);
     }
     __syncthreads();
-    if (threadIdx.x < kBQ) {
-      const int s = threadIdx.x;
-      int64_t qbx = 0;
-      if (m.qtok[s] >= 0)
-        for (int d = 0; d < G; ++d) qbx -= (m.qc[s * G + d] + ob.olo[d]) * ob.Wstride[d];
-      m.qbox[s] = static_cast<int>(qbx);
-    }
-    load_rows<CT, D, LD>(m.Q, q, m.row_off, kBQ);
-    if (p.has_pos) load_rows<CT, D, LD>(m.Qp, qpos, m.row_off, kBQ);
-    load_rows<CT, D, LD>(m.dO, gout, m.row_off, kBQ);
+    load_rows<CT, D, LD>(m.Q, t.q, m.row_off, kBQ);
+    if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
+    load_rows<CT, D, LD>(m.dO, t.gout, m.row_off, kBQ);
     __syncthreads();
     float das[32];
-    pair_gradients<CT, D>(p, hd, h, ob, m, rel, bias, r, half, warp, das);
+    pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
     // dV += P^T dO, dK += (scale dA)^T Q: warp w owns key rows 16 w ... 16 w + 15
     warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + warp * 16, LP, m.dO, LD, dVacc + warp * 16 * LS, LS);
     warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + warp * 16, LP, m.Q, LD, dKacc + warp * 16 * LS, LS);
   }
   __syncthreads();
-  store_rows<CT, D>(dk, dKacc, m.ktok, bh * p.N, r, half);
-  store_rows<CT, D>(dv, dVacc, m.ktok, bh * p.N, r, half);
-#endif
+  store_rows<CT, D>(t.dk, dKacc, m.ktok, bh * p.N, r, half);
+  store_rows<CT, D>(t.dv, dVacc, m.ktok, bh * p.N, r, half);
 }
 
 // dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
 template <typename CT, int D>
-__global__ void __launch_bounds__(kThreads)
-    relpos_tiled_dq_kernel(TiledArgs a, const CT* __restrict__ gout, const float* __restrict__ rowd,
-                           const CT* __restrict__ q, const CT* __restrict__ k, const CT* __restrict__ v,
-                           const CT* __restrict__ qpos, const CT* __restrict__ rel, const double* __restrict__ sigma,
-                           const CT* __restrict__ bias, const float* __restrict__ lse, CT* __restrict__ dq,
-                           CT* __restrict__ dqpos) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();
-#else
+__device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
   const RelposParams& p = a.p;
   const int G = p.g.ndim;
   const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
   const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const BwdSmem<CT> m = carve<CT, D>(smem, G);
-  TileHead hd;
-  load_tile_head(p, h, sigma, hd);
   float* dQacc = m.acc1;
   float* dQpacc = m.acc2;
   CT* Tp = m.P;  // dA scattered to 64 offset-box entries (P itself is not needed here)
 
   const tiling::Box qb = tiling::tile_box(p.g, a.tile, tile_index);
-  if (threadIdx.x < kBQ) {
-    const int s = threadIdx.x;
-    fill_query_slot(p, hd, qb, s, m.qtok, m.qc, m.klo, m.khi, m.qrel);
-    const bool ok = m.qtok[s] >= 0;
-    m.lse[s] = ok ? lse[bh * p.N + m.qtok[s]] : -INFINITY;
-    m.rowd[s] = ok ? rowd[bh * p.N + m.qtok[s]] : 0.f;
-    m.row_off[s] = ok ? bh * p.N + m.qtok[s] : -1;
-  }
+  if (threadIdx.x < kBQ) fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
   zero_floats(dQacc, 64 * LS);
   zero_floats(dQpacc, 64 * LS);
   __syncthreads();
-  load_rows<CT, D, LD>(m.Q, q, m.row_off, kBQ);
-  if (p.has_pos) load_rows<CT, D, LD>(m.Qp, qpos, m.row_off, kBQ);
-  load_rows<CT, D, LD>(m.dO, gout, m.row_off, kBQ);
-  int64_t last_query;
-  {
-    int64_t c[kMaxGridDims];
-    for (int d = 0; d < G; ++d) c[d] = qb.hi[d] - 1;
-    last_query = ravel_index(c, p.g.n, G);
-  }
-  const tiling::Box region = tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal);
-  int64_t cnt[kMaxGridDims], nchunks = 1;
-  for (int d = 0; d < G; ++d) {
-    const int64_t ext = region.hi[d] - region.lo[d];
-    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
-    nchunks *= cnt[d];
-  }
-  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
-    tiling::Box kb;
-    int64_t idx = chunk;
-    for (int d = G - 1; d >= 0; --d) {
-      const int64_t i = idx % cnt[d];
-      idx /= cnt[d];
-      kb.lo[d] = region.lo[d] + i * a.tile[d];
-      kb.hi[d] = kb.lo[d] + a.tile[d] < region.hi[d] ? kb.lo[d] + a.tile[d] : region.hi[d];
-    }
+  load_rows<CT, D, LD>(m.Q, t.q, m.row_off, kBQ);
+  if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
+  load_rows<CT, D, LD>(m.dO, t.gout, m.row_off, kBQ);
+  const int64_t last_query = box_last_token(p, qb);
+  const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal));
+  for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
+    const tiling::Box kb = chunk_box(a, chunks, chunk);
     if (p.causal && ravel_index(kb.lo, p.g.n, G) > last_query) continue;  // uniform
     const OffsetBox ob = make_offset_box(p, hd, qb, kb);
     if (ob.R == 0) continue;
     __syncthreads();  // the previous key box is done with the slots and tiles
     if (threadIdx.x < kBK) {
-      fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
+      const int c = threadIdx.x;
+      fill_key_slot(p, kb, c, m.ktok, m.kc, m.krel);
+      m.kbox[c] = key_box_index(p, ob, m.kc, m.ktok, c);
+      m.row_off[c] = m.ktok[c] >= 0 ? bh * p.N + m.ktok[c] : -1;
     } else {
       const int s = threadIdx.x - kBK;
-      int64_t qbx = 0;
-      if (m.qtok[s] >= 0)
-        for (int d = 0; d < G; ++d) qbx -= (m.qc[s * G + d] + ob.olo[d]) * ob.Wstride[d];
-      m.qbox[s] = static_cast<int>(qbx);
+      m.qbox[s] = query_box_index(p, ob, m.qc, m.qtok, s);
     }
     __syncthreads();
-    if (threadIdx.x < kBK) {
-      const int c = threadIdx.x;
-      int64_t kbx = 0;
-      if (m.ktok[c] >= 0)
-        for (int d = 0; d < G; ++d) kbx += static_cast<int64_t>(m.kc[c * G + d]) * ob.Wstride[d];
-      m.kbox[c] = static_cast<int>(kbx);
-      m.row_off[c] = m.ktok[c] >= 0 ? bh * p.N + m.ktok[c] : -1;
-    }
-    __syncthreads();
-    load_rows<CT, D, LD>(m.K, k, m.row_off, kBK);
-    load_rows<CT, D, LD>(m.V, v, m.row_off, kBK);
+    load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
+    load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
     __syncthreads();
     float das[32];
-    pair_gradients<CT, D>(p, hd, h, ob, m, rel, bias, r, half, warp, das);
+    pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
     // dQ += (scale dA) K
     warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc + warp * 16 * LS, LS);
     // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it holds them)
@@ -359,23 +284,37 @@ __global__ void __launch_bounds__(kThreads)
           const int64_t e = static_cast<int64_t>(qbr) + m.kbox[2 * j + half] - p0;
           if (e >= 0 && e < kBK && das[j] != 0.f) Tp[r * LP + e] = Cvt<CT>::t(das[j]);
         }
-        load_rows<CT, D, LD>(Rs, rel, m.row_off, kBK);
+        load_rows<CT, D, LD>(Rs, t.rel, m.row_off, kBK);
         __syncthreads();
         warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + warp * 16 * LP, LP, Rs, LD, dQpacc + warp * 16 * LS, LS);
       }
     }
   }
   __syncthreads();
-  store_rows<CT, D>(dq, dQacc, m.qtok, bh * p.N, r, half);
-  if (p.has_pos) store_rows<CT, D>(dqpos, dQpacc, m.qtok, bh * p.N, r, half);
+  store_rows<CT, D>(t.dq, dQacc, m.qtok, bh * p.N, r, half);
+  if (p.has_pos) store_rows<CT, D>(t.dqpos, dQpacc, m.qtok, bh * p.N, r, half);
+}
+
+// Both backward kernels: the shared memory, the head, then the block's work.
+template <typename CT, int D, bool KEY_MAJOR>
+__global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledArgs a, BwdTensors<CT> t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
+#else
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BwdSmem<CT> m = carve<CT, D>(smem, a.p.g.ndim);
+  TileHead hd;
+  load_span_head<float>(a.p, (blockIdx.x / a.tiles) % a.p.H, t.sigma, hd);
+  if constexpr (KEY_MAJOR) dkv_block<CT, D>(a, t, m, hd);
+  else dq_block<CT, D>(a, t, m, hd);
 #endif
 }
 
 template <typename CT, int D>
 std::string backward_refusal(int G) {
   cudaFuncAttributes attr;
-  for (const void* fn : {reinterpret_cast<const void*>(relpos_tiled_dkv_kernel<CT, D>),
-                         reinterpret_cast<const void*>(relpos_tiled_dq_kernel<CT, D>)}) {
+  for (const void* fn : {reinterpret_cast<const void*>(relpos_tiled_backward_kernel<CT, D, true>),
+                         reinterpret_cast<const void*>(relpos_tiled_backward_kernel<CT, D, false>)}) {
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, fn));
     if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
       return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
@@ -388,18 +327,6 @@ std::string backward_refusal(int G) {
     return "its backward needs " + std::to_string(need) + " bytes of shared memory per block for D = " +
            std::to_string(D) + ", more than the device's " + std::to_string(optin);
   return "";
-}
-
-template <typename Fn>
-void by_type_and_dim(at::ScalarType dtype, int64_t D, Fn fn) {
-  auto by_dim = [&](auto ct_tag) {
-    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
-    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
-    else fn(ct_tag, std::integral_constant<int, 128>{});
-  };
-  if (dtype == at::kHalf) by_dim(__half{});
-  else if (dtype == at::kFloat) by_dim(float{});
-  else by_dim(__nv_bfloat16{});
 }
 
 }  // namespace
@@ -418,31 +345,36 @@ void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const 
                            const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
                            at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos) {
   using namespace tiled;
-  TiledArgs a;
-  a.p = p;
-  for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
-  tiling::choose_tile(p.g, kBQ, a.tile);
-  a.tiles = tiling::num_tiles(p.g, a.tile);
-  const int64_t blocks = p.B * p.H * a.tiles;
-  TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", blocks,
-                    " thread blocks needed, more than a launch allows; split the batch");
+  const TiledArgs a = make_tiled_args(p);
   auto stream = c10::cuda::getCurrentCUDAStream();
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     const size_t smem = BwdLayout<CT, D>::bytes(p.g.ndim);
-    auto ptr = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const CT*>(t.data_ptr()) : nullptr; };
-    auto out = [](at::Tensor& t) { return t.numel() > 0 ? reinterpret_cast<CT*>(t.data_ptr()) : nullptr; };
-    const double* sig = sigma.defined() ? sigma.data_ptr<double>() : nullptr;
-    auto dkv = relpos_tiled_dkv_kernel<CT, D>;
-    auto dqk = relpos_tiled_dq_kernel<CT, D>;
+    auto ptr = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<const CT*>(x.data_ptr()) : nullptr; };
+    auto out = [](at::Tensor& x) { return x.numel() > 0 ? reinterpret_cast<CT*>(x.data_ptr()) : nullptr; };
+    BwdTensors<CT> t;
+    t.gout = ptr(gout);
+    t.q = ptr(q);
+    t.k = ptr(k);
+    t.v = ptr(v);
+    t.qpos = ptr(q_pos);
+    t.rel = ptr(rel);
+    t.bias = ptr(bias);
+    t.rowd = rowd.data_ptr<float>();
+    t.lse = lse.data_ptr<float>();
+    t.sigma = sigma.defined() ? sigma.data_ptr<double>() : nullptr;
+    t.dq = out(dq);
+    t.dk = out(dk);
+    t.dv = out(dv);
+    t.dqpos = out(dqpos);
+    auto dkv = relpos_tiled_backward_kernel<CT, D, true>;
+    auto dqk = relpos_tiled_backward_kernel<CT, D, false>;
     C10_CUDA_CHECK(cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     C10_CUDA_CHECK(cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    dkv<<<blocks, kThreads, smem, stream>>>(a, ptr(gout), rowd.data_ptr<float>(), ptr(q), ptr(k), ptr(v), ptr(q_pos),
-                                            ptr(rel), sig, ptr(bias), lse.data_ptr<float>(), out(dk), out(dv));
+    dkv<<<a.blocks, kThreads, smem, stream>>>(a, t);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    dqk<<<blocks, kThreads, smem, stream>>>(a, ptr(gout), rowd.data_ptr<float>(), ptr(q), ptr(k), ptr(v), ptr(q_pos),
-                                            ptr(rel), sig, ptr(bias), lse.data_ptr<float>(), out(dq), out(dqpos));
+    dqk<<<a.blocks, kThreads, smem, stream>>>(a, t);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -7,13 +7,17 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
 
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
 #include "../common/grid_index.h"
+#include "relpos_head_cuda.cuh"
 #include "relpos_params.h"
 #include "relpos_tiling.h"
 
@@ -61,7 +65,36 @@ struct TiledArgs {
   RelposParams p;
   int64_t tile[kMaxGridDims];  // tile extents per axis of p.g
   int64_t tiles;               // tiles per (batch, head)
+  int64_t blocks;              // B * H * tiles: one block per (batch, head, tile) in every tiled kernel
 };
+
+// The tiling of a call (tiling::choose_tile, as on the CPU), shared by the forward
+// and both backward kernels.
+inline TiledArgs make_tiled_args(const RelposParams& p) {
+  TiledArgs a;
+  a.p = p;
+  for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
+  tiling::choose_tile(p.g, kBQ, a.tile);
+  a.tiles = tiling::num_tiles(p.g, a.tile);
+  a.blocks = p.B * p.H * a.tiles;
+  TORCH_CHECK_VALUE(a.blocks <= INT_MAX, "relpos_attention (CUDA): ", a.blocks,
+                    " thread blocks needed, more than a launch allows; split the batch");
+  return a;
+}
+
+// Calls fn(CT{}, std::integral_constant<int, D>{}) for the tiled kernels' input
+// type and head dim (the caller has checked D in {32, 64, 128} and the dtype).
+template <typename Fn>
+void by_type_and_dim(c10::ScalarType dtype, int64_t D, Fn fn) {
+  auto by_dim = [&](auto ct_tag) {
+    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
+    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
+    else fn(ct_tag, std::integral_constant<int, 128>{});
+  };
+  if (dtype == c10::kHalf) by_dim(__half{});
+  else if (dtype == c10::kFloat) by_dim(float{});
+  else by_dim(__nv_bfloat16{});
+}
 
 template <typename CT, int D>
 struct Layout {
@@ -150,36 +183,8 @@ __device__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, float* 
   }
 }
 
-// A head's span and limits (every thread computes its own; G <= 8 axes).
-struct TileHead {
-  float inv_sigma[kMaxGridDims], inv_n[kMaxGridDims];
-  AxisLimit lim[kMaxGridDims];
-  int64_t reach[kMaxGridDims];  // the largest |k_d - q_d| of a kept pair
-};
-
-__device__ inline void load_tile_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma,
-                                      TileHead& hd) {
-  if (p.has_sigma)
-    for (int64_t ax = 0; ax < p.G_in; ++ax) {
-      const double sg = sigma[h * p.G_in + ax];
-      CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
-    }
-  for (int d = 0; d < p.g.ndim; ++d) {
-    AxisLimit& lim = hd.lim[d];
-    lim.n = p.g.n[d];
-    lim.span = p.g.n[d] - 1;
-    lim.win = p.win[d];
-    lim.shift = p.window_shift;
-    hd.inv_sigma[d] = 0.f;
-    hd.inv_n[d] = 1.f / static_cast<float>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
-    if (p.has_sigma) {
-      const double sg = sigma[h * p.G_in + p.g.axis[d]];
-      hd.inv_sigma[d] = static_cast<float>(fmin(1.0 / sg, static_cast<double>(FLT_MAX)));  // subnormal sigma
-      if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
-    }
-    hd.reach[d] = axis_max_offset(lim);
-  }
-}
+// A head's span and limits (every thread computes its own: load_span_head<float>).
+using TileHead = SpanHead<float>;
 
 // Slot r (< 64) of a query box: its token (-1 past the box), coordinates, kept
 // keys per axis and the query part of its rel / bias row.
@@ -265,6 +270,62 @@ __device__ inline int64_t offset_box_rel_row(const RelposParams& p, const Offset
     row += (o.olo[d] + ed + p.g.n[d] - 1) * p.rel_stride[d];
   }
   return h * p.U + row;
+}
+
+// A box region cut into chunks of the tile's shape (the last ones clipped): the
+// key chunks of a query tile, or the query chunks of a key tile. Row-major order.
+struct BoxChunks {
+  tiling::Box region;
+  int64_t cnt[kMaxGridDims];  // chunks per axis
+  int64_t n;                  // chunks in all (0 for an empty region)
+};
+
+__device__ inline BoxChunks make_box_chunks(const TiledArgs& a, const tiling::Box& region) {
+  BoxChunks bc;
+  bc.region = region;
+  bc.n = 1;
+  for (int d = 0; d < a.p.g.ndim; ++d) {
+    const int64_t ext = region.hi[d] - region.lo[d];
+    bc.cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
+    bc.n *= bc.cnt[d];
+  }
+  return bc;
+}
+
+__device__ inline tiling::Box chunk_box(const TiledArgs& a, const BoxChunks& bc, int64_t chunk) {
+  tiling::Box b;
+  for (int d = a.p.g.ndim - 1; d >= 0; --d) {
+    const int64_t i = chunk % bc.cnt[d];
+    chunk /= bc.cnt[d];
+    b.lo[d] = bc.region.lo[d] + i * a.tile[d];
+    b.hi[d] = b.lo[d] + a.tile[d] < bc.region.hi[d] ? b.lo[d] + a.tile[d] : bc.region.hi[d];
+  }
+  return b;
+}
+
+// The token of a box's last cell (its largest token).
+__device__ inline int64_t box_last_token(const RelposParams& p, const tiling::Box& b) {
+  int64_t c[kMaxGridDims];
+  for (int d = 0; d < p.g.ndim; ++d) c[d] = b.hi[d] - 1;
+  return ravel_index(c, p.g.n, p.g.ndim);
+}
+
+// The query part (qbox) and key part (kbox) of a pair's offset-box entry, from
+// the slot's coordinates (row r of qc / kc); 0 for an empty slot.
+__device__ inline int query_box_index(const RelposParams& p, const OffsetBox& ob, const int* qc, const int* qtok,
+                                      int r) {
+  int64_t qb = 0;
+  if (qtok[r] >= 0)
+    for (int d = 0; d < p.g.ndim; ++d) qb -= (qc[r * p.g.ndim + d] + ob.olo[d]) * ob.Wstride[d];
+  return static_cast<int>(qb);
+}
+
+__device__ inline int key_box_index(const RelposParams& p, const OffsetBox& ob, const int* kc, const int* ktok,
+                                    int c) {
+  int64_t kb = 0;
+  if (ktok[c] >= 0)
+    for (int d = 0; d < p.g.ndim; ++d) kb += static_cast<int64_t>(kc[c * p.g.ndim + d]) * ob.Wstride[d];
+  return static_cast<int>(kb);
 }
 
 // The 32 logits of a thread (query slot r, key slots 2 j + half) after the scale,

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   int* kc = khi + kBQ * G; // (kBK, G)
 
   TileHead hd;
-  load_tile_head(p, h, sigma, hd);
+  load_span_head<float>(p, h, sigma, hd);
 
   // The query tile.
   const tiling::Box tb = tiling::tile_box(p.g, a.tile, tile_index);
@@ -83,22 +83,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   load_rows<CT, D, LD>(Qs, q, row_off, kBQ);
   if (p.has_pos) load_rows<CT, D, LD>(Qps, qpos, row_off, kBQ);
-  int64_t tile_last_tok;
-  {
-    int64_t c[kMaxGridDims];
-    for (int d = 0; d < G; ++d) c[d] = tb.hi[d] - 1;
-    tile_last_tok = ravel_index(c, p.g.n, G);
-  }
+  const int64_t tile_last_tok = box_last_token(p, tb);
 
   // The keys the tile may keep, cut into chunks of the tile's shape.
-  const tiling::Box region = tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal);
-  int64_t cnt[kMaxGridDims];
-  int64_t nchunks = 1;
-  for (int d = 0; d < G; ++d) {
-    const int64_t ext = region.hi[d] - region.lo[d];
-    cnt[d] = ext > 0 ? (ext + a.tile[d] - 1) / a.tile[d] : 0;
-    nchunks *= cnt[d];
-  }
+  const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal));
 
   // Each thread owns half a query row: row r = tid / 2, the key slots 2 j + half
   // (interleaved: fewer shared-memory bank conflicts) and the output columns
@@ -109,38 +97,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < OC; ++j) o[j] = 0.f;
   float m = -INFINITY, l = 0.f;
 
-  for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
-    tiling::Box cb;
-    {
-      int64_t idx = chunk;
-      for (int d = G - 1; d >= 0; --d) {
-        const int64_t i = idx % cnt[d];
-        idx /= cnt[d];
-        cb.lo[d] = region.lo[d] + i * a.tile[d];
-        cb.hi[d] = cb.lo[d] + a.tile[d] < region.hi[d] ? cb.lo[d] + a.tile[d] : region.hi[d];
-      }
-    }
-    {  // with causal attention, a chunk whose first key comes after the tile's last query is skipped
-      const int64_t first = ravel_index(cb.lo, p.g.n, G);
-      if (p.causal && first > tile_last_tok) continue;  // uniform across the block
-    }
+  for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
+    const tiling::Box cb = chunk_box(a, chunks, chunk);
+    // with causal attention, a chunk whose first key comes after the tile's last query is skipped
+    if (p.causal && ravel_index(cb.lo, p.g.n, G) > tile_last_tok) continue;  // uniform across the block
     const OffsetBox ob = make_offset_box(p, hd, tb, cb);
     if (ob.R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
     __syncthreads();  // the previous chunk is done with the key slots and the scratch
     if (threadIdx.x < kBK) {
       const int c = threadIdx.x;
       fill_key_slot(p, cb, c, ktok, kc, krel);
-      int64_t kb = 0;
-      if (ktok[c] >= 0)
-        for (int d = 0; d < G; ++d) kb += static_cast<int64_t>(kc[c * G + d]) * ob.Wstride[d];
-      kbox[c] = static_cast<int>(kb);
+      kbox[c] = key_box_index(p, ob, kc, ktok, c);
       row_off[c] = ktok[c] >= 0 ? bh * p.N + ktok[c] : -1;
     } else {
       const int rr = threadIdx.x - kBK;
-      int64_t qb = 0;
-      if (qtok[rr] >= 0)
-        for (int d = 0; d < G; ++d) qb -= (qc[rr * G + d] + ob.olo[d]) * ob.Wstride[d];
-      qbox[rr] = static_cast<int>(qb);
+      qbox[rr] = query_box_index(p, ob, qc, qtok, rr);
     }
     __syncthreads();
     load_rows<CT, D, LD>(Ks, k, row_off, kBK);
@@ -170,8 +141,8 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // every thread is done with the scratch
-    // logits (scale, bias, span, masks), then the online softmax (2 threads per row)
+    // logits (scale, bias, span, masks), then the online softmax (2 threads per row); the
+    // scratch is next written after the barrier that publishes P, so no barrier here
     float gauss[32];
     finish_logits<CT>(p, hd, h, bias, r, half, qtok, ktok, qc, kc, klo, khi, qrel, krel, s, gauss);
     float rowmax = -INFINITY;
@@ -248,20 +219,11 @@ std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::init
   if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
   for (const at::Tensor& t : tensors)
     if (!aligned16(t)) return "an input is not 16-byte aligned";
-  const int G = p.g.ndim;
-  if (dtype == at::kFloat) {
-    if (p.D == 32) return kernel_refusal<float, 32>(G);
-    if (p.D == 64) return kernel_refusal<float, 64>(G);
-    return kernel_refusal<float, 128>(G);
-  }
-  if (dtype == at::kHalf) {
-    if (p.D == 32) return kernel_refusal<__half, 32>(G);
-    if (p.D == 64) return kernel_refusal<__half, 64>(G);
-    return kernel_refusal<__half, 128>(G);
-  }
-  if (p.D == 32) return kernel_refusal<__nv_bfloat16, 32>(G);
-  if (p.D == 64) return kernel_refusal<__nv_bfloat16, 64>(G);
-  return kernel_refusal<__nv_bfloat16, 128>(G);
+  std::string why;
+  by_type_and_dim(dtype, p.D, [&](auto ct_tag, auto d_tag) {
+    why = kernel_refusal<decltype(ct_tag), decltype(d_tag)::value>(p.g.ndim);
+  });
+  return why;
 }
 
 }  // namespace
@@ -286,16 +248,9 @@ CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::
 void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
                           const at::Tensor& bias, at::Tensor& out, at::Tensor& lse) {
-  TiledArgs a;
-  a.p = p;
-  for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
-  tiling::choose_tile(p.g, kBQ, a.tile);
-  a.tiles = tiling::num_tiles(p.g, a.tile);
-  const int64_t blocks = p.B * p.H * a.tiles;
-  TORCH_CHECK_VALUE(blocks <= INT_MAX, "relpos_attention (CUDA): ", blocks,
-                    " thread blocks needed, more than a launch allows; split the batch");
+  const TiledArgs a = make_tiled_args(p);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto ct_tag, auto d_tag) {
+  by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     const size_t smem = Layout<CT, D>::bytes(p.g.ndim);
@@ -303,19 +258,11 @@ void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::
     if (smem > 48 * 1024)
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     auto ptr = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const CT*>(t.data_ptr()) : nullptr; };
-    kernel<<<blocks, kThreads, smem, stream>>>(
+    kernel<<<a.blocks, kThreads, smem, stream>>>(
         a, ptr(q), ptr(k), ptr(v), ptr(q_pos), ptr(rel), sigma.defined() ? sigma.data_ptr<double>() : nullptr,
         ptr(bias), reinterpret_cast<CT*>(out.data_ptr()), lse.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  auto by_dim = [&](auto ct_tag) {
-    if (p.D == 32) launch(ct_tag, std::integral_constant<int, 32>{});
-    else if (p.D == 64) launch(ct_tag, std::integral_constant<int, 64>{});
-    else launch(ct_tag, std::integral_constant<int, 128>{});
-  };
-  if (q.scalar_type() == at::kHalf) by_dim(__half{});
-  else if (q.scalar_type() == at::kFloat) by_dim(float{});
-  else by_dim(__nv_bfloat16{});
+  });
 }
 
 }  // namespace posattn

@@ -117,6 +117,43 @@ POSATTN_HD Box key_region(const Grid& g, const Box& tile, const AxisLimit* limit
   return r;
 }
 
+// Queries that may attend to a key of `keys` (the transpose of key_region, for
+// the key-major backward): per axis, the queries i whose key range
+// [lo(i), hi(i)] meets the box's coordinates. Both ends never decrease with i, so
+// these form an interval, found by bisection: from the first i with
+// hi(i) >= keys.lo to the last with lo(i) < keys.hi. Exact for shifted windows,
+// whose reach is twice as wide as any one query's range. For causal attention,
+// no outer-axis coordinate before the box's first (every such query comes
+// earlier in token order than every key of the box). An axis no query meets
+// gives an empty box.
+POSATTN_HD Box query_region(const Grid& g, const Box& keys, const AxisLimit* limits, bool causal) {
+  Box r;
+  for (int d = 0; d < g.ndim; ++d) {
+    r.lo[d] = 0;
+    r.hi[d] = g.n[d];
+    if (limits == nullptr) continue;
+    int64_t a = 0, b = g.n[d];  // first i with hi(i) >= keys.lo[d], in [0, n]
+    while (a < b) {
+      const int64_t mid = a + (b - a) / 2;
+      int64_t lo, hi;
+      axis_key_range(limits[d], mid, lo, hi);
+      if (hi >= keys.lo[d]) b = mid; else a = mid + 1;
+    }
+    r.lo[d] = a;
+    a = 0;
+    b = g.n[d];  // first i with lo(i) >= keys.hi[d]
+    while (a < b) {
+      const int64_t mid = a + (b - a) / 2;
+      int64_t lo, hi;
+      axis_key_range(limits[d], mid, lo, hi);
+      if (lo >= keys.hi[d]) b = mid; else a = mid + 1;
+    }
+    r.hi[d] = a > r.lo[d] ? a : r.lo[d];
+  }
+  if (causal && r.lo[0] < keys.lo[0]) r.lo[0] = keys.lo[0] < r.hi[0] ? keys.lo[0] : r.hi[0];
+  return r;
+}
+
 // Cutting a region into chunks: every axis before `split` takes one
 // coordinate per chunk, axis `split` a piece of `piece` coordinates, the axes
 // after it their full region extent.

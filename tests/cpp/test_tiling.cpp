@@ -154,3 +154,69 @@ TEST_CASE("tile target: dense tiles are large; with a span box, the union of box
     CHECK((tile[0] + 2 * half[0]) * (tile[1] + 2 * half[1]) <= 1.5 * box);
   }
 }
+
+TEST_CASE("query region: exactly the queries whose key ranges meet the key box", "[tiling]") {
+  // Per axis: (n, span, win, shift), as in AxisLimit; the grid is 2-D.
+  const std::vector<std::vector<AxisLimit>> cases = {
+      {{9, 8, 8, false}, {11, 10, 10, false}},  // no limit: the whole grid
+      {{9, 2, 8, false}, {11, 3, 10, false}},   // span boxes
+      {{9, 8, 1, true}, {11, 10, 2, true}},     // shifted windows (border queries look one way)
+      {{9, 8, 4, true}, {11, 10, 5, true}},     // windows as large as the axis
+      {{9, 1, 3, true}, {11, 2, 1, false}},     // a span inside a shifted window; a plain window
+  };
+  for (const auto& lim : cases) {
+    const Grid g = make_grid({lim[0].n, lim[1].n});
+    for (bool causal : {false, true}) {
+      for (int64_t t0 : {1, 2, 4}) {
+        const int64_t tile[kMaxGridDims] = {t0, 3};
+        for (int64_t ti = 0; ti < num_tiles(g, tile); ++ti) {
+          const Box kb = tile_box(g, tile, ti);
+          const Box r = query_region(g, kb, lim.data(), causal);
+          int64_t need_lo[2] = {g.n[0], g.n[1]}, need_hi[2] = {-1, -1};  // the kept queries' bounding box
+          for (int64_t q0 = 0; q0 < g.n[0]; ++q0)
+            for (int64_t q1 = 0; q1 < g.n[1]; ++q1) {
+              const int64_t qc[2] = {q0, q1};
+              bool any = false;
+              for (int64_t k0 = kb.lo[0]; k0 < kb.hi[0]; ++k0)
+                for (int64_t k1 = kb.lo[1]; k1 < kb.hi[1]; ++k1) {
+                  const int64_t kc[2] = {k0, k1};
+                  bool keep = !causal || k0 * g.n[1] + k1 <= q0 * g.n[1] + q1;
+                  for (int d = 0; d < 2; ++d) {
+                    int64_t lo, hi;
+                    axis_key_range(lim[d], qc[d], lo, hi);
+                    keep = keep && kc[d] >= lo && kc[d] <= hi;
+                  }
+                  any = any || keep;
+                }
+              if (!any) continue;
+              for (int d = 0; d < 2; ++d) {
+                REQUIRE(qc[d] >= r.lo[d]);
+                REQUIRE(qc[d] < r.hi[d]);
+                need_lo[d] = std::min(need_lo[d], qc[d]);
+                need_hi[d] = std::max(need_hi[d], qc[d]);
+              }
+            }
+          if (!causal) {  // tight: the region is the kept queries' bounding box
+            for (int d = 0; d < 2; ++d) {
+              CHECK(r.lo[d] == need_lo[d]);
+              CHECK(r.hi[d] == need_hi[d] + 1);
+            }
+          } else if (need_hi[0] >= 0) {  // causal: nothing before the box's first outer coordinate
+            CHECK(r.lo[0] == std::max(need_lo[0], kb.lo[0]));
+          }
+        }
+      }
+    }
+  }
+  const Grid g = make_grid({9, 11});
+  Box kb;
+  kb.lo[0] = 3;
+  kb.hi[0] = 5;
+  kb.lo[1] = 0;
+  kb.hi[1] = 11;
+  const Box all = query_region(g, kb, nullptr, false);
+  CHECK(box_volume(all, 2) == 99);
+  const Box causal = query_region(g, kb, nullptr, true);
+  CHECK(causal.lo[0] == 3);
+  CHECK(causal.hi[0] == 9);
+}

@@ -1,0 +1,57 @@
+// A head's span and key limits as the CUDA kernels of relpos_attention use them
+// (the general path in relpos_attention_cuda.cu and the tiled kernels alike):
+// filled by every thread of a block from sigma, with sigma checked on the device.
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../common/grid_index.h"
+#include "relpos_params.h"
+
+namespace posattn {
+
+template <typename Acc>
+struct SpanHead {
+  Acc inv_sigma[kMaxGridDims];  // 1 / sigma_d (0 without a span), clamped to Acc's range
+  Acc inv_n[kMaxGridDims];      // 1 / max(n_d - 1, 1): offsets are normalised by the axis length
+  AxisLimit lim[kMaxGridDims];  // which keys a query keeps along each axis
+  int64_t reach[kMaxGridDims];  // the largest |k_d - q_d| of a kept pair
+};
+
+// A device-side assertion, no host synchronisation (the op stays capturable in a
+// CUDA graph); the message is the CPU kernel's.
+__device__ inline void check_head_sigma(const RelposParams& p, int64_t h, const double* __restrict__ sigma) {
+  if (!p.has_sigma) return;
+  for (int64_t a = 0; a < p.G_in; ++a) {
+    const double sg = sigma[h * p.G_in + a];
+    CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
+  }
+}
+
+template <typename Acc>
+__device__ void load_span_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma, SpanHead<Acc>& hd) {
+  check_head_sigma(p, h, sigma);
+  for (int d = 0; d < p.g.ndim; ++d) {
+    AxisLimit& lim = hd.lim[d];
+    lim.n = p.g.n[d];
+    lim.span = p.g.n[d] - 1;
+    lim.win = p.win[d];
+    lim.shift = p.window_shift;
+    hd.inv_sigma[d] = 0;
+    hd.inv_n[d] = Acc(1) / static_cast<Acc>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
+    if (p.has_sigma) {
+      const double sg = sigma[h * p.G_in + p.g.axis[d]];
+      // clamped: 1 / a subnormal sigma overflows Acc, and 0 * inf would make a query's own logit NaN
+      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, static_cast<double>(std::numeric_limits<Acc>::max())));
+      if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
+    }
+    hd.reach[d] = axis_max_offset(lim);
+  }
+}
+
+}  // namespace posattn
