@@ -32,7 +32,7 @@ def backward_bytes(D, dtype, grid):
     size = 4 if dtype == torch.float32 else 2
     LD, LS, LP = D + 8, max(D, 64) + 4, 72
     G = max(1, sum(n > 1 for n in grid))
-    return (5 * 64 * LD + 2 * 64 * LP) * size + 3 * 64 * LS * 4 + 64 * 4 * 2 + 64 * 8 * 3 + 64 * 4 * 4 + 64 * G * 16
+    return (5 * 64 * LD + 2 * 64 * LP) * size + 64 * LS * 4 + 64 * 4 * 2 + 64 * 8 * 3 + 64 * 4 * 4 + 64 * G * 16
 
 
 def split(kw):

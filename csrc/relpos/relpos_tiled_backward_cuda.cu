@@ -23,14 +23,15 @@ namespace {
 
 // Shared memory of both kernels: five input tiles (row stride LD), two 64 x 64
 // tiles (P and dA, or dA and the scattered dA box; stride LP) that also hold a
-// piece of rel while the logits are recomputed, three float tiles (S scratch and
-// two accumulators, stride LS), then the slots' small arrays.
+// piece of rel while the logits are recomputed, one float tile (the S scratch,
+// stride LS; at the end it stages the gradients, whose accumulators live in
+// each warp's registers), then the slots' small arrays.
 template <typename CT, int D>
 struct BwdLayout {
   static constexpr int LD = D + kPad, LS = (D > kBK ? D : kBK) + 4, LP = kBK + kPad;
   static_assert(2 * LP >= LD, "a piece of rel must fit the P / dA tiles");
   static constexpr size_t bytes(int G) {
-    return (size_t(5) * 64 * LD + size_t(2) * 64 * LP) * sizeof(CT) + size_t(3) * 64 * LS * 4 +
+    return (size_t(5) * 64 * LD + size_t(2) * 64 * LP) * sizeof(CT) + size_t(64) * LS * 4 +
            size_t(64) * 4 * 2                  // lse, rowd of the query slots
            + size_t(64) * 8 * 3                // qrel, krel, row_off
            + size_t(64) * 4 * 4                // qtok, ktok, qbox, kbox
@@ -42,7 +43,7 @@ struct BwdLayout {
 template <typename CT>
 struct BwdSmem {
   CT *Q, *Qp, *dO, *K, *V, *P, *DS;
-  float *S, *acc1, *acc2, *lse, *rowd;
+  float *S, *lse, *rowd;
   int64_t *qrel, *krel, *row_off;
   int *qtok, *ktok, *qbox, *kbox, *qc, *klo, *khi, *kc;
 };
@@ -59,9 +60,7 @@ __device__ BwdSmem<CT> carve(unsigned char* smem, int G) {
   m.P = m.V + 64 * L::LD;
   m.DS = m.P + 64 * L::LP;
   m.S = reinterpret_cast<float*>(m.DS + 64 * L::LP);
-  m.acc1 = m.S + 64 * L::LS;
-  m.acc2 = m.acc1 + 64 * L::LS;
-  m.lse = m.acc2 + 64 * L::LS;
+  m.lse = m.S + 64 * L::LS;
   m.rowd = m.lse + 64;
   m.qrel = reinterpret_cast<int64_t*>(m.rowd + 64);
   m.krel = m.qrel + 64;
@@ -156,16 +155,21 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
   __syncthreads();
 }
 
+// Writes a warp's accumulator (its 16 slots' rows of a gradient) to dst through
+// the warp's rows of the S scratch: thread (r, half) owns half of slot r's row,
+// and slot r's row belongs to the thread's own warp, so a warp barrier suffices.
+// The caller has made sure that no warp still reads S.
 template <typename CT, int D>
-__device__ void store_rows(CT* __restrict__ dst, const float* acc, const int* tok, int64_t base, int r, int half) {
+__device__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S, const int* tok,
+                           int64_t base, int warp, int r, int half) {
   constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
-  if (tok[r] < 0) return;
-  CT* row = dst + (base + tok[r]) * D + half * OC;
-  for (int j = 0; j < OC; ++j) row[j] = Cvt<CT>::t(acc[r * LS + half * OC + j]);
-}
-
-__device__ inline void zero_floats(float* x, int n) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = 0.f;
+  acc.store(S + warp * 16 * LS, LS);
+  __syncwarp();
+  if (tok[r] >= 0) {
+    CT* row = dst + (base + tok[r]) * D + half * OC;
+    for (int j = 0; j < OC; ++j) row[j] = Cvt<CT>::t(S[r * LS + half * OC + j]);
+  }
+  __syncwarp();  // S is free for the next accumulator
 }
 
 // dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
@@ -173,18 +177,17 @@ __device__ inline void zero_floats(float* x, int n) {
 template <typename CT, int D>
 __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
   using L = BwdLayout<CT, D>;
-  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  constexpr int LD = L::LD, LP = L::LP;
   const RelposParams& p = a.p;
   const int G = p.g.ndim;
   const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
   const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
-  float* dKacc = m.acc1;
-  float* dVacc = m.acc2;
+  WarpAcc<CT, D / 16> dKacc, dVacc;  // warp w: key slots 16 w ... 16 w + 15
+  dKacc.zero();
+  dVacc.zero();
 
   const tiling::Box kb = tiling::tile_box(p.g, a.tile, tile_index);
   if (threadIdx.x < kBK) fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
-  zero_floats(dKacc, 64 * LS);
-  zero_floats(dVacc, 64 * LS);
   __syncthreads();
   if (threadIdx.x < kBK) m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
   __syncthreads();
@@ -216,31 +219,30 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
     float das[32];
     pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
     // dV += P^T dO, dK += (scale dA)^T Q: warp w owns key rows 16 w ... 16 w + 15
-    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + warp * 16, LP, m.dO, LD, dVacc + warp * 16 * LS, LS);
-    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + warp * 16, LP, m.Q, LD, dKacc + warp * 16 * LS, LS);
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + warp * 16, LP, m.dO, LD, dVacc);
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + warp * 16, LP, m.Q, LD, dKacc);
   }
-  __syncthreads();
-  store_rows<CT, D>(t.dk, dKacc, m.ktok, bh * p.N, r, half);
-  store_rows<CT, D>(t.dv, dVacc, m.ktok, bh * p.N, r, half);
+  __syncthreads();  // every warp is done with S
+  store_rows<CT, D>(t.dk, dKacc, m.S, m.ktok, bh * p.N, warp, r, half);
+  store_rows<CT, D>(t.dv, dVacc, m.S, m.ktok, bh * p.N, warp, r, half);
 }
 
 // dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
 template <typename CT, int D>
 __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
   using L = BwdLayout<CT, D>;
-  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
+  constexpr int LD = L::LD, LP = L::LP;
   const RelposParams& p = a.p;
   const int G = p.g.ndim;
   const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
   const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
-  float* dQacc = m.acc1;
-  float* dQpacc = m.acc2;
+  WarpAcc<CT, D / 16> dQacc, dQpacc;  // warp w: query slots 16 w ... 16 w + 15
+  dQacc.zero();
+  dQpacc.zero();
   CT* Tp = m.P;  // dA scattered to 64 offset-box entries (P itself is not needed here)
 
   const tiling::Box qb = tiling::tile_box(p.g, a.tile, tile_index);
   if (threadIdx.x < kBQ) fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
-  zero_floats(dQacc, 64 * LS);
-  zero_floats(dQpacc, 64 * LS);
   __syncthreads();
   load_rows<CT, D, LD>(m.Q, t.q, m.row_off, kBQ);
   if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
@@ -269,7 +271,7 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
     float das[32];
     pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
     // dQ += (scale dA) K
-    warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc + warp * 16 * LS, LS);
+    warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc);
     // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it holds them)
     if (p.has_pos) {
       CT* Rs = m.V;
@@ -286,13 +288,13 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
         }
         load_rows<CT, D, LD>(Rs, t.rel, m.row_off, kBK);
         __syncthreads();
-        warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + warp * 16 * LP, LP, Rs, LD, dQpacc + warp * 16 * LS, LS);
+        warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + warp * 16 * LP, LP, Rs, LD, dQpacc);
       }
     }
   }
-  __syncthreads();
-  store_rows<CT, D>(t.dq, dQacc, m.qtok, bh * p.N, r, half);
-  if (p.has_pos) store_rows<CT, D>(t.dqpos, dQpacc, m.qtok, bh * p.N, r, half);
+  __syncthreads();  // every warp is done with S
+  store_rows<CT, D>(t.dq, dQacc, m.S, m.qtok, bh * p.N, warp, r, half);
+  if (p.has_pos) store_rows<CT, D>(t.dqpos, dQpacc, m.S, m.qtok, bh * p.N, warp, r, half);
 }
 
 // Both backward kernels: the shared memory, the head, then the block's work.

@@ -155,31 +155,46 @@ __device__ void warp_mma(const CT* A, int lda, const CT* B, int ldb, float* C, i
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
 
-// C (16 x 16 NT, float, row stride ldc) += A B with A (16 x K) row-major (lda), or
-// column-major when A_COLS (element (m, k) at A[m + k * lda]: the transpose of a
-// row-major K x 16 block), and B as in warp_mma.
+// A warp's 16 x 16 NT float accumulator, held in tensor-core fragments
+// (registers) across a kernel's loop instead of in shared memory.
+template <typename CT, int NT>
+struct WarpAcc {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, Mma<CT>::K, float> f[NT];
+
+  __device__ void zero() {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::fill_fragment(f[nt], 0.0f);
+  }
+  // to C (16 rows x 16 NT cols, row stride ldc)
+  __device__ void store(float* C, int ldc) const {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::store_matrix_sync(C + nt * 16, f[nt], ldc, nvcuda::wmma::mem_row_major);
+  }
+};
+
+// acc += A B with A (16 x K) row-major (lda), or column-major when A_COLS
+// (element (m, k) at A[m + k * lda]: the transpose of a row-major K x 16 block),
+// and B as in warp_mma. A's fragment is loaded once per K step for all NT columns.
 template <typename CT, int K, int NT, bool A_COLS, bool B_ROWS>
-__device__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, float* C, int ldc) {
+__device__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, WarpAcc<CT, NT>& acc) {
   using namespace nvcuda;
   using ALayout = typename std::conditional<A_COLS, wmma::col_major, wmma::row_major>::type;
   using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
   using In = typename Mma<CT>::In;
   constexpr int KS = Mma<CT>::K;
-  for (int nt = 0; nt < NT; ++nt) {
-    wmma::fragment<wmma::accumulator, 16, 16, KS, float> acc;
-    wmma::load_matrix_sync(acc, C + nt * 16, ldc, wmma::mem_row_major);
-    for (int k0 = 0; k0 < K; k0 += KS) {
-      wmma::fragment<wmma::matrix_a, 16, 16, KS, In, ALayout> fa;
+  for (int k0 = 0; k0 < K; k0 += KS) {
+    wmma::fragment<wmma::matrix_a, 16, 16, KS, In, ALayout> fa;
+    wmma::load_matrix_sync(fa, A_COLS ? A + k0 * lda : A + k0, lda);
+    if constexpr (std::is_same<CT, float>::value)
+      for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
       wmma::fragment<wmma::matrix_b, 16, 16, KS, In, BLayout> fb;
-      wmma::load_matrix_sync(fa, A_COLS ? A + k0 * lda : A + k0, lda);
       wmma::load_matrix_sync(fb, B_ROWS ? B + nt * 16 * ldb + k0 : B + k0 * ldb + nt * 16, ldb);
-      if constexpr (std::is_same<CT, float>::value) {
-        for (int t = 0; t < fa.num_elements; ++t) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
+      if constexpr (std::is_same<CT, float>::value)
         for (int t = 0; t < fb.num_elements; ++t) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
-      }
-      wmma::mma_sync(acc, fa, fb, acc);
+      wmma::mma_sync(acc.f[nt], fa, fb, acc.f[nt]);
     }
-    wmma::store_matrix_sync(C + nt * 16, acc, ldc, wmma::mem_row_major);
   }
 }
 
