@@ -160,7 +160,7 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
 // and slot r's row belongs to the thread's own warp, so a warp barrier suffices.
 // The caller has made sure that no warp still reads S.
 template <typename CT, int D>
-__device__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S, const int* tok,
+__device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S, const int* tok,
                            int64_t base, int warp, int r, int half) {
   constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
   acc.store(S + warp * 16 * LS, LS);

@@ -156,17 +156,18 @@ __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a 
 
 
 // A warp's 16 x 16 NT float accumulator, held in tensor-core fragments
-// (registers) across a kernel's loop instead of in shared memory.
+// (registers) across a kernel's loop instead of in shared memory (its users are
+// force-inlined so that the fragments never pass through local memory).
 template <typename CT, int NT>
 struct WarpAcc {
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, Mma<CT>::K, float> f[NT];
 
-  __device__ void zero() {
+  __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::fill_fragment(f[nt], 0.0f);
   }
   // to C (16 rows x 16 NT cols, row stride ldc)
-  __device__ void store(float* C, int ldc) const {
+  __device__ __forceinline__ void store(float* C, int ldc) const {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::store_matrix_sync(C + nt * 16, f[nt], ldc, nvcuda::wmma::mem_row_major);
   }
@@ -176,7 +177,7 @@ struct WarpAcc {
 // (element (m, k) at A[m + k * lda]: the transpose of a row-major K x 16 block),
 // and B as in warp_mma. A's fragment is loaded once per K step for all NT columns.
 template <typename CT, int K, int NT, bool A_COLS, bool B_ROWS>
-__device__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, WarpAcc<CT, NT>& acc) {
+__device__ __forceinline__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, WarpAcc<CT, NT>& acc) {
   using namespace nvcuda;
   using ALayout = typename std::conditional<A_COLS, wmma::col_major, wmma::row_major>::type;
   using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
