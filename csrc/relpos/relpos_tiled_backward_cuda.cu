@@ -198,7 +198,7 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
   // head's reach would be twice too wide), cut into boxes of the tile's shape.
   const BoxChunks chunks = make_box_chunks(a, tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal));
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
-    const tiling::Box qb = chunk_box(a, chunks, chunk);
+    const tiling::Box qb = region_chunk(a, chunks, chunk);
     // a query box wholly before the first key keeps none of them (uniform)
     if (p.causal && box_last_token(p, qb) < first_key) continue;
     const OffsetBox ob = make_offset_box(p, hd, qb, kb);
@@ -250,7 +250,7 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
   const int64_t last_query = box_last_token(p, qb);
   const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal));
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
-    const tiling::Box kb = chunk_box(a, chunks, chunk);
+    const tiling::Box kb = region_chunk(a, chunks, chunk);
     if (p.causal && ravel_index(kb.lo, p.g.n, G) > last_query) continue;  // uniform
     const OffsetBox ob = make_offset_box(p, hd, qb, kb);
     if (ob.R == 0) continue;

@@ -290,6 +290,7 @@ __device__ inline int64_t offset_box_rel_row(const RelposParams& p, const Offset
 
 // A box region cut into chunks of the tile's shape (the last ones clipped): the
 // key chunks of a query tile, or the query chunks of a key tile. Row-major order.
+// (The CPU kernel cuts its regions differently: tiling::plan_chunks / chunk_box.)
 struct BoxChunks {
   tiling::Box region;
   int64_t cnt[kMaxGridDims];  // chunks per axis
@@ -308,7 +309,7 @@ __device__ inline BoxChunks make_box_chunks(const TiledArgs& a, const tiling::Bo
   return bc;
 }
 
-__device__ inline tiling::Box chunk_box(const TiledArgs& a, const BoxChunks& bc, int64_t chunk) {
+__device__ inline tiling::Box region_chunk(const TiledArgs& a, const BoxChunks& bc, int64_t chunk) {
   tiling::Box b;
   for (int d = a.p.g.ndim - 1; d >= 0; --d) {
     const int64_t i = chunk % bc.cnt[d];

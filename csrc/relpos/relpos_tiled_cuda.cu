@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   float m = -INFINITY, l = 0.f;
 
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
-    const tiling::Box cb = chunk_box(a, chunks, chunk);
+    const tiling::Box cb = region_chunk(a, chunks, chunk);
     // with causal attention, a chunk whose first key comes after the tile's last query is skipped
     if (p.causal && ravel_index(cb.lo, p.g.n, G) > tile_last_tok) continue;  // uniform across the block
     const OffsetBox ob = make_offset_box(p, hd, tb, cb);

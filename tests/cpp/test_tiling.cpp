@@ -11,6 +11,16 @@ namespace {
 Grid make_grid(std::vector<int64_t> shape) {
   return squeeze_grid(shape.data(), static_cast<int>(shape.size()));
 }
+
+// A 2-D box [lo0, hi0) x [lo1, hi1).
+Box make_box(int64_t lo0, int64_t hi0, int64_t lo1, int64_t hi1) {
+  Box b;
+  b.lo[0] = lo0;
+  b.hi[0] = hi0;
+  b.lo[1] = lo1;
+  b.hi[1] = hi1;
+  return b;
+}
 }  // namespace
 
 TEST_CASE("squeeze_grid drops size-1 axes and remembers the caller's axes", "[tiling]") {
@@ -64,11 +74,7 @@ TEST_CASE("tiles are near-cubic, within target, and cover the grid exactly once"
 
 TEST_CASE("key region: span box around the tile, clipped; causal stops at the tile", "[tiling]") {
   const Grid g = make_grid({10, 12});
-  Box tile;
-  tile.lo[0] = 4;
-  tile.hi[0] = 6;
-  tile.lo[1] = 0;
-  tile.hi[1] = 4;
+  const Box tile = make_box(4, 6, 0, 4);
   const AxisLimit limits[] = {{10, 2, 9, false}, {12, 3, 11, false}};  // span boxes of half widths 2, 3
   const Box r = key_region(g, tile, limits, false);
   CHECK(r.lo[0] == 2);
@@ -84,11 +90,7 @@ TEST_CASE("key region: span box around the tile, clipped; causal stops at the ti
 
 TEST_CASE("key region of a shifted window: the union of its queries' windows", "[tiling]") {
   const Grid g = make_grid({10, 12});
-  Box tile;
-  tile.lo[0] = 0;
-  tile.hi[0] = 2;
-  tile.lo[1] = 8;
-  tile.hi[1] = 12;
+  const Box tile = make_box(0, 2, 8, 12);
   const AxisLimit limits[] = {{10, 9, 2, true}, {12, 11, 1, true}};  // 5-cell and 3-cell windows
   const Box r = key_region(g, tile, limits, false);
   CHECK(r.lo[0] == 0);
@@ -209,11 +211,7 @@ TEST_CASE("query region: exactly the queries whose key ranges meet the key box",
     }
   }
   const Grid g = make_grid({9, 11});
-  Box kb;
-  kb.lo[0] = 3;
-  kb.hi[0] = 5;
-  kb.lo[1] = 0;
-  kb.hi[1] = 11;
+  const Box kb = make_box(3, 5, 0, 11);
   const Box all = query_region(g, kb, nullptr, false);
   CHECK(box_volume(all, 2) == 99);
   const Box causal = query_region(g, kb, nullptr, true);
