@@ -1,27 +1,9 @@
-// CUDA kernels of relpos_attention: the general path, exact for every head dim and
-// dtype (float32, float64, float16, bfloat16; accumulation in float, or double for
-// float64). It is the fallback and the GPU oracle of faster paths.
-//
-// It computes exactly what the CPU kernel computes (same index math from
-// grid_index.h, same masking, span and lse conventions).
-//   forward   a block per (batch, head, query), two passes over the keys the
-//             query may keep (max/sum, then weights times values): O(block)
-//             memory per query; lse in the accumulation type (float32 for
-//             half inputs) so that the backward's probabilities sum to one.
-//   backward  deterministic, no atomics: every gradient element is owned by one
-//             block, and every sum runs in a fixed order. Where the tiled kernels
-//             apply (relpos_tiled_cuda.h), they compute dq, dk, dv, d q_pos and
-//             only the offset kernel below runs.
-//             dq, d q_pos     a block per query (query-major);
-//             dk, dv          a block per key (key-major);
-//             d rel, d bias   a block per (head, offset): the pairs at that offset;
-//             d sigma         per-(head, offset) partial sums, then one sum.
-//             The row term D_i = dO_i . out_i - d lse_i is computed first.
-// Only the keys in a query's kept box are visited (the box's cells, in row-major
-// order), and with causal attention those after the query are skipped. Sigma values are
-// checked on the device (a device-side assertion: no host synchronisation, so
-// the op can be captured in a CUDA graph).
-#include <ATen/AccumulateType.h>
+// The CUDA entry points of relpos_attention and its backward (ATen glue): the
+// argument checks, allocation, dtype dispatch, stream and device guard, and the
+// choice between the tiled tensor-core kernels (relpos_tiled_cuda.cu) and the
+// general path, whose kernels and launchers live, torch-free, in
+// csrc/cuda/relpos_general.cuh (they also run on the simulated GPU:
+// tests/cuda_sim/). The backward is deterministic: no atomics anywhere.
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -30,522 +12,17 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
-#include <limits>
+#include <string>
 
-#include "../common/grid_index.h"
+#include "../common/cuda_glue.cuh"
 #include "../common/tensor_args.h"
+#include "../cuda/relpos_general.cuh"
 #include "relpos_checks.h"
-#include "relpos_head_cuda.cuh"
 #include "relpos_params.h"
 #include "relpos_tiled_cuda.h"
-#include "relpos_tiling.h"
 
 namespace posattn {
 namespace {
-
-constexpr int kThreads = 128;
-// Blocks per head of the backward's offset kernel (each takes U / kOffsetBlocks offsets).
-constexpr int64_t kOffsetBlocks = 2048;
-
-// A head's span and limits, computed by every thread of a block (relpos_head_cuda.cuh).
-template <typename Acc>
-using Head = SpanHead<Acc>;
-
-// The kept keys of the query at `ci`, per axis: [lo_d, hi_d].
-template <typename Acc>
-__device__ void query_limits(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, int64_t* lo, int64_t* hi) {
-  for (int d = 0; d < p.g.ndim; ++d) axis_key_range(hd.lim[d], ci[d], lo[d], hi[d]);
-}
-
-// Whether key `cj` is kept by the query at `ci` (limits lo/hi), its row in the
-// offset table and the span's quadratic term.
-template <typename Acc>
-__device__ bool pair_geometry(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, const int64_t* cj,
-                              const int64_t* lo, const int64_t* hi, Acc& quad, int64_t& row) {
-  row = 0;
-  quad = 0;
-  for (int d = 0; d < p.g.ndim; ++d) {
-    if (p.has_box && (cj[d] < lo[d] || cj[d] > hi[d])) return false;
-    const int64_t delta = cj[d] - ci[d];
-    row += (delta + p.g.n[d] - 1) * p.rel_stride[d];
-    if (p.has_sigma) {
-      const Acc x = static_cast<Acc>(normalised_offset(delta, p.g.n[d])) * hd.inv_sigma[d];
-      quad += Acc(0.5) * x * x;
-    }
-  }
-  return true;
-}
-
-template <typename Acc, typename A, typename B>
-__device__ Acc dot(const A* a, const B* b, int64_t n) {
-  Acc s = 0;
-  for (int64_t c = 0; c < n; ++c) s += static_cast<Acc>(a[c]) * static_cast<Acc>(b[c]);
-  return s;
-}
-
-// raw = scale * (q.k + q_pos.rel) + bias, and the logit after the span.
-template <typename Acc>
-__device__ Acc span_logit(const RelposParams& p, Acc raw, Acc quad) {
-  if (!p.has_sigma) return raw;
-  return p.mode == SpanMode::kMultiply ? raw * exp(-quad) : raw - quad;
-}
-
-// The softmax backward for one kept pair: dA (d raw / scale-free), d quad.
-template <typename Acc>
-__device__ void pair_backward(const RelposParams& p, Acc s, Acc quad, Acc prob, Acc dp, Acc rowd, Acc& dA,
-                              Acc& dquad) {
-  const Acc dS = prob * (dp - rowd);
-  dA = dS;
-  dquad = -dS;
-  if (p.has_sigma && p.mode == SpanMode::kMultiply) {
-    dA = dS * exp(-quad);
-    dquad = -dS * s;
-  }
-}
-
-template <typename Acc>
-__device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const Acc o = buf[threadIdx.x + stride];
-      // The max lets a NaN through (o != o), so that a NaN logit reaches the output.
-      buf[threadIdx.x] = is_max ? ((o > buf[threadIdx.x] || o != o) ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
-    }
-    __syncthreads();
-  }
-  const Acc r = buf[0];
-  __syncthreads();
-  return r;
-}
-
-// acc[c] += sum_x w[x] * src[rows[x] * width + c] for c < width, the threads of
-// the block taking the columns and every column summing the chunk's `count`
-// rows in order (deterministic); rows of weight 0 are skipped.
-template <typename T, typename Acc>
-__device__ void accumulate_rows(Acc* acc, const Acc* w, const int64_t* rows, const T* __restrict__ src,
-                                int64_t width, int64_t count) {
-  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
-    Acc a = acc[c];
-    for (int64_t x = 0; x < count; ++x)
-      if (w[x] != Acc(0)) a += w[x] * static_cast<Acc>(src[rows[x] * width + c]);
-    acc[c] = a;
-  }
-}
-
-// A box of tokens, [lo_d, hi_d] on every axis, visited in row-major order
-// through a local index e < count (so that only the box's cells are visited).
-struct TokenBox {
-  int64_t lo[kMaxGridDims], ext[kMaxGridDims];
-  int64_t count;
-};
-
-__device__ TokenBox make_token_box(const RelposParams& p, const int64_t* lo, const int64_t* hi) {
-  TokenBox b;
-  b.count = 1;
-  for (int d = 0; d < p.g.ndim; ++d) {
-    b.lo[d] = lo[d];
-    b.ext[d] = hi[d] >= lo[d] ? hi[d] - lo[d] + 1 : 0;
-    b.count *= b.ext[d];
-  }
-  return b;
-}
-
-__device__ int64_t box_token(const RelposParams& p, const TokenBox& b, int64_t e) {
-  int64_t c[kMaxGridDims];
-  unravel_index(e, b.ext, p.g.ndim, c);
-  for (int d = 0; d < p.g.ndim; ++d) c[d] += b.lo[d];
-  return ravel_index(c, p.g.n, p.g.ndim);
-}
-
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_forward_kernel(RelposParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                          const T* __restrict__ qpos, const T* __restrict__ rel, const double* __restrict__ sigma,
-                          const T* __restrict__ bias, T* __restrict__ out, Acc* __restrict__ lse) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: keys of a chunk
-  Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
-  Acc* qpos_s = q_s + p.D;                                // D
-  Acc* out_s = qpos_s + p.D;                    // Dv
-  Acc* red = out_s + p.Dv;                      // blockDim
-  Acc* w_s = red + blockDim.x;                  // blockDim: weights of a chunk of keys
-  const int64_t t = blockIdx.x;
-  const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = static_cast<Acc>(q[(bh * p.N + i) * p.D + c]);
-    if (p.has_pos) qpos_s[c] = static_cast<Acc>(qpos[(bh * p.N + i) * p.D + c]);
-  }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
-  Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
-  int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
-  unravel_index(i, p.g.n, p.g.ndim, ci);
-  query_limits<Acc>(p, hd, ci, lo, hi);
-  const TokenBox kb = make_token_box(p, lo, hi);  // the keys the query may keep
-  __syncthreads();
-  const T* kh = k + bh * p.N * p.D;
-  const T* vh = v + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
-  const Acc neg_inf = -static_cast<Acc>(INFINITY);
-  const Acc scale = static_cast<Acc>(p.scale);
-  // The logit of key j, or -inf if the pair is masked (weight 0, as on the CPU).
-  auto logit = [&](int64_t j) -> Acc {
-    int64_t cj[kMaxGridDims];
-    unravel_index(j, p.g.n, p.g.ndim, cj);
-    Acc quad;
-    int64_t row;
-    if (!pair_geometry<Acc>(p, hd, ci, cj, lo, hi, quad, row)) return neg_inf;
-    Acc dotp = dot<Acc>(q_s, kh + j * p.D, p.D);
-    if (p.has_pos) dotp += dot<Acc>(qpos_s, relh + row * p.D, p.D);
-    Acc raw = scale * dotp;
-    if (p.has_bias) raw += static_cast<Acc>(biash[row]);
-    return span_logit<Acc>(p, raw, quad);
-  };
-  // pass 1: max and sum of exp over the kept keys
-  Acc m = neg_inf, l = 0;
-  for (int64_t e = threadIdx.x; e < kb.count; e += blockDim.x) {
-    const int64_t j = box_token(p, kb, e);
-    if (p.causal && j > i) continue;
-    const Acc s = logit(j);
-    if (s != s || m != m) {  // a NaN logit sticks: the row's lse and output are NaN, as in the reference
-      m = s + m;
-      l = m;
-    } else if (s == neg_inf) {
-      continue;  // masked, or a logit of -inf: weight 0 (exp(-inf - -inf) would be NaN)
-    } else if (s > m) {
-      l = l * exp(m - s) + Acc(1);
-      m = s;
-    } else {
-      l += exp(s - m);
-    }
-  }
-  const Acc M = block_reduce<Acc>(m, red, true);
-  const Acc L = block_reduce<Acc>(m == neg_inf ? Acc(0) : l * exp(m - M), red, false);
-  const Acc lse_i = (M == neg_inf || L <= 0) ? neg_inf : M + log(L);
-  // pass 2: out = sum_j exp(s_j - lse) v_j, a chunk of blockDim keys at a time
-  if (lse_i != neg_inf) {
-    for (int64_t e0 = 0; e0 < kb.count; e0 += blockDim.x) {
-      const int64_t e = e0 + threadIdx.x;
-      Acc w = 0;
-      int64_t j = 0;
-      if (e < kb.count) {
-        j = box_token(p, kb, e);
-        if (!(p.causal && j > i)) w = exp(logit(j) - lse_i);
-      }
-      w_s[threadIdx.x] = w;
-      tok_s[threadIdx.x] = j;
-      __syncthreads();
-      accumulate_rows<T, Acc>(out_s, w_s, tok_s, vh, p.Dv, min(kb.count - e0, static_cast<int64_t>(blockDim.x)));
-      __syncthreads();
-    }
-  }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out[(bh * p.N + i) * p.Dv + c] = static_cast<T>(out_s[c]);
-  if (threadIdx.x == 0) lse[bh * p.N + i] = lse_i;
-}
-
-// What the three backward kernels share: the saved statistics of query i and
-// the softmax backward of pair (i, j). `qi` and `qposi` point at query i's
-// rows (shared or global memory), `goi` at its output gradient, `kj`/`vj` at
-// key j's rows.
-template <typename T, typename Acc>
-struct PairGrad {
-  bool kept;
-  Acc prob, dA, dquad;
-  int64_t row;
-};
-
-template <typename T, typename Acc, typename QT, typename KT>
-__device__ PairGrad<T, Acc> pair_grad(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci,
-                                      const int64_t* cj, const int64_t* lo, const int64_t* hi, const QT* qi,
-                                      const QT* qposi, const QT* goi, const KT* kj, const KT* vj,
-                                      const T* relh, const T* biash, Acc lse_i, Acc rowd_i) {
-  PairGrad<T, Acc> g{false, 0, 0, 0, 0};
-  Acc quad;
-  if (!pair_geometry<Acc>(p, hd, ci, cj, lo, hi, quad, g.row)) return g;
-  Acc dotp = dot<Acc>(qi, kj, p.D);
-  if (p.has_pos) dotp += dot<Acc>(qposi, relh + g.row * p.D, p.D);
-  Acc raw = static_cast<Acc>(p.scale) * dotp;
-  if (p.has_bias) raw += static_cast<Acc>(biash[g.row]);
-  const Acc s = span_logit<Acc>(p, raw, quad);
-  if (s == -static_cast<Acc>(INFINITY)) return g;  // weight 0, as in the forward
-  g.kept = true;
-  g.prob = exp(s - lse_i);
-  const Acc dp = dot<Acc>(goi, vj, p.Dv);
-  pair_backward<Acc>(p, s, quad, g.prob, dp, rowd_i, g.dA, g.dquad);
-  return g;
-}
-
-// dq and d q_pos: a block per (batch, head, query), keys in chunks of blockDim.
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_backward_dq_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
-                              const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                              const T* __restrict__ qpos, const T* __restrict__ rel,
-                              const double* __restrict__ sigma, const T* __restrict__ bias,
-                              const Acc* __restrict__ lse, T* __restrict__ dq, T* __restrict__ dqpos) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  int64_t* row_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: offset rows of a chunk
-  int64_t* tok_s = row_s + blockDim.x;                    // blockDim: its keys
-  Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
-  Acc* qpos_s = q_s + p.D;                                // D
-  Acc* go_s = qpos_s + p.D;                               // Dv
-  Acc* dq_s = go_s + p.Dv;                                // D
-  Acc* dqpos_s = dq_s + p.D;                              // D
-  Acc* w_s = dqpos_s + p.D;                               // blockDim: dA * scale of a chunk
-  const int64_t t = blockIdx.x;
-  const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = static_cast<Acc>(q[(bh * p.N + i) * p.D + c]);
-    qpos_s[c] = p.has_pos ? static_cast<Acc>(qpos[(bh * p.N + i) * p.D + c]) : Acc(0);
-    dq_s[c] = 0;
-    dqpos_s[c] = 0;
-  }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) go_s[c] = static_cast<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
-  Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
-  int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
-  unravel_index(i, p.g.n, p.g.ndim, ci);
-  query_limits<Acc>(p, hd, ci, lo, hi);
-  const TokenBox kb = make_token_box(p, lo, hi);
-  __syncthreads();
-  const Acc lse_i = lse[bh * p.N + i], rowd_i = rowd[bh * p.N + i];
-  const T* kh = k + bh * p.N * p.D;
-  const T* vh = v + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
-  const Acc scale = static_cast<Acc>(p.scale);
-  if (lse_i != -static_cast<Acc>(INFINITY)) {
-    for (int64_t e0 = 0; e0 < kb.count; e0 += blockDim.x) {
-      const int64_t e = e0 + threadIdx.x;
-      Acc w = 0;
-      int64_t row = 0, j = 0;
-      if (e < kb.count) j = box_token(p, kb, e);
-      if (e < kb.count && !(p.causal && j > i)) {
-        int64_t cj[kMaxGridDims];
-        unravel_index(j, p.g.n, p.g.ndim, cj);
-        const PairGrad<T, Acc> g = pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, q_s, qpos_s, go_s, kh + j * p.D,
-                                                     vh + j * p.Dv, relh, biash, lse_i, rowd_i);
-        if (g.kept) {
-          w = g.dA * scale;
-          row = g.row;
-        }
-      }
-      w_s[threadIdx.x] = w;
-      row_s[threadIdx.x] = row;
-      tok_s[threadIdx.x] = j;
-      __syncthreads();
-      const int64_t count = min(kb.count - e0, static_cast<int64_t>(blockDim.x));
-      accumulate_rows<T, Acc>(dq_s, w_s, tok_s, kh, p.D, count);
-      if (p.has_pos) accumulate_rows<T, Acc>(dqpos_s, w_s, row_s, relh, p.D, count);
-      __syncthreads();
-    }
-  }
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    dq[(bh * p.N + i) * p.D + c] = static_cast<T>(dq_s[c]);
-    if (p.has_pos) dqpos[(bh * p.N + i) * p.D + c] = static_cast<T>(dqpos_s[c]);
-  }
-}
-
-// dk and dv: a block per (batch, head, key), the queries that may keep the key
-// (within the head's reach of it, and not before it with causal attention) in
-// chunks of blockDim.
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_backward_dkv_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
-                               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                               const T* __restrict__ qpos, const T* __restrict__ rel,
-                               const double* __restrict__ sigma, const T* __restrict__ bias,
-                               const Acc* __restrict__ lse, T* __restrict__ dk, T* __restrict__ dv) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: queries of a chunk
-  Acc* k_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
-  Acc* v_s = k_s + p.D;                                   // Dv
-  Acc* dk_s = v_s + p.Dv;                       // D
-  Acc* dv_s = dk_s + p.D;                       // Dv
-  Acc* wp_s = dv_s + p.Dv;                      // blockDim: probabilities of a chunk (for dv)
-  Acc* wa_s = wp_s + blockDim.x;                // blockDim: dA * scale of a chunk (for dk)
-  const int64_t t = blockIdx.x;
-  const int64_t j = t % p.N, bh = t / p.N, h = bh % p.H;
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    k_s[c] = static_cast<Acc>(k[(bh * p.N + j) * p.D + c]);
-    dk_s[c] = 0;
-  }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-    v_s[c] = static_cast<Acc>(v[(bh * p.N + j) * p.Dv + c]);
-    dv_s[c] = 0;
-  }
-  Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
-  int64_t cj[kMaxGridDims], qlo[kMaxGridDims], qhi[kMaxGridDims];
-  unravel_index(j, p.g.n, p.g.ndim, cj);
-  {  // the queries that may keep key j, exactly per axis (tiling::query_region)
-    tiling::Box kb;
-    for (int d = 0; d < p.g.ndim; ++d) {
-      kb.lo[d] = cj[d];
-      kb.hi[d] = cj[d] + 1;
-    }
-    const tiling::Box r = tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal);
-    for (int d = 0; d < p.g.ndim; ++d) {
-      qlo[d] = r.lo[d];
-      qhi[d] = r.hi[d] - 1;
-    }
-  }
-  const TokenBox qb = make_token_box(p, qlo, qhi);
-  __syncthreads();
-  const T* qh = q + bh * p.N * p.D;
-  const T* qposh = p.has_pos ? qpos + bh * p.N * p.D : nullptr;
-  const T* goh = gout + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
-  const Acc scale = static_cast<Acc>(p.scale);
-  for (int64_t e0 = 0; e0 < qb.count; e0 += blockDim.x) {
-    const int64_t e = e0 + threadIdx.x;
-    Acc wp = 0, wa = 0;
-    int64_t i = 0;
-    if (e < qb.count) i = box_token(p, qb, e);
-    if (e < qb.count && !(p.causal && i < j)) {
-      const Acc lse_i = lse[bh * p.N + i];
-      if (lse_i != -static_cast<Acc>(INFINITY)) {
-        int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
-        unravel_index(i, p.g.n, p.g.ndim, ci);
-        query_limits<Acc>(p, hd, ci, lo, hi);
-        const PairGrad<T, Acc> g =
-            pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, qh + i * p.D, p.has_pos ? qposh + i * p.D : nullptr,
-                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, rowd[bh * p.N + i]);
-        if (g.kept) {
-          wp = g.prob;
-          wa = g.dA * scale;
-        }
-      }
-    }
-    wp_s[threadIdx.x] = wp;
-    wa_s[threadIdx.x] = wa;
-    tok_s[threadIdx.x] = i;
-    __syncthreads();
-    const int64_t count = min(qb.count - e0, static_cast<int64_t>(blockDim.x));
-    accumulate_rows<T, Acc>(dv_s, wp_s, tok_s, goh, p.Dv, count);
-    accumulate_rows<T, Acc>(dk_s, wa_s, tok_s, qh, p.D, count);
-    __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) dk[(bh * p.N + j) * p.D + c] = static_cast<T>(dk_s[c]);
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) dv[(bh * p.N + j) * p.Dv + c] = static_cast<T>(dv_s[c]);
-}
-
-// d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
-// offsets u = b, b + per_head, ... in turn: for each, the pairs (batch, i,
-// i + delta_u) in chunks of blockDim; d rel and d bias of u are written by
-// this block alone, and d sigma is summed per block (offsets in order) into
-// dsig_part (H, per_head, G_in), reduced afterwards.
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_backward_offset_kernel(RelposParams p, int64_t per_head, const T* __restrict__ gout,
-                                  const Acc* __restrict__ rowd, const T* __restrict__ q, const T* __restrict__ k,
-                                  const T* __restrict__ v, const T* __restrict__ qpos, const T* __restrict__ rel,
-                                  const double* __restrict__ sigma, const T* __restrict__ bias,
-                                  const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
-                                  double* __restrict__ dsig_part) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);     // blockDim: flat (b, h, i) of a chunk's queries
-  Acc* drel_s = reinterpret_cast<Acc*>(qrow_s + blockDim.x);  // D
-  Acc* w_s = drel_s + p.D;                                    // blockDim: dA * scale of a chunk
-  Acc* red = w_s + blockDim.x;                                // blockDim
-  const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
-  Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
-  const Acc scale = static_cast<Acc>(p.scale);
-  double dsig[kMaxGridDims] = {};  // this block's d sigma per kept axis (thread 0)
-  for (int64_t u = blk; u < p.U; u += per_head) {
-    int64_t delta[kMaxGridDims], count_d[kMaxGridDims];
-    offset_of_row(u, p.g.n, p.g.ndim, delta);
-    bool reachable = true;
-    int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
-    for (int d = 0; d < p.g.ndim; ++d) {
-      const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
-      reachable &= ad <= hd.reach[d];
-      count_d[d] = p.g.n[d] - ad;
-      count *= count_d[d];
-    }
-    int64_t doff = 0;  // flat token offset of delta
-    for (int64_t d = p.g.ndim - 1, stride = 1; d >= 0; --d) {
-      doff += delta[d] * stride;
-      stride *= p.g.n[d];
-    }
-    if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
-    if (!reachable) {  // no kept pair: zero gradients (uniform across the block: no barrier skipped)
-      for (int64_t c = threadIdx.x; c < (p.has_pos ? p.D : 0); c += blockDim.x)
-        drel[(h * p.U + u) * p.D + c] = static_cast<T>(0);
-      if (p.has_bias && threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(0);
-      continue;
-    }
-    __syncthreads();  // the previous offset is done with drel_s, w_s, qrow_s and red
-    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
-    Acc sum_dA = 0, sum_dquad = 0;
-    const int64_t items = p.B * count;
-    for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
-      const int64_t e = e0 + threadIdx.x;
-      Acc w = 0;
-      int64_t qrow = 0;
-      if (e < items) {
-        const int64_t b = e / count;
-        int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
-        for (int d = p.g.ndim - 1; d >= 0; --d) {
-          ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
-          cj[d] = ci[d] + delta[d];
-          local /= count_d[d];
-        }
-        const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
-        const int64_t bh = b * p.H + h;
-        const Acc lse_i = lse[bh * p.N + i];
-        if (lse_i != -static_cast<Acc>(INFINITY)) {
-          int64_t lo[kMaxGridDims], hi[kMaxGridDims];
-          query_limits<Acc>(p, hd, ci, lo, hi);
-          const PairGrad<T, Acc> g = pair_grad<T, Acc>(
-              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D, p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr,
-              gout + (bh * p.N + i) * p.Dv, k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash,
-              lse_i, rowd[bh * p.N + i]);
-          if (g.kept) {
-            w = g.dA * scale;
-            qrow = bh * p.N + i;
-            sum_dA += g.dA;
-            sum_dquad += g.dquad;
-          }
-        }
-      }
-      w_s[threadIdx.x] = w;
-      qrow_s[threadIdx.x] = qrow;
-      __syncthreads();
-      if (p.has_pos)
-        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D, min(items - e0, static_cast<int64_t>(blockDim.x)));
-      __syncthreads();
-    }
-    if (p.has_pos)
-      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
-        drel[(h * p.U + u) * p.D + c] = static_cast<T>(drel_s[c]);
-    if (p.has_bias) {
-      const Acc total = block_reduce<Acc>(sum_dA, red, false);
-      if (threadIdx.x == 0) dbias[h * p.U + u] = static_cast<T>(total);
-    }
-    if (p.has_sigma) {
-      // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
-      const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
-      if (threadIdx.x == 0 && total != 0.0)
-        for (int d = 0; d < p.g.ndim; ++d) {
-          if (p.g.n[d] <= 1) continue;
-          const double x = normalised_offset(delta[d], p.g.n[d]);
-          const double is = 1.0 / sigma[h * p.G_in + p.g.axis[d]];
-          dsig[d] += -total * x * x * is * is * is;
-        }
-    }
-  }
-  if (p.has_sigma && threadIdx.x == 0)
-    for (int d = 0; d < p.g.ndim; ++d) dsig_part[(h * per_head + blk) * p.G_in + p.g.axis[d]] = dsig[d];
-}
 
 // Grid sizes and dynamic shared memory within the device's limits, with an
 // error naming the sizes that exceed them.
@@ -554,17 +31,8 @@ void check_blocks(int64_t blocks, const char* what, const char* remedy = "split 
                     " thread blocks, more than a launch allows (", INT_MAX, "); ", remedy);
 }
 
-template <typename Kernel>
-void reserve_smem(Kernel kernel, size_t bytes, const RelposShape& s) {
-  constexpr size_t kDefault = 48 * 1024;
-  if (bytes <= kDefault) return;
-  int device = 0, optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  TORCH_CHECK_VALUE(bytes <= static_cast<size_t>(optin), "relpos_attention (CUDA): head dims D = ", s.D,
-                    ", Dv = ", s.Dv, " need ", bytes, " bytes of shared memory per block, more than the device's ",
-                    optin);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+void check_smem(size_t bytes, const RelposShape& s) {
+  check_smem_fits(bytes, "relpos_attention (CUDA): head dims D = " + std::to_string(s.D) + ", Dv = " + std::to_string(s.Dv));
 }
 
 // sigma as double for the kernels (a small (H, G) tensor; no host sync).
@@ -596,20 +64,22 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
     relpos_tiled_forward(p, q, k, v, qp, rl, sg, bs, out, lse);
     return {out, lse};
   }
-  const int64_t blocks = shape.B * shape.H * shape.N;
-  check_blocks(blocks, "the forward");
+  check_blocks(general::token_blocks(p), "the forward");
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_cuda", [&] {
-    using acc_t = at::acc_type<scalar_t, true>;
-    const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (2 * shape.D + shape.Dv + 2 * kThreads);
-    auto kernel = relpos_forward_kernel<scalar_t, acc_t>;
-    reserve_smem(kernel, smem, shape);
-    kernel<<<blocks, kThreads, smem, stream>>>(p, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-                                               v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(qp),
-                                               ptr_or_null<scalar_t>(rl), ptr_or_null<double>(sg),
-                                               ptr_or_null<scalar_t>(bs), out.data_ptr<scalar_t>(),
-                                               lse.data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    using T = typename CudaType<scalar_t>::type;
+    check_smem(general::forward_smem<T>(p), shape);
+    general::Tensors<T> t;
+    t.q = cuda_ptr<const T>(q);
+    t.k = cuda_ptr<const T>(k);
+    t.v = cuda_ptr<const T>(v);
+    t.qpos = cuda_ptr<const T>(qp);
+    t.rel = cuda_ptr<const T>(rl);
+    t.bias = cuda_ptr<const T>(bs);
+    t.sigma = cuda_ptr<const double>(sg);
+    t.out = cuda_ptr<T>(out);
+    t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
+    check_launch(general::launch_forward<T>(p, t, stream));
   });
   return {out, lse};
 }
@@ -643,60 +113,46 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
   at::Tensor dqpos = shape.has_pos ? at::empty_like(q) : at::empty({0}, q.options());
   at::Tensor drel = shape.has_pos ? at::empty_like(rl) : at::empty({0}, q.options());
   at::Tensor dbias = shape.has_bias ? at::empty_like(bs) : at::empty({0}, q.options());
-  // blocks per head of the offset kernel: every offset once, at most kOffsetBlocks blocks
-  const int64_t U = make_relpos_params(shape, threshold, scale, causal).U;
-  const int64_t per_head = std::min<int64_t>(U, kOffsetBlocks);
-  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, per_head, static_cast<int64_t>(shape.grid.size())},
+  const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
+  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, general::offset_blocks_per_head(p), p.G_in},
                                                      q.options().dtype(at::kDouble))
                                          : at::Tensor();
   if (shape.B > 0 && shape.H > 0) {
-    const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
-    const int64_t blocks = shape.B * shape.H * shape.N;
-    check_blocks(blocks, "the backward");
+    check_blocks(general::token_blocks(p), "the backward");
+    check_blocks(general::offset_blocks(p), "the backward (d rel, d bias, d sigma)", "use fewer heads");
     auto stream = c10::cuda::getCurrentCUDAStream();
     // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward)
     const bool tiled =
         choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout}, /*backward=*/true) == CudaKernel::kTiled;
     if (tiled) relpos_tiled_backward(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, dq, dk, dv, dqpos);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_backward_cuda", [&] {
-      using acc_t = at::acc_type<scalar_t, true>;
-      const scalar_t* qpos_p = ptr_or_null<scalar_t>(qp);
-      const scalar_t* rel_p = ptr_or_null<scalar_t>(rl);
-      const scalar_t* bias_p = ptr_or_null<scalar_t>(bs);
-      const double* sig_p = ptr_or_null<double>(sg);
+      using T = typename CudaType<scalar_t>::type;
+      general::Tensors<T> t;
+      t.q = cuda_ptr<const T>(q);
+      t.k = cuda_ptr<const T>(k);
+      t.v = cuda_ptr<const T>(v);
+      t.qpos = cuda_ptr<const T>(qp);
+      t.rel = cuda_ptr<const T>(rl);
+      t.bias = cuda_ptr<const T>(bs);
+      t.sigma = cuda_ptr<const double>(sg);
+      t.gout = cuda_ptr<const T>(gout);
+      t.rowd = cuda_ptr<const cuda::acc_t<T>>(rowd);
+      t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
+      t.dq = cuda_ptr<T>(dq);
+      t.dk = cuda_ptr<T>(dk);
+      t.dv = cuda_ptr<T>(dv);
+      t.dqpos = shape.has_pos ? cuda_ptr<T>(dqpos) : nullptr;
+      t.drel = shape.has_pos ? cuda_ptr<T>(drel) : nullptr;
+      t.dbias = shape.has_bias ? cuda_ptr<T>(dbias) : nullptr;
+      t.dsig_part = shape.has_sigma ? cuda_ptr<double>(dsig_part) : nullptr;
       if (!tiled) {
-        const size_t smem = 2 * sizeof(int64_t) * kThreads + sizeof(acc_t) * (4 * shape.D + shape.Dv + kThreads);
-        auto kernel = relpos_backward_dq_kernel<scalar_t, acc_t>;
-        reserve_smem(kernel, smem, shape);
-        kernel<<<blocks, kThreads, smem, stream>>>(
-            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(), dq.data_ptr<scalar_t>(),
-            shape.has_pos ? dqpos.data_ptr<scalar_t>() : nullptr);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        check_smem(general::backward_dq_smem<T>(p), shape);
+        check_smem(general::backward_dkv_smem<T>(p), shape);
+        check_launch(general::launch_backward_dq<T>(p, t, stream));
+        check_launch(general::launch_backward_dkv<T>(p, t, stream));
       }
-      if (!tiled) {
-        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (2 * shape.D + 2 * shape.Dv + 2 * kThreads);
-        auto kernel = relpos_backward_dkv_kernel<scalar_t, acc_t>;
-        reserve_smem(kernel, smem, shape);
-        kernel<<<blocks, kThreads, smem, stream>>>(
-            p, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(), dk.data_ptr<scalar_t>(),
-            dv.data_ptr<scalar_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
-      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
-        const int64_t offset_blocks = shape.H * per_head;
-        check_blocks(offset_blocks, "the backward (d rel, d bias, d sigma)", "use fewer heads");
-        const size_t smem = sizeof(int64_t) * kThreads + sizeof(acc_t) * (shape.D + 2 * kThreads);
-        auto kernel = relpos_backward_offset_kernel<scalar_t, acc_t>;
-        reserve_smem(kernel, smem, shape);
-        kernel<<<offset_blocks, kThreads, smem, stream>>>(
-            p, per_head, gout.data_ptr<scalar_t>(), rowd.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-            v.data_ptr<scalar_t>(), qpos_p, rel_p, sig_p, bias_p, lse.data_ptr<acc_t>(),
-            shape.has_pos ? drel.data_ptr<scalar_t>() : nullptr, shape.has_bias ? dbias.data_ptr<scalar_t>() : nullptr,
-            shape.has_sigma ? dsig_part.data_ptr<double>() : nullptr);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
+      check_smem(general::backward_offset_smem<T>(p), shape);
+      check_launch(general::launch_backward_offset<T>(p, t, stream));
     });
   } else {
     dq.zero_();

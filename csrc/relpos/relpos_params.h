@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "../common/grid_index.h"
-#include "relpos_checks.h"
+#include "relpos_shape.h"
 
 namespace posattn {
 

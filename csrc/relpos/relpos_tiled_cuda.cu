@@ -1,211 +1,84 @@
-// Tiled tensor-core forward of relpos_attention (FlashAttention-2 style), float16 /
-// bfloat16 inputs with float32 accumulation, and float32 inputs through TF32 where
-// the user allows it (torch.backends.cuda.matmul.allow_tf32); D == Dv in
-// {32, 64, 128}, sm_80+.
-//
-// A block (4 warps) owns a query tile: a box of at most 64 cells of the grid
-// (tiling::choose_tile, as on the CPU). It visits only the keys its queries may
-// keep (tiling::key_region: the union of their span / window boxes, and nothing
-// past the tile with causal attention), cut into key chunks of the tile's shape,
-// so that the time falls with the kept keys. Per chunk:
-//   S  = Q K^T                              wmma 16x16x16, fp32 accumulators
-//   S += Qpos RelBox^T, scattered           the rows of rel for the offsets between
-//                                           the tile and the chunk (the "offset box"
-//                                           of extent tile + chunk - 1 per axis, clipped
-//                                           to the head's reach), 64 rows at a time;
-//                                           entry (query r, key c) sits at qbox[r] + kbox[c]
-//   logits: scale, bias, span, masks        per element, 2 threads per query row
-//   online softmax in registers, P (bf16 / f16) in shared memory, O += P V (wmma)
-// lse is stored in float32; the backward (relpos_tiled_backward_cuda.cu and the
-// general path's offset kernel) reads it.
+// The tiled tensor-core kernels of relpos_attention on CUDA (ATen glue): which
+// calls they take (choose_cuda_kernel and its refusals), and their launches. The
+// kernels and launchers live, torch-free, in csrc/cuda/relpos_tiled_forward.cuh
+// and csrc/cuda/relpos_tiled_backward.cuh (they also run on the simulated GPU:
+// tests/cuda_sim/).
 #include <ATen/Context.h>
-#include <ATen/Dispatch.h>
+#include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
-#include "relpos_tiled_common.cuh"
+#include "../common/cuda_glue.cuh"
+#include "../cuda/relpos_tiled_backward.cuh"
+#include "../cuda/relpos_tiled_forward.cuh"
 #include "relpos_tiled_cuda.h"
 
 namespace posattn {
 namespace tiled {
 namespace {
 
-template <typename CT, int D>
-__global__ void __launch_bounds__(kThreads)
-    relpos_tiled_forward_kernel(TiledArgs a, const CT* __restrict__ q, const CT* __restrict__ k,
-                                const CT* __restrict__ v, const CT* __restrict__ qpos, const CT* __restrict__ rel,
-                                const double* __restrict__ sigma, const CT* __restrict__ bias, CT* __restrict__ out,
-                                float* __restrict__ lse) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
-#else
-  using L = Layout<CT, D>;
-  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
-  const RelposParams& p = a.p;
-  const int G = p.g.ndim;
-  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
-  const int warp = threadIdx.x / 32;
+// Calls fn(CT{}, std::integral_constant<int, D>{}) for the tiled kernels' input
+// type and head dim (the caller has checked D in {32, 64, 128} and the dtype).
+template <typename Fn>
+void by_type_and_dim(c10::ScalarType dtype, int64_t D, Fn fn) {
+  auto by_dim = [&](auto ct_tag) {
+    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
+    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
+    else fn(ct_tag, std::integral_constant<int, 128>{});
+  };
+  if (dtype == c10::kHalf) by_dim(__half{});
+  else if (dtype == c10::kFloat) by_dim(float{});
+  else by_dim(__nv_bfloat16{});
+}
 
-  extern __shared__ __align__(128) unsigned char smem[];
-  CT* Qs = reinterpret_cast<CT*>(smem);
-  CT* Qps = Qs + kBQ * LD;
-  CT* Ks = Qps + kBQ * LD;
-  CT* Vs = Ks + kBK * LD;
-  CT* Rs = Ks;  // the rel rows of an offset-box piece reuse K's tile: K is dead once S = Q K^T is read
-  CT* Ps = Vs + kBK * LD;
-  float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);  // 32-byte aligned: every tile above is 64 rows of 16-byte multiples
-  int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d
-  int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
-  int64_t* row_off = krel + kBK;                               // the rows of a load
-  int* qtok = reinterpret_cast<int*>(row_off + kBK);           // token of each query slot (-1: none)
-  int* ktok = qtok + kBQ;
-  int* qbox = ktok + kBK;  // query part of the offset-box index
-  int* kbox = qbox + kBQ;  // key part
-  int* qc = kbox + kBK;    // (kBQ, G) coordinates
-  int* klo = qc + kBQ * G; // (kBQ, G) kept keys per axis
-  int* khi = klo + kBQ * G;
-  int* kc = khi + kBQ * G; // (kBK, G)
+// The tiling of a call, with a launch's block limit checked.
+TiledArgs checked_tiled_args(const RelposParams& p) {
+  const TiledArgs a = make_tiled_args(p);
+  TORCH_CHECK_VALUE(a.blocks <= INT_MAX, "relpos_attention (CUDA): ", a.blocks,
+                    " thread blocks needed, more than a launch allows; split the batch");
+  return a;
+}
 
-  TileHead hd;
-  load_span_head<float>(p, h, sigma, hd);
-
-  // The query tile.
-  const tiling::Box tb = tiling::tile_box(p.g, a.tile, tile_index);
-  if (threadIdx.x < kBQ) {
-    fill_query_slot(p, hd, tb, threadIdx.x, qtok, qc, klo, khi, qrel);
-    row_off[threadIdx.x] = qtok[threadIdx.x] >= 0 ? bh * p.N + qtok[threadIdx.x] : -1;
-  }
-  __syncthreads();
-  load_rows<CT, D, LD>(Qs, q, row_off, kBQ);
-  if (p.has_pos) load_rows<CT, D, LD>(Qps, qpos, row_off, kBQ);
-  const int64_t tile_last_tok = box_last_token(p, tb);
-
-  // The keys the tile may keep, cut into chunks of the tile's shape.
-  const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal));
-
-  // Each thread owns half a query row: row r = tid / 2, the key slots 2 j + half
-  // (interleaved: fewer shared-memory bank conflicts) and the output columns
-  // half * D / 2 ... + D / 2 - 1.
-  const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
-  constexpr int OC = D / 2;
-  float o[OC];
-  for (int j = 0; j < OC; ++j) o[j] = 0.f;
-  float m = -INFINITY, l = 0.f;
-
-  for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
-    const tiling::Box cb = region_chunk(a, chunks, chunk);
-    // with causal attention, a chunk whose first key comes after the tile's last query is skipped
-    if (p.causal && ravel_index(cb.lo, p.g.n, G) > tile_last_tok) continue;  // uniform across the block
-    const OffsetBox ob = make_offset_box(p, hd, tb, cb);
-    if (ob.R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
-    __syncthreads();  // the previous chunk is done with the key slots and the scratch
-    if (threadIdx.x < kBK) {
-      const int c = threadIdx.x;
-      fill_key_slot(p, cb, c, ktok, kc, krel);
-      kbox[c] = key_box_index(p, ob, kc, ktok, c);
-      row_off[c] = ktok[c] >= 0 ? bh * p.N + ktok[c] : -1;
-    } else {
-      const int rr = threadIdx.x - kBK;
-      qbox[rr] = query_box_index(p, ob, qc, qtok, rr);
-    }
-    __syncthreads();
-    load_rows<CT, D, LD>(Ks, k, row_off, kBK);
-    load_rows<CT, D, LD>(Vs, v, row_off, kBK);
-    __syncthreads();
-    // S = Q K^T (each warp its 16 rows)
-    warp_mma<CT, D, kBK / 16, true>(Qs + warp * 16 * LD, LD, Ks, LD, Ss + warp * 16 * LS, LS);
-    __syncthreads();
-    float s[32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) s[j] = Ss[r * LS + 2 * j + half];
-    // S += Qpos RelBox^T, 64 offset-box rows at a time, scattered to the pairs
-    if (p.has_pos) {
-      for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
-        __syncthreads();  // every thread has read Ss (and the previous piece's rows)
-        if (threadIdx.x < kBK) row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
-        __syncthreads();
-        load_rows<CT, D, LD>(Rs, rel, row_off, kBK);
-        __syncthreads();
-        warp_mma<CT, D, kBK / 16, true>(Qps + warp * 16 * LD, LD, Rs, LD, Ss + warp * 16 * LS, LS);
-        __syncthreads();
-        const int qb = qbox[r];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int64_t e = static_cast<int64_t>(qb) + kbox[2 * j + half] - p0;
-          if (e >= 0 && e < kBK) s[j] += Ss[r * LS + e];
-        }
-      }
-    }
-    // logits (scale, bias, span, masks), then the online softmax (2 threads per row); the
-    // scratch is next written after the barrier that publishes P, so no barrier here
-    float gauss[32];
-    finish_logits<CT>(p, hd, h, bias, r, half, qtok, ktok, qc, kc, klo, khi, qrel, krel, s, gauss);
-    float rowmax = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) rowmax = nan_max(rowmax, s[j]);
-    rowmax = nan_max(rowmax, __shfl_xor_sync(0xffffffffu, rowmax, 1));
-    const float m_new = nan_max(m, rowmax);
-    float alpha = 1.f, psum = 0.f;
-    if (m_new != -INFINITY) {
-      alpha = expf(m - m_new);  // 0 while the row had nothing; NaN sticks
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float pj = s[j] == -INFINITY ? 0.f : expf(s[j] - m_new);
-        s[j] = pj;
-        psum += pj;
-      }
-    } else {
-      for (int j = 0; j < 32; ++j) s[j] = 0.f;
-    }
-    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-    l = l * alpha + psum;
-    m = m_new;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) Ps[r * LP + 2 * j + half] = Cvt<CT>::t(s[j]);
-    __syncthreads();
-    // O = O * alpha + P V (each warp its 16 rows)
-    warp_mma<CT, kBK, D / 16, false>(Ps + warp * 16 * LP, LP, Vs, LD, Ss + warp * 16 * LS, LS);
-    __syncthreads();
-    for (int j = 0; j < OC; ++j) o[j] = o[j] * alpha + Ss[r * LS + half * OC + j];
-  }
-
-  const int qt = qtok[r];
-  if (qt >= 0) {
-    const bool empty = m == -INFINITY || l <= 0.f;
-    const float inv_l = empty ? 0.f : 1.f / l;
-    CT* orow = out + (bh * p.N + qt) * D + half * OC;
-    for (int j = 0; j < OC; ++j) orow[j] = Cvt<CT>::t(empty ? 0.f : o[j] * inv_l);
-    if (half == 0) lse[bh * p.N + qt] = empty ? -INFINITY : m + logf(l);
-  }
-#endif
+// Why code compiled for (CT, D) cannot run on the current device, or empty: it
+// must have been compiled for sm_80+ (bf16 tensor cores; a build JIT-compiled
+// from older PTX would trap) and `need` bytes of shared memory must fit the
+// device's opt-in limit.
+std::string device_refusal(const cudaFuncAttributes& attr, size_t need, int D, const char* what) {
+  if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
+    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (need > static_cast<size_t>(optin))
+    return std::string(what) + " needs " + std::to_string(need) + " bytes of shared memory per block for D = " +
+           std::to_string(D) + ", more than the device's " + std::to_string(optin);
+  return "";
 }
 
 bool aligned16(const at::Tensor& t) {
   return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// Why the compiled kernel for (CT, D) cannot run on the current device, or empty:
-// it must have been compiled for sm_80+ (bf16 tensor cores; a build JIT-compiled
-// from older PTX would trap) and its shared memory must fit the device's opt-in limit.
 template <typename CT, int D>
 std::string kernel_refusal(int G) {
-  using L = Layout<CT, D>;
   cudaFuncAttributes attr;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, relpos_tiled_forward_kernel<CT, D>));
-  if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
-    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
-  int device = 0, optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t need = L::bytes(G);
-  if (need > static_cast<size_t>(optin))
-    return "it needs " + std::to_string(need) + " bytes of shared memory per block for D = " + std::to_string(D) +
-           ", more than the device's " + std::to_string(optin);
+  check_launch(forward_attributes<CT, D>(&attr));
+  return device_refusal(attr, Layout<CT, D>::bytes(G), D, "it");
+}
+
+template <typename CT, int D>
+std::string backward_refusal(int G) {
+  for (bool key_major : {true, false}) {
+    cudaFuncAttributes attr;
+    check_launch(backward_attributes<CT, D>(key_major, &attr));
+    const std::string why = device_refusal(attr, BwdLayout<CT, D>::bytes(G), D, "its backward");
+    if (!why.empty()) return why;
+  }
   return "";
 }
 
@@ -245,23 +118,60 @@ CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::
   return why.empty() ? CudaKernel::kTiled : CudaKernel::kGeneral;
 }
 
+std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype) {
+  std::string why;
+  by_type_and_dim(dtype, p.D, [&](auto ct_tag, auto d_tag) {
+    why = backward_refusal<decltype(ct_tag), decltype(d_tag)::value>(p.g.ndim);
+  });
+  return why;
+}
+
 void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
                           const at::Tensor& bias, at::Tensor& out, at::Tensor& lse) {
-  const TiledArgs a = make_tiled_args(p);
+  const TiledArgs a = checked_tiled_args(p);
   auto stream = c10::cuda::getCurrentCUDAStream();
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
-    constexpr int D = decltype(d_tag)::value;
-    const size_t smem = Layout<CT, D>::bytes(p.g.ndim);
-    auto kernel = relpos_tiled_forward_kernel<CT, D>;
-    if (smem > 48 * 1024)
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    auto ptr = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const CT*>(t.data_ptr()) : nullptr; };
-    kernel<<<a.blocks, kThreads, smem, stream>>>(
-        a, ptr(q), ptr(k), ptr(v), ptr(q_pos), ptr(rel), sigma.defined() ? sigma.data_ptr<double>() : nullptr,
-        ptr(bias), reinterpret_cast<CT*>(out.data_ptr()), lse.data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    FwdTensors<CT> t;
+    t.q = cuda_ptr<const CT>(q);
+    t.k = cuda_ptr<const CT>(k);
+    t.v = cuda_ptr<const CT>(v);
+    t.qpos = cuda_ptr<const CT>(q_pos);
+    t.rel = cuda_ptr<const CT>(rel);
+    t.bias = cuda_ptr<const CT>(bias);
+    t.sigma = cuda_ptr<const double>(sigma);
+    t.out = cuda_ptr<CT>(out);
+    t.lse = cuda_ptr<float>(lse);
+    check_launch(launch_forward<CT, decltype(d_tag)::value>(a, t, stream));
+  });
+}
+
+void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
+                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
+                           const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
+                           at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos) {
+  const TiledArgs a = checked_tiled_args(p);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    auto out = [](at::Tensor& x) { return x.numel() > 0 ? cuda_ptr<CT>(x) : nullptr; };
+    BwdTensors<CT> t;
+    t.gout = cuda_ptr<const CT>(gout);
+    t.q = cuda_ptr<const CT>(q);
+    t.k = cuda_ptr<const CT>(k);
+    t.v = cuda_ptr<const CT>(v);
+    t.qpos = cuda_ptr<const CT>(q_pos);
+    t.rel = cuda_ptr<const CT>(rel);
+    t.bias = cuda_ptr<const CT>(bias);
+    t.rowd = cuda_ptr<const float>(rowd);
+    t.lse = cuda_ptr<const float>(lse);
+    t.sigma = cuda_ptr<const double>(sigma);
+    t.dq = out(dq);
+    t.dk = out(dk);
+    t.dv = out(dv);
+    t.dqpos = out(dqpos);
+    check_launch(launch_backward<CT, decltype(d_tag)::value>(a, t, stream));
   });
 }
 

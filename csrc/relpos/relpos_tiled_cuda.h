@@ -1,9 +1,10 @@
-// The tiled tensor-core forward of relpos_attention on CUDA (relpos_tiled_cuda.cu),
-// for float16 / bfloat16 (and float32 through TF32 where
+// The tiled tensor-core kernels of relpos_attention on CUDA (glue in
+// relpos_tiled_cuda.cu, kernels in csrc/cuda/relpos_tiled_forward.cuh and
+// relpos_tiled_backward.cuh): float16 / bfloat16 (and float32 through TF32 where
 // torch.backends.cuda.matmul.allow_tf32 is set) with D == Dv in {32, 64, 128} on
-// sm_80+, and its backward (relpos_tiled_backward_cuda.cu: d q, d k, d v, d q_pos);
-// the general path (relpos_attention_cuda.cu) takes every other call, and d rel,
-// d bias and d sigma always.
+// sm_80+, forward and backward (d q, d k, d v, d q_pos); the general path
+// (relpos_attention_cuda.cu) takes every other call, and d rel, d bias and
+// d sigma always.
 #pragma once
 
 #include <torch/types.h>

@@ -1,5 +1,5 @@
 // What the tiled tensor-core kernels of relpos_attention share (forward in
-// relpos_tiled_cuda.cu, backward in relpos_tiled_backward_cuda.cu): tile sizes,
+// relpos_tiled_forward.cuh, backward in relpos_tiled_backward.cuh; torch-free): tile sizes,
 // the per-dtype tensor-core shape, row loads, the warp-level products, and the
 // geometry of a query box, a key box and the offset box between them.
 #pragma once
@@ -7,9 +7,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
-#include <c10/core/ScalarType.h>
-#include <c10/macros/Macros.h>
-#include <c10/util/Exception.h>
 
 #include <cfloat>
 #include <climits>
@@ -17,9 +14,10 @@
 #include <type_traits>
 
 #include "../common/grid_index.h"
-#include "relpos_head_cuda.cuh"
-#include "relpos_params.h"
-#include "relpos_tiling.h"
+#include "../relpos/relpos_params.h"
+#include "../relpos/relpos_tiling.h"
+#include "cuda_common.cuh"
+#include "relpos_head.cuh"
 
 namespace posattn {
 namespace tiled {
@@ -30,23 +28,8 @@ constexpr int kThreads = 128;  // 4 warps, 16 query rows each
 static_assert(kThreads == kBQ + kBK, "the slot fills give one thread to each query slot and each key slot");
 constexpr int kPad = 8;       // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
 
-template <typename CT>
-struct Cvt;
-template <>
-struct Cvt<__half> {
-  static __device__ float f(__half x) { return __half2float(x); }
-  static __device__ __half t(float x) { return __float2half(x); }
-};
-template <>
-struct Cvt<__nv_bfloat16> {
-  static __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
-};
-template <>
-struct Cvt<float> {
-  static __device__ float f(float x) { return x; }
-  static __device__ float t(float x) { return x; }
-};
+using cuda::from_acc;
+using cuda::to_acc;
 
 // The tensor-core shape per input type: 16x16x16 for 16-bit inputs, 16x16x8 TF32
 // for float32 (operands rounded to TF32 after loading).
@@ -76,24 +59,8 @@ inline TiledArgs make_tiled_args(const RelposParams& p) {
   for (int d = 0; d < kMaxGridDims; ++d) a.tile[d] = 1;
   tiling::choose_tile(p.g, kBQ, a.tile);
   a.tiles = tiling::num_tiles(p.g, a.tile);
-  a.blocks = p.B * p.H * a.tiles;
-  TORCH_CHECK_VALUE(a.blocks <= INT_MAX, "relpos_attention (CUDA): ", a.blocks,
-                    " thread blocks needed, more than a launch allows; split the batch");
+  a.blocks = p.B * p.H * a.tiles;  // the caller checks it against a launch's limit
   return a;
-}
-
-// Calls fn(CT{}, std::integral_constant<int, D>{}) for the tiled kernels' input
-// type and head dim (the caller has checked D in {32, 64, 128} and the dtype).
-template <typename Fn>
-void by_type_and_dim(c10::ScalarType dtype, int64_t D, Fn fn) {
-  auto by_dim = [&](auto ct_tag) {
-    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
-    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
-    else fn(ct_tag, std::integral_constant<int, 128>{});
-  };
-  if (dtype == c10::kHalf) by_dim(__half{});
-  else if (dtype == c10::kFloat) by_dim(float{});
-  else by_dim(__nv_bfloat16{});
 }
 
 template <typename CT, int D>
@@ -369,7 +336,7 @@ __device__ void finish_logits(const RelposParams& p, const TileHead& hd, int64_t
     float x = -INFINITY, g = 1.f;
     if (keep) {
       x = scale * s[j];
-      if (p.has_bias) x += Cvt<CT>::f(bias[h * p.U + krel[c] - qrel[r]]);
+      if (p.has_bias) x += to_acc<float>(bias[h * p.U + krel[c] - qrel[r]]);
       if (p.has_sigma) {
         float quad = 0.f;
         for (int d = 0; d < G; ++d) {

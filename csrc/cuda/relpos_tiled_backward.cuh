@@ -1,5 +1,5 @@
 // Tiled tensor-core backward of relpos_attention for the calls the tiled forward
-// takes (relpos_tiled_cuda.cu): d q, d q_pos (query-major) and d k, d v (key-major),
+// takes (relpos_tiled_forward.cuh): d q, d q_pos (query-major) and d k, d v (key-major),
 // deterministic (every gradient row is owned by one block, every sum in a fixed
 // order, no atomics). d rel, d bias and d sigma come from the general path's
 // offset kernel. Both kernels recompute the logits of a (query box, key box) pair
@@ -7,19 +7,16 @@
 //   dP = dO V^T, dS = P (dP - D), dA = dS (times exp(-quad) for the multiply span)
 //   key-major:   dV += P^T dO,  dK += scale dA^T Q          (over the query boxes that may keep the keys)
 //   query-major: dQ += scale dA K, dQpos += scale dA_box RelBox  (dA scattered to the offset box)
-#include <ATen/Context.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
+// Torch-free: the extension's glue (csrc/relpos/relpos_tiled_cuda.cu) and the
+// simulator harness call the launcher at the end.
+#pragma once
 
-#include <climits>
-#include <string>
+#include <cstdint>
 
 #include "relpos_tiled_common.cuh"
-#include "relpos_tiled_cuda.h"
 
 namespace posattn {
 namespace tiled {
-namespace {
 
 // Shared memory of both kernels: five input tiles (row stride LD), two 64 x 64
 // tiles (P and dA, or dA and the scattered dA box; stride LP) that also hold a
@@ -149,8 +146,8 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
     // still multiply such zeros with every row of the tiles, so a non-finite input row reaches
     // the gradients of its whole tile, where the general path would confine it
     das[j] = pj == 0.f ? 0.f : pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale;
-    m.P[r * LP + c] = Cvt<CT>::t(pj);
-    m.DS[r * LP + c] = Cvt<CT>::t(das[j]);
+    m.P[r * LP + c] = from_acc<CT>(pj);
+    m.DS[r * LP + c] = from_acc<CT>(das[j]);
   }
   __syncthreads();
 }
@@ -167,7 +164,7 @@ __device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<C
   __syncwarp();
   if (tok[r] >= 0) {
     CT* row = dst + (base + tok[r]) * D + half * OC;
-    for (int j = 0; j < OC; ++j) row[j] = Cvt<CT>::t(S[r * LS + half * OC + j]);
+    for (int j = 0; j < OC; ++j) row[j] = from_acc<CT>(S[r * LS + half * OC + j]);
   }
   __syncwarp();  // S is free for the next accumulator
 }
@@ -277,14 +274,14 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
       CT* Rs = m.V;
       for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
         __syncthreads();  // the previous piece's product is done with Tp and Rs (and the dQ product with DS)
-        for (int i = threadIdx.x; i < 64 * LP; i += blockDim.x) Tp[i] = Cvt<CT>::t(0.f);
+        for (int i = threadIdx.x; i < 64 * LP; i += blockDim.x) Tp[i] = from_acc<CT>(0.f);
         if (threadIdx.x < kBK) m.row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
         __syncthreads();
         const int qbr = m.qbox[r];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const int64_t e = static_cast<int64_t>(qbr) + m.kbox[2 * j + half] - p0;
-          if (e >= 0 && e < kBK && das[j] != 0.f) Tp[r * LP + e] = Cvt<CT>::t(das[j]);
+          if (e >= 0 && e < kBK && das[j] != 0.f) Tp[r * LP + e] = from_acc<CT>(das[j]);
         }
         load_rows<CT, D, LD>(Rs, t.rel, m.row_off, kBK);
         __syncthreads();
@@ -313,72 +310,29 @@ __global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledAr
 }
 
 template <typename CT, int D>
-std::string backward_refusal(int G) {
-  cudaFuncAttributes attr;
-  for (const void* fn : {reinterpret_cast<const void*>(relpos_tiled_backward_kernel<CT, D, true>),
-                         reinterpret_cast<const void*>(relpos_tiled_backward_kernel<CT, D, false>)}) {
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, fn));
-    if (attr.ptxVersion < 80 || attr.binaryVersion < 80)
-      return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
-  }
-  int device = 0, optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t need = BwdLayout<CT, D>::bytes(G);
-  if (need > static_cast<size_t>(optin))
-    return "its backward needs " + std::to_string(need) + " bytes of shared memory per block for D = " +
-           std::to_string(D) + ", more than the device's " + std::to_string(optin);
-  return "";
+cudaError_t backward_attributes(bool key_major, cudaFuncAttributes* attr) {
+  return key_major ? cudaFuncGetAttributes(attr, relpos_tiled_backward_kernel<CT, D, true>)
+                   : cudaFuncGetAttributes(attr, relpos_tiled_backward_kernel<CT, D, false>);
 }
 
-}  // namespace
+// d k, d v (key-major kernel) and d q, d q_pos (query-major kernel). The caller has
+// checked that the kernels apply (BwdLayout<CT, D>::bytes(G) within the device's
+// opt-in limit, sm_80+) and that a.blocks fits a launch.
+template <typename CT, int D>
+cudaError_t launch_backward(const TiledArgs& a, const BwdTensors<CT>& t, cudaStream_t stream) {
+  const size_t smem = BwdLayout<CT, D>::bytes(a.p.g.ndim);
+  auto dkv = relpos_tiled_backward_kernel<CT, D, true>;
+  auto dqk = relpos_tiled_backward_kernel<CT, D, false>;
+  cudaError_t err = cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  dkv<<<static_cast<unsigned int>(a.blocks), kThreads, smem, stream>>>(a, t);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  dqk<<<static_cast<unsigned int>(a.blocks), kThreads, smem, stream>>>(a, t);
+  return cudaGetLastError();
+}
+
 }  // namespace tiled
-
-std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype) {
-  std::string why;
-  tiled::by_type_and_dim(dtype, p.D, [&](auto ct_tag, auto d_tag) {
-    why = tiled::backward_refusal<decltype(ct_tag), decltype(d_tag)::value>(p.g.ndim);
-  });
-  return why;
-}
-
-void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
-                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
-                           const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
-                           at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos) {
-  using namespace tiled;
-  const TiledArgs a = make_tiled_args(p);
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
-    using CT = decltype(ct_tag);
-    constexpr int D = decltype(d_tag)::value;
-    const size_t smem = BwdLayout<CT, D>::bytes(p.g.ndim);
-    auto ptr = [](const at::Tensor& x) { return x.defined() ? reinterpret_cast<const CT*>(x.data_ptr()) : nullptr; };
-    auto out = [](at::Tensor& x) { return x.numel() > 0 ? reinterpret_cast<CT*>(x.data_ptr()) : nullptr; };
-    BwdTensors<CT> t;
-    t.gout = ptr(gout);
-    t.q = ptr(q);
-    t.k = ptr(k);
-    t.v = ptr(v);
-    t.qpos = ptr(q_pos);
-    t.rel = ptr(rel);
-    t.bias = ptr(bias);
-    t.rowd = rowd.data_ptr<float>();
-    t.lse = lse.data_ptr<float>();
-    t.sigma = sigma.defined() ? sigma.data_ptr<double>() : nullptr;
-    t.dq = out(dq);
-    t.dk = out(dk);
-    t.dv = out(dv);
-    t.dqpos = out(dqpos);
-    auto dkv = relpos_tiled_backward_kernel<CT, D, true>;
-    auto dqk = relpos_tiled_backward_kernel<CT, D, false>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    C10_CUDA_CHECK(cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    dkv<<<a.blocks, kThreads, smem, stream>>>(a, t);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    dqk<<<a.blocks, kThreads, smem, stream>>>(a, t);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
 }  // namespace posattn

@@ -1,9 +1,7 @@
 // A head's span and key limits as the CUDA kernels of relpos_attention use them
-// (the general path in relpos_attention_cuda.cu and the tiled kernels alike):
+// (the general path in relpos_general.cuh and the tiled kernels alike):
 // filled by every thread of a block from sigma, with sigma checked on the device.
 #pragma once
-
-#include <c10/macros/Macros.h>
 
 #include <cfloat>
 #include <cmath>
@@ -11,7 +9,8 @@
 #include <limits>
 
 #include "../common/grid_index.h"
-#include "relpos_params.h"
+#include "../relpos/relpos_params.h"
+#include "cuda_common.cuh"
 
 namespace posattn {
 
@@ -29,7 +28,7 @@ __device__ inline void check_head_sigma(const RelposParams& p, int64_t h, const 
   if (!p.has_sigma) return;
   for (int64_t a = 0; a < p.G_in; ++a) {
     const double sg = sigma[h * p.G_in + a];
-    CUDA_KERNEL_ASSERT_MSG(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
+    POSATTN_DEVICE_ASSERT(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
   }
 }
 
@@ -47,7 +46,7 @@ __device__ void load_span_head(const RelposParams& p, int64_t h, const double* _
     if (p.has_sigma) {
       const double sg = sigma[h * p.G_in + p.g.axis[d]];
       // clamped: 1 / a subnormal sigma overflows Acc, and 0 * inf would make a query's own logit NaN
-      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, static_cast<double>(std::numeric_limits<Acc>::max())));
+      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, sizeof(Acc) == sizeof(float) ? double(FLT_MAX) : DBL_MAX));
       if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
     }
     hd.reach[d] = axis_max_offset(lim);

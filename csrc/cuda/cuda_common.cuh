@@ -1,0 +1,82 @@
+// What every torch-free CUDA kernel of posattn shares: the accumulation type of
+// an element type, conversions between them, a device-side assertion and the
+// dynamic shared-memory opt-in of a launch.
+//
+// The files of csrc/cuda/ need only the CUDA toolkit and the project's own
+// headers (no ATen, no c10): the extension's glue (csrc/relpos/*_cuda.cu,
+// csrc/algebraic/apply_maps_cuda.cu) and the simulator harness
+// (tests/cuda_sim/harness.cu) compile the very same kernels and launchers.
+// Element types are the CUDA ones: float, double, __half, __nv_bfloat16.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cassert>
+#include <cstddef>
+
+namespace posattn {
+namespace cuda {
+
+// The accumulation type of an element type: float for float / __half /
+// __nv_bfloat16, double for double (as at::acc_type<T, true>).
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccOf<T>::type;
+
+// Element -> accumulation type and back. Explicit for the 16-bit types: the
+// extension is built with __CUDA_NO_HALF_CONVERSIONS__ (as torch's nvcc flags
+// say), so __half and __nv_bfloat16 have no implicit conversions.
+template <typename Acc, typename T>
+__device__ __forceinline__ Acc to_acc(T x) {
+  return static_cast<Acc>(x);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __half>(__half x) {
+  return __half2float(x);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T, typename Acc>
+__device__ __forceinline__ T from_acc(Acc x) {
+  return static_cast<T>(x);
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half, float>(float x) {
+  return __float2half(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float x) {
+  return __float2bfloat16(x);
+}
+
+// Opts a kernel into more than the default 48 KiB of dynamic shared memory.
+// The device's opt-in limit is checked by the caller (the extension's glue,
+// with an error naming the sizes): the simulator does not enforce it.
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+}  // namespace cuda
+}  // namespace posattn
+
+// A device-side assertion with a message (what c10's CUDA_KERNEL_ASSERT_MSG
+// does): no host synchronisation, so an op stays capturable in a CUDA graph;
+// the launch's next synchronisation reports a device-side assert.
+#define POSATTN_DEVICE_ASSERT(cond, msg)                                                   \
+  do {                                                                                     \
+    if (!(cond)) __assert_fail(msg, __FILE__, static_cast<unsigned int>(__LINE__), __func__); \
+  } while (0)

@@ -1,0 +1,379 @@
+// Runs posattn's torch-free CUDA launchers (csrc/cuda/) on one case read from
+// files, and writes what they computed: the simulated-GPU test harness
+// (tests/cuda_sim/test_cuda_sim.py makes the cases and checks the results
+// against posattn.reference). No torch: plain CUDA runtime calls, so the
+// binary runs on GPGPU-Sim (../shared/gpusim) as well as on a real GPU.
+//
+//   harness CASE_DIR
+//
+// CASE_DIR/case.txt holds one "key value..." line per setting (see read_case);
+// the arrays are raw little-endian files NAME.bin in the element type (int64
+// for index, float64 for sigma, the accumulation type for glse). Outputs are
+// written beside them as NAME.out.bin, and CASE_DIR/result.txt gets
+// "key value" lines (the determinism check). Exit status 0 on success; a CUDA
+// error prints its name and exits 3.
+//
+// Built once per element type (-DHARNESS_T=float|double|half|bf16) and, for the
+// tiled kernels, head dim (-DHARNESS_TILED_D=32|64|128), so that each binary
+// holds only the kernels it runs (the simulator parses every PTX at start-up).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/apply_maps.cuh"
+#include "cuda/relpos_general.cuh"
+#if defined(HARNESS_TILED_D)
+#include "cuda/relpos_tiled_backward.cuh"
+#include "cuda/relpos_tiled_forward.cuh"
+#endif
+
+#if !defined(HARNESS_T)
+#error "build with -DHARNESS_T=float|double|half|bf16"
+#endif
+#define HARNESS_float float
+#define HARNESS_double double
+#define HARNESS_half __half
+#define HARNESS_bf16 __nv_bfloat16
+#define HARNESS_CAT(a, b) a##b
+#define HARNESS_TYPE(t) HARNESS_CAT(HARNESS_, t)
+using T = HARNESS_TYPE(HARNESS_T);
+using Acc = posattn::cuda::acc_t<T>;
+
+namespace {
+
+using Case = std::map<std::string, std::vector<std::string>>;
+std::string g_dir;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "harness: %s\n", what.c_str());
+  std::exit(2);
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "harness: CUDA error in %s: %s (%s)\n", what, cudaGetErrorName(err), cudaGetErrorString(err));
+    std::exit(3);
+  }
+}
+
+Case read_case(const std::string& dir) {
+  std::ifstream in(dir + "/case.txt");
+  if (!in) fail("cannot read " + dir + "/case.txt");
+  Case c;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key, v;
+    if (!(ls >> key)) continue;
+    std::vector<std::string>& vals = c[key];
+    while (ls >> v) vals.push_back(v);
+  }
+  return c;
+}
+
+bool has(const Case& c, const std::string& k) { return c.count(k) > 0; }
+int64_t geti(const Case& c, const std::string& k, int64_t dflt = 0) {
+  auto it = c.find(k);
+  return it == c.end() || it->second.empty() ? dflt : std::stoll(it->second[0]);
+}
+double getd(const Case& c, const std::string& k, double dflt = 0.0) {
+  auto it = c.find(k);
+  return it == c.end() || it->second.empty() ? dflt : std::stod(it->second[0]);
+}
+std::vector<int64_t> getv(const Case& c, const std::string& k) {
+  std::vector<int64_t> out;
+  auto it = c.find(k);
+  if (it != c.end())
+    for (const std::string& s : it->second) out.push_back(std::stoll(s));
+  return out;
+}
+
+template <typename E>
+std::vector<E> read_array(const std::string& name, size_t count) {
+  std::vector<E> v(count);
+  std::ifstream in(g_dir + "/" + name + ".bin", std::ios::binary);
+  if (!in) fail("cannot read " + name + ".bin");
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(E)));
+  if (static_cast<size_t>(in.gcount()) != count * sizeof(E)) fail(name + ".bin is shorter than expected");
+  return v;
+}
+
+template <typename E>
+void write_array(const std::string& name, const std::vector<E>& v) {
+  std::ofstream out(g_dir + "/" + name + ".out.bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(E)));
+  if (!out) fail("cannot write " + name + ".out.bin");
+}
+
+// A device buffer of `count` elements (none for count 0: a null pointer).
+template <typename E>
+struct Dev {
+  E* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count = 0) : n(count) {
+    if (n) check(cudaMalloc(&p, n * sizeof(E)), "cudaMalloc");
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  void upload(const std::vector<E>& v) {
+    if (n) check(cudaMemcpy(p, v.data(), n * sizeof(E), cudaMemcpyHostToDevice), "upload");
+  }
+  void zero() {
+    if (n) check(cudaMemset(p, 0, n * sizeof(E)), "cudaMemset");
+  }
+  // filled with a byte pattern (NaN for floats): an output the kernel fails to write shows
+  void poison() {
+    if (n) check(cudaMemset(p, 0xff, n * sizeof(E)), "cudaMemset");
+  }
+  std::vector<E> download() const {
+    std::vector<E> v(n);
+    if (n) check(cudaMemcpy(v.data(), p, n * sizeof(E), cudaMemcpyDeviceToHost), "download");
+    return v;
+  }
+};
+
+template <typename E>
+void load(Dev<E>& d, const std::string& name) {
+  if (d.n) d.upload(read_array<E>(name, d.n));
+}
+
+float host_float(float x) { return x; }
+double host_float(double x) { return x; }
+float host_float(__half x) { return __half2float(x); }
+float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// ---- relpos_attention ------------------------------------------------------
+
+struct RelposRun {
+  posattn::RelposParams p;
+  bool tiled = false, backward = false;
+  int repeats = 1;
+};
+
+RelposRun relpos_setup(const Case& c) {
+  posattn::RelposShape s;
+  s.B = geti(c, "B");
+  s.H = geti(c, "H");
+  s.D = geti(c, "D");
+  s.Dv = geti(c, "Dv");
+  s.grid = getv(c, "grid");
+  s.N = 1;
+  for (int64_t n : s.grid) s.N *= n;
+  s.has_pos = geti(c, "has_pos") != 0;
+  s.has_sigma = geti(c, "has_sigma") != 0;
+  s.has_bias = geti(c, "has_bias") != 0;
+  s.mode = geti(c, "multiply") != 0 ? posattn::SpanMode::kMultiply : posattn::SpanMode::kAdd;
+  s.window = getv(c, "window");
+  s.window_shift = geti(c, "window_shift") != 0;
+  RelposRun r;
+  r.p = posattn::make_relpos_params(s, getd(c, "threshold"), getd(c, "scale", 1.0), geti(c, "causal") != 0);
+  r.tiled = has(c, "path") && c.at("path").at(0) == "tiled";
+  r.backward = geti(c, "backward") != 0;
+  r.repeats = static_cast<int>(geti(c, "repeats", 1));
+  return r;
+}
+
+int run_relpos(const Case& c) {
+  const RelposRun run = relpos_setup(c);
+  const posattn::RelposParams& p = run.p;
+  const size_t nq = p.B * p.H * p.N * p.D, nv = p.B * p.H * p.N * p.Dv, nrow = p.B * p.H * p.N;
+  Dev<T> q(nq), k(nq), v(nv), qpos(p.has_pos ? nq : 0), rel(p.has_pos ? p.H * p.U * p.D : 0),
+      bias(p.has_bias ? p.H * p.U : 0);
+  Dev<double> sigma(p.has_sigma ? p.H * p.G_in : 0);
+  load(q, "q");
+  load(k, "k");
+  load(v, "v");
+  load(qpos, "q_pos");
+  load(rel, "rel");
+  load(bias, "bias");
+  load(sigma, "sigma");
+  Dev<T> out(nv);
+  Dev<Acc> lse(nrow);  // float32 for the tiled kernels' T (never double there)
+  out.poison();
+  lse.poison();
+  posattn::general::Tensors<T> gt;
+  gt.q = q.p;
+  gt.k = k.p;
+  gt.v = v.p;
+  gt.qpos = qpos.p;
+  gt.rel = rel.p;
+  gt.bias = bias.p;
+  gt.sigma = sigma.p;
+  gt.out = out.p;
+  gt.lse = lse.p;
+#if defined(HARNESS_TILED_D)
+  constexpr int TD = HARNESS_TILED_D;
+  const posattn::tiled::TiledArgs ta = posattn::tiled::make_tiled_args(p);
+  if (run.tiled && (p.D != TD || p.Dv != TD)) fail("this harness runs the tiled kernels with D = Dv = " + std::to_string(TD));
+#endif
+  if (run.tiled) {
+#if defined(HARNESS_TILED_D)
+    posattn::tiled::FwdTensors<T> ft;
+    ft.q = q.p;
+    ft.k = k.p;
+    ft.v = v.p;
+    ft.qpos = qpos.p;
+    ft.rel = rel.p;
+    ft.bias = bias.p;
+    ft.sigma = sigma.p;
+    ft.out = out.p;
+    ft.lse = lse.p;
+    check(posattn::tiled::launch_forward<T, TD>(ta, ft, nullptr), "tiled forward launch");
+#else
+    fail("this harness has no tiled kernels (build with -DHARNESS_TILED_D)");
+#endif
+  } else {
+    check(posattn::general::launch_forward<T>(p, gt, nullptr), "general forward launch");
+  }
+  check(cudaDeviceSynchronize(), "forward");
+  const std::vector<T> out_h = out.download();
+  const std::vector<Acc> lse_h = lse.download();
+  write_array("out", out_h);
+  write_array("lse", lse_h);
+  if (!run.backward) return 0;
+
+  // the glue's host-side work: D_i = dO_i . out_i - d lse_i
+  const std::vector<T> gout_h = read_array<T>("gout", nv);
+  std::vector<Acc> rowd_h(nrow, Acc(0));
+  const std::vector<Acc> glse_h = has(c, "has_glse") ? read_array<Acc>("glse", nrow) : std::vector<Acc>(nrow, Acc(0));
+  for (size_t r = 0; r < nrow; ++r) {
+    Acc s = 0;
+    for (int64_t e = 0; e < p.Dv; ++e)
+      s += static_cast<Acc>(host_float(gout_h[r * p.Dv + e])) * static_cast<Acc>(host_float(out_h[r * p.Dv + e]));
+    rowd_h[r] = s - glse_h[r];
+  }
+  Dev<T> gout(nv);
+  Dev<Acc> rowd(nrow);
+  gout.upload(gout_h);
+  rowd.upload(rowd_h);
+  const int64_t per_head = posattn::general::offset_blocks_per_head(p);
+  std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
+  const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
+  for (int rep = 0; rep < run.repeats; ++rep) {
+    Dev<T> dq(nq), dk(nq), dv(nv), dqpos(p.has_pos ? nq : 0), drel(p.has_pos ? p.H * p.U * p.D : 0),
+        dbias(p.has_bias ? p.H * p.U : 0);
+    Dev<double> dsig_part(p.has_sigma ? p.H * per_head * p.G_in : 0);
+    for (Dev<T>* d : {&dq, &dk, &dv, &dqpos, &drel, &dbias}) d->poison();
+    dsig_part.zero();
+    posattn::general::Tensors<T> bt = gt;
+    bt.gout = gout.p;
+    bt.rowd = rowd.p;
+    bt.dq = dq.p;
+    bt.dk = dk.p;
+    bt.dv = dv.p;
+    bt.dqpos = dqpos.p;
+    bt.drel = drel.p;
+    bt.dbias = dbias.p;
+    bt.dsig_part = dsig_part.p;
+    if (run.tiled) {
+#if defined(HARNESS_TILED_D)
+      posattn::tiled::BwdTensors<T> tt{};
+      tt.gout = gout.p;
+      tt.q = q.p;
+      tt.k = k.p;
+      tt.v = v.p;
+      tt.qpos = qpos.p;
+      tt.rel = rel.p;
+      tt.bias = bias.p;
+      tt.rowd = rowd.p;
+      tt.lse = lse.p;
+      tt.sigma = sigma.p;
+      tt.dq = dq.p;
+      tt.dk = dk.p;
+      tt.dv = dv.p;
+      tt.dqpos = dqpos.p;
+      check(posattn::tiled::launch_backward<T, TD>(ta, tt, nullptr), "tiled backward launch");
+#endif
+    } else {
+      check(posattn::general::launch_backward_dq<T>(p, bt, nullptr), "general backward dq launch");
+      check(posattn::general::launch_backward_dkv<T>(p, bt, nullptr), "general backward dkv launch");
+    }
+    check(posattn::general::launch_backward_offset<T>(p, bt, nullptr), "backward offset launch");
+    check(cudaDeviceSynchronize(), "backward");
+    // d sigma: the glue sums the per-block partials over the blocks (dsig_part.sum(1))
+    std::vector<double> dsigma(p.has_sigma ? p.H * p.G_in : 0, 0.0);
+    if (p.has_sigma) {
+      const std::vector<double> part = dsig_part.download();
+      for (int64_t h = 0; h < p.H; ++h)
+        for (int64_t b = 0; b < per_head; ++b)
+          for (int64_t a = 0; a < p.G_in; ++a) dsigma[h * p.G_in + a] += part[(h * per_head + b) * p.G_in + a];
+    }
+    std::vector<std::vector<char>> bytes;
+    auto keep = [&](const auto& vec) {
+      const char* b = reinterpret_cast<const char*>(vec.data());
+      bytes.emplace_back(b, b + vec.size() * sizeof(vec[0]));
+    };
+    keep(dq.download());
+    keep(dk.download());
+    keep(dv.download());
+    keep(dqpos.download());
+    keep(drel.download());
+    keep(dbias.download());
+    keep(dsigma);
+    runs.push_back(bytes);
+  }
+  for (size_t g = 0; g < runs[0].size(); ++g) write_array(names[g], runs[0][g]);
+  std::ofstream res(g_dir + "/result.txt");
+  bool same = true;
+  for (size_t r = 1; r < runs.size(); ++r) same = same && runs[r] == runs[0];
+  res << "backward_repeats " << runs.size() << "\nbitwise_equal " << (same ? 1 : 0) << "\n";
+  return 0;
+}
+
+// ---- apply_maps --------------------------------------------------------------
+
+int run_apply_maps(const Case& c) {
+  posattn::algebraic::MapsShape s;
+  s.B = geti(c, "B");
+  s.H = geti(c, "H");
+  s.N = geti(c, "N");
+  s.P = geti(c, "P");
+  s.A = geti(c, "A");
+  s.m = geti(c, "m");
+  s.D = s.A * s.m;
+  s.batched_index = geti(c, "batched_index") != 0;
+  const size_t nx = s.B * s.H * s.N * s.D, nmaps = s.P * s.H * s.A * s.m * s.m;
+  const size_t nidx = (s.batched_index ? s.B : 1) * s.N * s.A;
+  Dev<T> x(nx), maps(nmaps), y(nx), gy(nx), gx(nx);
+  Dev<int64_t> index(nidx);
+  Dev<Acc> gmaps(nmaps);
+  load(x, "x");
+  load(maps, "maps");
+  load(index, "index");
+  load(gy, "gy");
+  y.poison();
+  gx.poison();
+  gmaps.zero();
+  check(posattn::algebraic::launch_apply<T>(s, x.p, maps.p, index.p, y.p, false, nullptr), "apply_maps launch");
+  check(posattn::algebraic::launch_apply<T>(s, gy.p, maps.p, index.p, gx.p, true, nullptr), "apply_maps (x^T) launch");
+  check(posattn::algebraic::launch_grad_maps<T>(s, gy.p, x.p, index.p, gmaps.p, nullptr), "grad maps launch");
+  check(cudaDeviceSynchronize(), "apply_maps");
+  write_array("y", y.download());
+  write_array("gx", gx.download());
+  write_array("gmaps", gmaps.download());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) fail("usage: harness CASE_DIR");
+  g_dir = argv[1];
+  const Case c = read_case(g_dir);
+  if (!has(c, "op")) fail("case.txt has no op line");
+  const std::string op = c.at("op").at(0);
+  if (op == "relpos") return run_relpos(c);
+  if (op == "apply_maps") return run_apply_maps(c);
+  fail("unknown op " + op);
+}

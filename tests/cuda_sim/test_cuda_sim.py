@@ -1,0 +1,211 @@
+"""Every CUDA kernel of posattn, run on the simulated GPU (GPGPU-Sim, ../shared/gpusim)
+through the torch-free harness (harness.cu) and checked against the float64
+reference (posattn.reference): forward output and lse, and every gradient.
+
+Run with ``bash scripts/cuda_sim.sh`` (builds the simulator if needed, then runs
+``pytest -m cuda_sim``); skipped, with the reason, where the simulator is not built.
+Inputs are rounded to the kernel's dtype first, so the tolerances measure the
+kernels' own arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+
+from posattn import reference
+
+import simlib
+
+pytestmark = [pytest.mark.cuda_sim,
+              pytest.mark.skipif(simlib.unavailable() is not None, reason=str(simlib.unavailable()))]
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+# error relative to the largest reference value of a tensor
+FWD_TOL = {F64: 1e-12, F32: 2e-5, F16: 4e-3, BF16: 3e-2}
+GRAD_TOL = {F64: 1e-10, F32: 1e-4, F16: 1e-2, BF16: 6e-2}
+TF32_TOL = 8e-3  # float32 inputs through TF32 tensor cores (10 mantissa bits)
+TF32_GRAD_TOL = 3e-2
+# the largest dynamic shared memory a kernel may use (H100 / H200 opt-in limit): the
+# extension refuses larger tiled layouts on every device, so the harness never runs them
+SMEM_OPTIN = 232448
+
+
+def tiled_bytes(dtype: torch.dtype, D: int, G: int, backward: bool) -> int:
+    """Shared memory of the tiled kernels (Layout / BwdLayout ::bytes in csrc/cuda/)."""
+    size = 4 if dtype == F32 else 2
+    LD, LS, LP = D + 8, max(D, 64) + 4, 72
+    if backward:
+        return (5 * 64 * LD + 2 * 64 * LP) * size + 64 * LS * 4 + 64 * 8 + 64 * 24 + 64 * 16 + 64 * G * 16
+    return (4 * 64 * LD + 64 * LP) * size + 64 * LS * 4 + 192 * 8 + 128 * 8 + 64 * G * 12 + 64 * G * 4
+
+
+class Case:
+    """One relpos_attention call: element type, kernel path, sizes and options."""
+
+    def __init__(self, name: str, dtype: torch.dtype, grid: List[int], *, path: str = "general", B: int = 2,
+                 H: int = 2, D: int = 8, Dv: Optional[int] = None, pos: bool = True, sigma: bool = False,
+                 bias: bool = False, threshold: float = 0.0, span_mode: str = "add", causal: bool = False,
+                 window=None, window_border: str = "clip", backward: bool = True, glse: bool = True,
+                 repeats: int = 1, special: Optional[str] = None, seed: int = 0):
+        self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
+        self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
+        self.pos, self.sigma, self.bias = pos, sigma, bias
+        self.threshold, self.span_mode, self.causal = threshold, span_mode, causal
+        self.window, self.window_border = window, window_border
+        self.backward, self.glse, self.repeats, self.special, self.seed = backward, glse, repeats, special, seed
+
+    def __repr__(self):
+        return self.name
+
+
+def _inputs(c: Case) -> Dict[str, torch.Tensor]:
+    """Random float64 inputs, already rounded to the case's dtype."""
+    g = torch.Generator().manual_seed(c.seed)
+    N, U = math.prod(c.grid), math.prod(2 * n - 1 for n in c.grid)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=F64) * scale).to(c.dtype).to(F64)
+
+    x = dict(q=rand(c.B, c.H, N, c.D), k=rand(c.B, c.H, N, c.D), v=rand(c.B, c.H, N, c.Dv))
+    if c.pos:
+        x["q_pos"] = rand(c.B, c.H, N, c.D)
+        x["rel"] = rand(c.H, U, c.D, scale=0.7)
+    if c.bias:
+        x["bias"] = rand(c.H, U, scale=0.8)
+    if c.sigma:
+        x["sigma"] = 0.15 + 0.6 * torch.rand(c.H, len(c.grid), generator=g, dtype=F64)
+    if c.special == "nonfinite":
+        # query 1 of (0, 0) gets a NaN logit on every key, query 2 of (1, 1) an +inf bias on its
+        # own offset; offsets with -inf bias mask pairs, one of them every key of a row on a 1-D grid
+        x["q"][0, 0, 1, 0] = float("nan")
+        centre = U // 2  # offset 0
+        x["bias"][1, centre] = float("inf")
+        x["bias"][0, centre + 1] = float("-inf")
+        x["bias"][1, :] = torch.where(torch.arange(U) % 3 == 0, float("-inf"), x["bias"][1, :])
+    return x
+
+
+def _reference(c: Case, x: Dict[str, torch.Tensor], scale: float, gout, glse):
+    """Forward and gradients of sum(out * gout) + sum(lse * glse), in float64."""
+    xr = {k: t.clone().requires_grad_() for k, t in x.items()}
+    out, lse = reference.relpos_attention(**xr, grid=c.grid, threshold=c.threshold, span_mode=c.span_mode,
+                                          scale=scale, causal=c.causal, return_lse=True, window=c.window,
+                                          window_border=c.window_border)
+    if not c.backward:
+        return out.detach(), lse.detach(), {}
+    loss = (out * gout).nansum() + (lse * glse).masked_fill(~torch.isfinite(lse), 0).sum()
+    names = list(xr)
+    grads = torch.autograd.grad(loss, [xr[n] for n in names], allow_unused=True)
+    return out.detach(), lse.detach(), {n: g for n, g in zip(names, grads)}
+
+
+def _rel_err(name: str, got: torch.Tensor, want: torch.Tensor, nan_subset: bool = False) -> float:
+    """Largest error relative to the reference's largest finite value, after checking
+    that NaN and inf sit where the reference has them (nan_subset: the kernel may have
+    fewer NaN, as for gradients at offsets that only masked pairs reach, which the
+    README promises zero while the dense reference sums NaN * 0 into them)."""
+    got, want = got.double(), want.double()
+    gnan, wnan = torch.isnan(got), torch.isnan(want)
+    if nan_subset:
+        assert not (gnan & ~wnan).any(), f"{name}: NaN at {int((gnan & ~wnan).sum())} places the reference has none"
+        got, want = got[~wnan], want[~wnan]
+    else:
+        assert torch.equal(gnan, wnan), f"{name}: NaN at {int(gnan.sum())} places, the reference at {int(wnan.sum())}"
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got)), f"{name}: inf where the reference is finite, or the reverse"
+    assert torch.equal(got[torch.isinf(want)], want[torch.isinf(want)]), f"{name}: infinities of the wrong sign"
+    if not fin.any():
+        return 0.0
+    return ((got[fin] - want[fin]).abs().max() / max(1.0, want[fin].abs().max().item())).item()
+
+
+def run_relpos(c: Case, tmp_path: Path):
+    """Runs the case on the simulator; returns (case, run, reference results, scale)."""
+    N = math.prod(c.grid)
+    tiled_d = c.D if c.path == "tiled" else None
+    x = _inputs(c)
+    scale = c.D ** -0.5
+    g = torch.Generator().manual_seed(c.seed + 1)
+    gout = torch.randn(c.B, c.H, N, c.Dv, generator=g, dtype=F64).to(c.dtype).to(F64)
+    acc = F64 if c.dtype == F64 else F32
+    glse = (torch.randn(c.B, c.H, N, generator=g, dtype=F64) * (0.5 if c.glse else 0.0)).to(acc).to(F64)
+    settings = dict(op="relpos", path=c.path, B=c.B, H=c.H, D=c.D, Dv=c.Dv, grid=c.grid, has_pos=c.pos,
+                    has_sigma=c.sigma, has_bias=c.bias, multiply=c.span_mode == "multiply",
+                    threshold=repr(float(c.threshold)), scale=repr(scale), causal=c.causal,
+                    window=None if c.window is None else ([c.window] * len(c.grid) if isinstance(c.window, int)
+                                                          else c.window),
+                    window_shift=c.window_border == "shift", backward=c.backward, repeats=c.repeats,
+                    has_glse=True)
+    arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
+    arrays["gout"] = gout.to(c.dtype)
+    arrays["glse"] = glse.to(acc)
+    run = simlib.run_case(simlib.harness(c.dtype, tiled_d), tmp_path / "case", settings, arrays)
+    assert run.returncode == 0, run.tail()
+    return x, run, _reference(c, x, scale, gout, glse)
+
+
+def check_relpos(c: Case, tmp_path: Path):
+    x, run, (out_ref, lse_ref, grads) = run_relpos(c, tmp_path)
+    N = math.prod(c.grid)
+    acc = F64 if c.dtype == F64 else F32
+    tf32 = c.path == "tiled" and c.dtype == F32
+    fwd_tol = TF32_TOL if tf32 else FWD_TOL[c.dtype]
+    grad_tol = TF32_GRAD_TOL if tf32 else GRAD_TOL[c.dtype]
+    out = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
+    lse = run.read("lse", acc, (c.B, c.H, N))
+    errors = {"out": _rel_err("out", out, out_ref), "lse": _rel_err("lse", lse, lse_ref)}
+    assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
+    if not c.backward:
+        return errors
+    U = math.prod(2 * n - 1 for n in c.grid)
+    shapes = dict(q=(c.B, c.H, N, c.D), k=(c.B, c.H, N, c.D), v=(c.B, c.H, N, c.Dv), q_pos=(c.B, c.H, N, c.D),
+                  rel=(c.H, U, c.D), bias=(c.H, U), sigma=(c.H, len(c.grid)))
+    for name, want in grads.items():
+        dtype = F64 if name == "sigma" else c.dtype
+        got = run.read("d" + ("sigma" if name == "sigma" else name), dtype, shapes[name])
+        errors["d" + name] = _rel_err("d" + name, got, want, nan_subset=c.special == "nonfinite")
+    bad = {k: e for k, e in errors.items() if k.startswith("d") and e >= grad_tol}
+    assert not bad, f"gradients off (tolerance {grad_tol}): {errors}"
+    if c.repeats > 1:
+        assert run.result()["bitwise_equal"] == "1", "the backward is not bitwise reproducible"
+    return errors
+
+
+GENERAL = [
+    # every dtype on 1-D / 2-D / 3-D grids with every feature
+    Case("general-f64-1d", F64, [7], sigma=True, bias=True, D=5, Dv=4),
+    Case("general-f64-2d-span-threshold", F64, [5, 6], sigma=True, threshold=0.3, D=6, Dv=3),
+    Case("general-f64-3d-multiply", F64, [3, 4, 5], sigma=True, span_mode="multiply", threshold=0.2, D=4),
+    Case("general-f64-size1-axes", F64, [1, 6, 1, 5], sigma=True, bias=True, causal=True, D=4, Dv=5),
+    Case("general-f64-window-shift-causal", F64, [9, 7], window=[2, 1], window_border="shift", causal=True,
+         bias=True, sigma=True, threshold=0.5, D=4),
+    Case("general-f64-nopos-bias", F64, [4, 5], pos=False, bias=True, sigma=True, span_mode="multiply", D=4),
+    Case("general-f32-2d", F32, [6, 5], sigma=True, bias=True, threshold=0.25, D=16, Dv=8),
+    Case("general-f32-window-clip", F32, [8, 9], window=2, sigma=True, D=8),
+    Case("general-f32-3d-causal", F32, [3, 3, 4], causal=True, sigma=True, span_mode="multiply", D=8),
+    Case("general-f16-2d", F16, [5, 7], sigma=True, bias=True, threshold=0.3, D=16, Dv=8),
+    Case("general-f16-multiply-window", F16, [7, 6], sigma=True, span_mode="multiply", window=2,
+         window_border="shift", D=8),
+    Case("general-bf16-1d-causal", BF16, [23], causal=True, bias=True, sigma=True, D=8),
+    Case("general-bf16-3d", BF16, [2, 3, 5], sigma=True, threshold=0.4, D=8, Dv=16),
+    # loops run more than once: > 128 keys per query (key chunks), D > 128 (column loops),
+    # > 2048 offsets (offset blocks take several), several heads and batches
+    Case("general-f32-long-1d", F32, [150], sigma=True, bias=True, D=4, Dv=3, H=1),
+    Case("general-f64-wide-head", F64, [5, 4], D=130, Dv=129, B=1, H=2, sigma=True),
+    Case("general-f32-many-offsets", F32, [30, 40], window=1, bias=True, sigma=True, B=1, H=2, D=4),
+    # non-finite logits: NaN rows, +inf logits, rows with every key masked (-inf bias)
+    Case("general-f32-nonfinite", F32, [9], bias=True, special="nonfinite", D=4),
+    Case("general-f64-nonfinite-2d", F64, [3, 4], bias=True, sigma=True, special="nonfinite", D=4),
+    # determinism: the backward twice, bit for bit
+    Case("general-f32-deterministic", F32, [6, 7], sigma=True, bias=True, repeats=2, D=8),
+    Case("general-bf16-deterministic", BF16, [5, 5], sigma=True, bias=True, threshold=0.3, repeats=2, D=8),
+]
+
+
+@pytest.mark.parametrize("case", GENERAL, ids=repr)
+def test_general_path(case, tmp_path):
+    check_relpos(case, tmp_path)
