@@ -145,10 +145,12 @@ __global__ void __launch_bounds__(kThreads)
     const float m_new = nan_max(m, rowmax);
     float alpha = 1.f, psum = 0.f;
     if (m_new != -INFINITY) {
-      alpha = expf(m - m_new);  // 0 while the row had nothing; NaN sticks
+      // 0 while the row had nothing; NaN sticks; a +inf maximum that stays counts 1 per +inf logit
+      // (exp(inf - inf) would be NaN): lse becomes +inf, as in the reference
+      alpha = m == m_new ? 1.f : expf(m - m_new);
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        const float pj = s[j] == -INFINITY ? 0.f : expf(s[j] - m_new);
+        const float pj = s[j] == -INFINITY ? 0.f : (s[j] == m_new ? 1.f : expf(s[j] - m_new));
         s[j] = pj;
         psum += pj;
       }
@@ -170,7 +172,8 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = qtok[r];
   if (qt >= 0) {
     const bool empty = m == -INFINITY || l <= 0.f;
-    const float inv_l = empty ? 0.f : 1.f / l;
+    // a +inf logit: its weight is exp(inf - inf), so the row's output is NaN, as in the reference
+    const float inv_l = empty ? 0.f : (m == INFINITY ? NAN : 1.f / l);
     CT* orow = out + (bh * p.N + qt) * D + half * OC;
     for (int j = 0; j < OC; ++j) orow[j] = from_acc<CT>(empty ? 0.f : o[j] * inv_l);
     if (half == 0) lse[bh * p.N + qt] = empty ? -INFINITY : m + logf(l);

@@ -158,6 +158,7 @@ float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 struct RelposRun {
   posattn::RelposParams p;
   bool tiled = false, backward = false;
+  bool tiled_backward = false;  // the tiled backward kernels (else the general dq / dkv kernels)
   int repeats = 1;
 };
 
@@ -180,6 +181,7 @@ RelposRun relpos_setup(const Case& c) {
   r.p = posattn::make_relpos_params(s, getd(c, "threshold"), getd(c, "scale", 1.0), geti(c, "causal") != 0);
   r.tiled = has(c, "path") && c.at("path").at(0) == "tiled";
   r.backward = geti(c, "backward") != 0;
+  r.tiled_backward = r.tiled && geti(c, "tiled_backward", 1) != 0;
   r.repeats = static_cast<int>(geti(c, "repeats", 1));
   return r;
 }
@@ -276,7 +278,7 @@ int run_relpos(const Case& c) {
     bt.drel = drel.p;
     bt.dbias = dbias.p;
     bt.dsig_part = dsig_part.p;
-    if (run.tiled) {
+    if (run.tiled_backward) {
 #if defined(HARNESS_TILED_D)
       posattn::tiled::BwdTensors<T> tt{};
       tt.gout = gout.p;
