@@ -32,6 +32,9 @@ TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "h
 # torch's nvcc flags that change what the kernels may use (no implicit half conversions)
 TORCH_HALF_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+# the simulator crashes in __assertfail and __trap: failed device-side checks print their message instead
+FLAGS = TORCH_HALF_FLAGS + ["-DPOSATTN_DEVICE_ASSERT_PRINTS"]
+ASSERT_PREFIX = "posattn device assertion failed: "
 
 
 def kit_dir() -> Path:
@@ -66,7 +69,7 @@ def _sources_hash() -> str:
     for f in files:
         h.update(str(f.relative_to(REPO)).encode())
         h.update(f.read_bytes())
-    h.update(" ".join(TORCH_HALF_FLAGS).encode())
+    h.update(" ".join(FLAGS).encode())
     return h.hexdigest()[:12]
 
 
@@ -81,7 +84,7 @@ def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
         if not binary.exists():
             for old in BUILD.glob(f"{name}-*"):
                 old.unlink()
-            cmd = [nvcc(), "-O3", "-std=c++17", *TORCH_HALF_FLAGS, "-diag-suppress", "177",
+            cmd = [nvcc(), "-O3", "-std=c++17", *FLAGS, "-diag-suppress", "177",
                    "-gencode", "arch=compute_80,code=compute_80", "-cudart", "shared",
                    f"-I{CSRC}", f"-DHARNESS_T={TYPE_NAMES[dtype]}", "-o", str(binary) + ".tmp",
                    str(HERE / "harness.cu")]
@@ -131,9 +134,10 @@ class SimRun:
 
 
 def run_case(binary: Path, case_dir: Path, settings: Dict[str, object], arrays: Dict[str, torch.Tensor],
-             timing: bool = False, timeout: float = 900) -> SimRun:
+             timing: bool = False, timeout: float = 900, rundir: Optional[Path] = None) -> SimRun:
     """Writes the case (settings as case.txt lines, arrays as NAME.bin) and runs the
-    harness on the simulator (timing: GPGPU-Sim's cycle model, much slower)."""
+    harness on the simulator (timing: GPGPU-Sim's cycle model, much slower; rundir:
+    keep the simulator's run directory, with its log, there)."""
     case_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for key, value in settings.items():
@@ -151,6 +155,9 @@ def run_case(binary: Path, case_dir: Path, settings: Dict[str, object], arrays: 
     env.pop("GPUSIM_TIMING", None)
     if timing:
         env["GPUSIM_TIMING"] = "1"
+    env.pop("GPUSIM_RUNDIR", None)
+    if rundir is not None:
+        env["GPUSIM_RUNDIR"] = str(rundir)
     start = time.perf_counter()
     done = subprocess.run(["bash", str(kit_dir() / "run.sh"), str(binary), str(case_dir.resolve())],
                           capture_output=True, text=True, env=env, timeout=timeout)

@@ -158,7 +158,7 @@ def run_relpos(c: Case, tmp_path: Path):
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
     run = simlib.run_case(simlib.harness(c.dtype, tiled_d), tmp_path / "case", settings, arrays)
-    assert run.returncode == 0, run.tail()
+    assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
     out_kernel = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
     return x, run, _reference(c, x, scale, gout, glse, out_kernel)
 
@@ -207,6 +207,8 @@ GENERAL = [
          window_border="shift", D=8),
     Case("general-bf16-1d-causal", BF16, [23], causal=True, bias=True, sigma=True, D=8),
     Case("general-bf16-3d", BF16, [2, 3, 5], sigma=True, threshold=0.4, D=8, Dv=16),
+    Case("general-bf16-4d-window", BF16, [2, 3, 2, 4], window=1, bias=True, sigma=True, span_mode="multiply", D=8),
+    Case("general-f16-3d-size1-causal", F16, [4, 1, 5], causal=True, sigma=True, threshold=0.6, D=8, glse=False),
     # loops run more than once: > 128 keys per query (key chunks), D > 128 (column loops),
     # > 2048 offsets (offset blocks take several), several heads and batches
     Case("general-f32-long-1d", F32, [150], sigma=True, bias=True, D=4, Dv=3, H=1),
@@ -241,6 +243,8 @@ TILED = [
     Case("tiled-bf16-d128-everything", BF16, [7, 9], path="tiled", D=128, sigma=True, bias=True, threshold=0.3,
          window=3, causal=True, B=1, H=1),
     Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
+    Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False,
+         B=2, H=2),
     # float32 with D = 128: the backward's shared memory fits no GPU, so the general backward follows
     Case("tiled-tf32-d128-general-backward", F32, [6, 5], path="tiled", tiled_backward=False, D=128, sigma=True,
          bias=True, B=1, H=1),
@@ -265,3 +269,103 @@ TILED = [
 @pytest.mark.parametrize("case", TILED, ids=repr)
 def test_tiled_path(case, tmp_path):
     check_relpos(case, tmp_path)
+
+
+# ---- apply_maps ------------------------------------------------------------------
+
+class MapsCase:
+    """One apply_maps call: sequences (A = 1, a map per position), grids (a map per
+    axis and coordinate) or trees (A = 1, a map per node, the index per batch element)."""
+
+    def __init__(self, name: str, dtype: torch.dtype, kind: str, *, B: int = 2, H: int = 2, N: int = 12,
+                 m: int = 4, grid=None, P: Optional[int] = None, seed: int = 0):
+        self.name, self.dtype, self.kind, self.B, self.H, self.m, self.seed = name, dtype, kind, B, H, m, seed
+        self.grid = grid
+        self.N = math.prod(grid) if grid else N
+        self.A = len(grid) if grid else 1
+        self.P = P if P is not None else (max(grid) if grid else self.N)
+
+    def __repr__(self):
+        return self.name
+
+    def index(self, g: torch.Generator) -> torch.Tensor:
+        if self.kind == "sequence":
+            return torch.arange(self.N).view(self.N, 1)
+        if self.kind == "grid":
+            coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in self.grid], indexing="ij"), -1)
+            return coords.reshape(self.N, self.A)
+        # trees: each batch element its own node numbering (batched index), nodes shared by several tokens
+        return torch.randint(0, self.P, (self.B, self.N, 1), generator=g)
+
+
+def check_apply_maps(c: MapsCase, tmp_path: Path):
+    g = torch.Generator().manual_seed(c.seed)
+    D = c.A * c.m
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=F64).to(c.dtype).to(F64)
+
+    x, maps, gy = rand(c.B, c.H, c.N, D), rand(c.P, c.H, c.A, c.m, c.m), rand(c.B, c.H, c.N, D)
+    index = c.index(g)
+    settings = dict(op="apply_maps", B=c.B, H=c.H, N=c.N, P=c.P, A=c.A, m=c.m, batched_index=index.dim() == 3)
+    arrays = dict(x=x.to(c.dtype), maps=maps.to(c.dtype), index=index.to(torch.int64), gy=gy.to(c.dtype))
+    run = simlib.run_case(simlib.harness(c.dtype), tmp_path / "case", settings, arrays)
+    assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
+    xr, mr = x.clone().requires_grad_(), maps.clone().requires_grad_()
+    y_ref = reference.apply_maps(xr, mr, index)
+    gx_ref, gm_ref = torch.autograd.grad((y_ref * gy).sum(), [xr, mr])
+    acc = F64 if c.dtype == F64 else F32
+    errors = {"y": _rel_err("y", run.read("y", c.dtype, x.shape), y_ref),
+              "gx": _rel_err("gx", run.read("gx", c.dtype, x.shape), gx_ref),
+              "gmaps": _rel_err("gmaps", run.read("gmaps", acc, maps.shape), gm_ref)}
+    # y and gx round once to the dtype; gmaps stays in the accumulation type
+    tol = {"y": FWD_TOL[c.dtype], "gx": FWD_TOL[c.dtype], "gmaps": GRAD_TOL[acc]}
+    assert all(errors[k] < tol[k] for k in errors), errors
+
+
+MAPS = [
+    MapsCase("maps-f64-sequence", F64, "sequence", N=13, m=6),
+    MapsCase("maps-f32-grid", F32, "grid", grid=[3, 5], m=4),
+    MapsCase("maps-f16-grid-3d", F16, "grid", grid=[2, 3, 4], m=2),
+    MapsCase("maps-bf16-tree", BF16, "tree", N=11, P=5, m=8),
+    MapsCase("maps-f32-tree", F32, "tree", N=9, P=4, m=16, H=1),
+    # maps staged in shared memory (shared index, B > 1) and not (too large: A m (m + 1) values over 48 KiB)
+    MapsCase("maps-f32-sequence-unstaged", F32, "sequence", N=3, m=112, B=2, H=1),
+    MapsCase("maps-f64-grid-one-batch", F64, "grid", grid=[4, 3], m=3, B=1),
+    # several threads' loops: B * D > 128 values per block, m^2 A > 128 map entries
+    MapsCase("maps-bf16-sequence-wide", BF16, "sequence", N=5, m=40, B=4, H=1),
+]
+
+
+@pytest.mark.parametrize("case", MAPS, ids=repr)
+def test_apply_maps(case, tmp_path):
+    check_apply_maps(case, tmp_path)
+
+
+# ---- device-side checks ------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["general", "tiled"])
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
+def test_sigma_checked_on_the_device(path, bad, tmp_path):
+    """A sigma that is not positive and finite stops the kernel with the CPU kernel's message."""
+    c = Case(f"bad-sigma-{path}", BF16 if path == "tiled" else F32, [5, 4], path=path, D=32 if path == "tiled" else 4,
+             sigma=True, backward=False, B=1, H=2)
+    x = _inputs(c)
+    x["sigma"][1, 0] = bad
+    settings = dict(op="relpos", path=c.path, B=c.B, H=c.H, D=c.D, Dv=c.Dv, grid=c.grid, has_pos=True,
+                    has_sigma=True, scale=repr(c.D ** -0.5))
+    arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
+    run = simlib.run_case(simlib.harness(c.dtype, c.D if path == "tiled" else None), tmp_path / "case", settings,
+                          arrays)
+    assert simlib.ASSERT_PREFIX + "relpos_attention: sigma must be positive and finite everywhere" in run.output, \
+        run.tail()
+
+
+def test_apply_maps_index_checked_on_the_device(tmp_path):
+    x = torch.randn(1, 1, 4, 2, dtype=F32)
+    maps = torch.randn(3, 1, 1, 2, 2, dtype=F32)
+    index = torch.tensor([[0], [1], [3], [2]])  # 3 is out of [0, P)
+    settings = dict(op="apply_maps", B=1, H=1, N=4, P=3, A=1, m=2, batched_index=False)
+    run = simlib.run_case(simlib.harness(F32), tmp_path / "case", settings,
+                          dict(x=x, maps=maps, index=index, gy=x.clone()))
+    assert simlib.ASSERT_PREFIX + "apply_maps: index values must be in [0, P)" in run.output, run.tail()

@@ -1,0 +1,124 @@
+"""Simulated GPU cycles of posattn's CUDA kernels, as ratios (GPGPU-Sim's timing model of an
+RTX 3070-class Ampere GPU, ../shared/gpusim): the tiled tensor-core kernels against the
+general path on the same call, windows keeping ~10 % and ~25 % of the keys against the same
+call dense, and forward against backward.
+
+These are simulated cycles, not GPU time: they show whether the kernels skip the work outside
+a window and how the paths compare inside one model; the figures that count come from a real
+GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
+functional mode of the tests), so the problem is small: one batch element and head, a 16 x 16
+grid (256 tokens), bfloat16, D = Dv = 32, positional term on.
+
+    python benchmarks/sim_cycles.py                 # all rows, table to stdout
+    python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
+    python benchmarks/sim_cycles.py --json out.json
+
+Needs the simulator built (bash scripts/cuda_sim.sh builds it) and nvcc.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "cuda_sim"))
+import simlib  # noqa: E402
+
+KERNEL_RE = re.compile(r"^kernel_name = (\S+)", re.M)
+CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
+
+
+def short_name(mangled: str) -> str:
+    for key, name in (("relpos_tiled_forward", "tiled fwd"), ("relpos_tiled_backwardILb1", "tiled dk/dv"),
+                      ("relpos_tiled_backward", "tiled dq"), ("relpos_forward_kernel", "general fwd"),
+                      ("relpos_backward_dq", "general dq"), ("relpos_backward_dkv", "general dk/dv"),
+                      ("relpos_backward_offset", "offset (d rel, d bias, d sigma)")):
+        if key in mangled:
+            return name
+    return mangled
+
+
+def kernel_cycles(log: str):
+    """(kernel, cycles) per launch, from the simulator's log in timing mode."""
+    names = KERNEL_RE.findall(log)
+    cycles = [int(c) for c in CYCLE_RE.findall(log)]
+    return [(short_name(n), c) for n, c in zip(names, cycles)]
+
+
+def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None):
+    N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    arrays = dict(q=rand(1, 1, N, D), k=rand(1, 1, N, D), v=rand(1, 1, N, D), q_pos=rand(1, 1, N, D),
+                  rel=rand(1, U, D), gout=rand(1, 1, N, D), glse=torch.zeros(1, 1, N, dtype=torch.float32))
+    settings = dict(op="relpos", path=path, B=1, H=1, D=D, Dv=D, grid=list(grid), has_pos=1, scale=repr(D ** -0.5),
+                    window=window, window_shift=1 if window else 0, backward=int(backward), has_glse=1)
+    case = workdir / f"{path}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+    res = simlib.run_case(simlib.harness(dtype, D if path == "tiled" else None), case, settings, arrays,
+                          timing=True, timeout=7200, rundir=case / "sim")
+    if res.returncode != 0:
+        raise RuntimeError(res.tail())
+    return kernel_cycles((case / "sim" / "gpgpusim.log").read_text()), res.seconds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", type=int, nargs="+", default=[16, 16])
+    ap.add_argument("--windows", default="2,2;3,4", help="window half widths per axis, ';' between windows "
+                    "(shifted windows: (2w+1) keys per axis for every query). Default: 5x5 (9.8 %%) and 7x9 (24.6 %%) "
+                    "of a 16x16 grid")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if simlib.unavailable():
+        sys.exit("sim_cycles: " + simlib.unavailable())
+    grid = args.grid
+    N = math.prod(grid)
+    windows = [None] + [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
+    jobs = [(path, w, bwd) for path in ("tiled", "general") for w in windows for bwd in (False, True)
+            if w is None or not bwd]
+    work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
+    start = time.time()
+    with ThreadPoolExecutor(args.jobs) as ex:
+        results = list(ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work), jobs))
+    rows = {}
+    for (path, w, bwd), (cycles, secs) in zip(jobs, results):
+        kept = N if w is None else math.prod(min(2 * x + 1, n) for x, n in zip(w, grid))
+        fwd = sum(c for name, c in cycles if "fwd" in name)
+        rows[(path, None if w is None else tuple(w), bwd)] = dict(kernels=cycles, fwd=fwd,
+                                                                  total=sum(c for _, c in cycles), kept=kept,
+                                                                  seconds=round(secs))
+    dense_t, dense_g = rows[("tiled", None, False)], rows[("general", None, False)]
+    print(f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = H = 1, "
+          f"positional term on; wall {time.time() - start:.0f} s")
+    print("| call | kept keys per query | tiled fwd cycles | general fwd cycles | tiled / general | "
+          "tiled vs dense | general vs dense |")
+    print("|---|---|---|---|---|---|---|")
+    for w in windows:
+        t, g = rows[("tiled", None if w is None else tuple(w), False)], rows[("general", None if w is None else tuple(w), False)]
+        label = "dense" if w is None else f"window {'x'.join(str(2 * x + 1) for x in w)} (shift)"
+        print(f"| {label} | {t['kept']} ({100 * t['kept'] / N:.1f} %) | {t['fwd']:,} | {g['fwd']:,} | "
+              f"{t['fwd'] / g['fwd']:.3f} | {t['fwd'] / dense_t['fwd']:.3f} | {g['fwd'] / dense_g['fwd']:.3f} |")
+    print()
+    print("| dense call, forward + backward | cycles per kernel | backward / forward |")
+    print("|---|---|---|")
+    for path in ("tiled", "general"):
+        r = rows[(path, None, True)]
+        bwd = r["total"] - r["fwd"]
+        per = ", ".join(f"{n} {c:,}" for n, c in r["kernels"])
+        print(f"| {path} | {per} | {bwd / r['fwd']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()

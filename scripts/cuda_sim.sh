@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every CUDA kernel of posattn on the simulated GPU and checks it against the
+# float64 reference (tests/cuda_sim/: a torch-free harness over the launchers of
+# csrc/cuda/, driven by pytest -m cuda_sim). Builds the simulator first if it is
+# not built yet (GPGPU-Sim, from the kit in ../shared/gpusim or $GPUSIM_KIT, into
+# $GPUSIM_HOME, ~/.cache/posattn-gpusim by default: ~3 min once). Ends with
+# pytest's summary line; exits non-zero on any failure. Run by .ci/run.
+#   bash scripts/cuda_sim.sh [pytest args, e.g. -k tiled]
+# Expects scripts/setup.sh to have run (torch, posattn, pytest, pytest-xdist).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+kit=${GPUSIM_KIT:-$(cd .. && pwd)/shared/gpusim}
+if [ ! -f "$kit/setup.sh" ]; then
+  echo "cuda_sim: no simulator kit at $kit (set GPUSIM_KIT to the gpusim folder)" >&2
+  exit 1
+fi
+export GPUSIM_KIT="$kit"
+if [ -z "${CUDA_HOME:-}" ] && ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda /usr/local/cuda-*; do
+    if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME=$d; break; fi
+  done
+fi
+start=$(date +%s)
+bash "$kit/setup.sh"
+echo "cuda_sim: simulator ready in $(( $(date +%s) - start )) s"
+
+# the suite must run here, not skip
+"$PY" - <<'PY'
+import sys
+sys.path.insert(0, "tests/cuda_sim")
+import simlib
+why = simlib.unavailable()
+if why:
+    sys.exit("cuda_sim: cannot run the kernels on the simulator: " + why)
+PY
+"$PY" -m pytest -q -p no:cacheprovider -m cuda_sim -n "$(nproc)" tests/cuda_sim "$@"
+echo "cuda_sim: done in $(( $(date +%s) - start )) s"
