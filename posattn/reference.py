@@ -98,7 +98,10 @@ def relpos_attention(
                            window_border)
     # The softmax statistics in the accumulation type (float32, or float64), as the operator keeps them.
     scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-    lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where every key is masked
+    # (B, H, N); -inf where every key is masked, without a gradient through those rows (logsumexp's
+    # own would be 0 / 0 = NaN: their output is 0 whatever the inputs, so their gradient is 0)
+    empty = torch.isneginf(scores).all(-1, keepdim=True)
+    lse = torch.logsumexp(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty[..., 0], float("-inf"))
     # Rows with every key masked get zeros; NaN or inf anywhere else stays visible.
     masked = torch.isneginf(lse)[..., None]
     probs = torch.exp(scores - lse[..., None].masked_fill(masked, 0.0)).masked_fill(masked, 0.0)

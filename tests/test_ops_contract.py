@@ -63,6 +63,47 @@ def test_nan_and_inf_propagate_as_in_the_reference(grid, kw, where, dtype, kerne
     torch.testing.assert_close(out[good], out_ref[good], **tol)
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "window"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_plus_inf_logit_gives_lse_plus_inf_and_a_nan_row(kernel, dtype, monkeypatch):
+    """A kept logit of +inf: lse is +inf (not NaN) and the row's output NaN, as in the reference."""
+    monkeypatch.setenv("POSATTN_CPU_KERNEL", kernel)
+    grid = [7, 6]
+    x = make_relpos_inputs(grid, sigma=True, bias=True, dtype=dtype, seed=4)
+    U = x["bias"].shape[1]
+    x["bias"][1, U // 2] = float("inf")  # offset 0 of head 1: every query keeps itself
+    x["bias"][0, U // 2 + 1] = float("inf")  # one offset of head 0: the queries that keep their right neighbour
+    kw = dict(threshold=0.3)
+    (out, lse), (out_ref, lse_ref) = _both(x, grid, kw)
+    assert (lse_ref == float("inf")).any() and torch.isfinite(lse_ref).any()
+    assert torch.equal(lse == float("inf"), lse_ref == float("inf"))
+    assert not lse.isnan().any()
+    assert torch.equal(out.isnan(), out_ref.isnan())
+    good = torch.isfinite(lse_ref)
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else {}
+    torch.testing.assert_close(out[good], out_ref[good], **tol)
+    torch.testing.assert_close(lse[good], lse_ref[good], **tol)
+
+
+def test_a_row_with_every_key_masked_has_zero_gradients_in_the_op_and_the_reference():
+    """Causal, and a -inf bias on offset 0: the first query keeps nothing (out 0, lse -inf). Its
+    output does not depend on any input, so nothing flows back through it (the reference's
+    logsumexp alone would give 0 / 0 = NaN)."""
+    grid = [4, 5]
+    x = make_relpos_inputs(grid, bias=True, requires_grad=True, seed=5)
+    with torch.no_grad():
+        x["bias"][0, x["bias"].shape[1] // 2] = float("-inf")
+    grads = []
+    for fn in (ops.relpos_attention, ref.relpos_attention):
+        out, lse = fn(**x, grid=grid, causal=True, return_lse=True)
+        assert torch.isneginf(lse[:, 0, 0]).all() and (out[:, 0, 0] == 0).all()
+        g = torch.autograd.grad((out * 1.3).sum() + lse.masked_fill(lse.isneginf(), 0).sum(), list(x.values()))
+        assert all(torch.isfinite(t).all() for t in g)
+        grads.append(g)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
 def test_nan_gradient_is_nan_where_the_reference_is():
     grid = [5, 3]
     x = make_relpos_inputs(grid, requires_grad=True, seed=1)

@@ -28,7 +28,7 @@ CASES = [
 
 
 def backward_bytes(D, dtype, grid):
-    """Shared memory of the tiled backward kernels (BwdLayout::bytes in relpos_tiled_backward_cuda.cu)."""
+    """Shared memory of the tiled backward kernels (BwdLayout::bytes in csrc/cuda/relpos_tiled_backward.cuh)."""
     size = 4 if dtype == torch.float32 else 2
     LD, LS, LP = D + 8, max(D, 64) + 4, 72
     G = max(1, sum(n > 1 for n in grid))

@@ -99,12 +99,12 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& gr
     return {need_x ? gx.zero_() : gx, need_maps ? at::zeros(maps.sizes(), maps.options()) : at::empty({0}, x.options())};
   }
   at::Tensor gmaps = at::empty({0}, x.options());
-  checked_blocks(s);
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "apply_maps_backward_cuda", [&] {
     using T = typename CudaType<scalar_t>::type;
     using Acc = acc_t<T>;
+    if (need_x || (need_maps && !deterministic)) checked_blocks(s);  // the launches below
     if (need_x)
       check_launch(launch_apply<T>(s, cuda_ptr<const T>(gy), cuda_ptr<const T>(maps), index.data_ptr<int64_t>(),
                                    cuda_ptr<T>(gx), /*transpose=*/true, stream));

@@ -48,7 +48,7 @@ constexpr int kThreads = 128;
 // Blocks per head of the backward's offset kernel (each takes U / kOffsetBlocks offsets).
 constexpr int64_t kOffsetBlocks = 2048;
 
-// A head's span and limits, computed by every thread of a block (relpos_head_cuda.cuh).
+// A head's span and limits, computed by every thread of a block (relpos_head.cuh).
 template <typename Acc>
 using Head = SpanHead<Acc>;
 
@@ -142,7 +142,7 @@ struct TokenBox {
   int64_t count;
 };
 
-__device__ TokenBox make_token_box(const RelposParams& p, const int64_t* lo, const int64_t* hi) {
+__device__ inline TokenBox make_token_box(const RelposParams& p, const int64_t* lo, const int64_t* hi) {
   TokenBox b;
   b.count = 1;
   for (int d = 0; d < p.g.ndim; ++d) {
@@ -153,7 +153,7 @@ __device__ TokenBox make_token_box(const RelposParams& p, const int64_t* lo, con
   return b;
 }
 
-__device__ int64_t box_token(const RelposParams& p, const TokenBox& b, int64_t e) {
+__device__ inline int64_t box_token(const RelposParams& p, const TokenBox& b, int64_t e) {
   int64_t c[kMaxGridDims];
   unravel_index(e, b.ext, p.g.ndim, c);
   for (int d = 0; d < p.g.ndim; ++d) c[d] += b.lo[d];

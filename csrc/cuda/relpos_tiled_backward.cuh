@@ -141,11 +141,13 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int c = 2 * j + half;
-    const float pj = (s[j] == -INFINITY || lse_r == -INFINITY) ? 0.f : expf(s[j] - lse_r);
-    // a pair of weight 0 adds nothing (0, also where dP is not finite); note that the tile products
-    // still multiply such zeros with every row of the tiles, so a non-finite input row reaches
-    // the gradients of its whole tile, where the general path would confine it
-    das[j] = pj == 0.f ? 0.f : pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale;
+    const bool kept = s[j] != -INFINITY && lse_r != -INFINITY;
+    const float pj = kept ? expf(s[j] - lse_r) : 0.f;
+    // a masked pair adds exactly 0; a kept one P (dP - D), also where P underflows to 0, so that a
+    // NaN in dP or D (or a +inf lse) stays visible as in the general path and the reference. The
+    // tile products still multiply the masked zeros with every row of the tiles: a non-finite
+    // input row reaches the gradients of its tile (never beyond the dense reference's NaN)
+    das[j] = kept ? pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale : 0.f;
     m.P[r * LP + c] = from_acc<CT>(pj);
     m.DS[r * LP + c] = from_acc<CT>(das[j]);
   }

@@ -298,7 +298,10 @@ void forward_kernel(const Problem& p, const SpanTables<T>* st, const ForwardPtrs
       T* lbh = lse + bh * N;
       for (int64_t r = 0; r < Bq; ++r) {
         T* orow = obh + t.tok[r] * Dv;
-        if (m[r] != neg_inf<T>()) {  // NaN / inf logits or values give NaN rows, as in the reference
+        if (m[r] == std::numeric_limits<T>::infinity()) {  // a +inf logit: lse +inf and, as its weight is
+          std::fill(orow, orow + Dv, std::numeric_limits<T>::quiet_NaN());  // exp(inf - inf), a NaN row
+          lbh[t.tok[r]] = m[r];
+        } else if (m[r] != neg_inf<T>()) {  // NaN / inf logits or values give NaN rows, as in the reference
           const T inv = T(1) / l[r];
           for (int64_t j = 0; j < Dv; ++j) orow[j] = acc[r * Dv + j] * inv;
           lbh[t.tok[r]] = m[r] + std::log(l[r]);

@@ -119,7 +119,8 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
                                          : at::Tensor();
   if (shape.B > 0 && shape.H > 0) {
     check_blocks(general::token_blocks(p), "the backward");
-    check_blocks(general::offset_blocks(p), "the backward (d rel, d bias, d sigma)", "use fewer heads");
+    if (shape.has_pos || shape.has_bias || shape.has_sigma)  // the offset kernel runs
+      check_blocks(general::offset_blocks(p), "the backward (d rel, d bias, d sigma)", "use fewer heads");
     auto stream = c10::cuda::getCurrentCUDAStream();
     // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward)
     const bool tiled =
@@ -151,8 +152,10 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
         check_launch(general::launch_backward_dq<T>(p, t, stream));
         check_launch(general::launch_backward_dkv<T>(p, t, stream));
       }
-      check_smem(general::backward_offset_smem<T>(p), shape);
-      check_launch(general::launch_backward_offset<T>(p, t, stream));
+      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
+        check_smem(general::backward_offset_smem<T>(p), shape);
+        check_launch(general::launch_backward_offset<T>(p, t, stream));
+      }
     });
   } else {
     dq.zero_();

@@ -535,7 +535,10 @@ void window_forward(const Problem& p, const SpanTables<T>* st, const ForwardPtrs
           for (int64_t i = 0; i < run.n; ++i) {
             const T m = lane[i], l = lane[np + i];
             T* orow = out + (bh * N + tok0 + i) * Dv;
-            if (m != neg_inf<T>()) {
+            if (m == std::numeric_limits<T>::infinity()) {  // a +inf logit: lse +inf, a NaN row (exp(inf - inf))
+              std::fill(orow, orow + Dv, std::numeric_limits<T>::quiet_NaN());
+              lse[bh * N + tok0 + i] = m;
+            } else if (m != neg_inf<T>()) {
               const T inv = T(1) / l;
               for (int64_t d = 0; d < Dv; ++d) orow[d] = outT[d * np + i] * inv;
               lse[bh * N + tok0 + i] = m + std::log(l);

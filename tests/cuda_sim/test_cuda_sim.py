@@ -83,14 +83,19 @@ def _inputs(c: Case) -> Dict[str, torch.Tensor]:
         x["sigma"] = 0.15 + 0.6 * torch.rand(c.H, len(c.grid), generator=g, dtype=F64)
     if c.special == "nanrow":  # one NaN query row, windowed: how far does it reach in the backward?
         x["q"][0, 0, 1, 0] = float("nan")
+    centre = U // 2  # the row of offset 0
     if c.special == "nonfinite":
-        # query 1 of (0, 0) gets a NaN logit on every key, query 2 of (1, 1) an +inf bias on its
-        # own offset; offsets with -inf bias mask pairs, one of them every key of a row on a 1-D grid
+        # query 1 of batch 0, head 0 gets a NaN logit on every key; every query of head 1 (both
+        # batch elements) an +inf logit, through the bias of its own offset; -inf bias masks the
+        # offset +1 along the last axis in head 0 and every third offset in head 1
         x["q"][0, 0, 1, 0] = float("nan")
-        centre = U // 2  # offset 0
         x["bias"][1, centre] = float("inf")
         x["bias"][0, centre + 1] = float("-inf")
         x["bias"][1, :] = torch.where(torch.arange(U) % 3 == 0, float("-inf"), x["bias"][1, :])
+    if c.special == "masked_row":
+        # causal, and offset 0 masked by a -inf bias in head 0: the first query keeps no key at all
+        # (out 0, lse -inf); the others lose themselves
+        x["bias"][0, centre] = float("-inf")
     return x
 
 
@@ -117,24 +122,40 @@ def _reference(c: Case, x: Dict[str, torch.Tensor], scale: float, gout, glse, ou
     return out.detach(), lse.detach(), {n: g for n, g in zip(names, grads)}
 
 
-def _rel_err(name: str, got: torch.Tensor, want: torch.Tensor, nan_subset: bool = False) -> float:
+def _sanitized(x: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The inputs with NaN and +inf replaced by 0 (-inf stays: a bias of -inf masks its offset).
+    A gradient entry that the non-finite inputs do not reach is the same for both."""
+    return {k: torch.where(torch.isnan(t) | (t == float("inf")), torch.zeros_like(t), t) for k, t in x.items()}
+
+
+def _rel_err(name: str, got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest error relative to the reference's largest finite value, after checking
-    that NaN and inf sit where the reference has them (nan_subset: the kernel may have
-    fewer NaN, as for gradients at offsets that only masked pairs reach, which the
-    README promises zero while the dense reference sums NaN * 0 into them)."""
+    that NaN and inf sit exactly where the reference has them."""
     got, want = got.double(), want.double()
     gnan, wnan = torch.isnan(got), torch.isnan(want)
-    if nan_subset:
-        assert not (gnan & ~wnan).any(), f"{name}: NaN at {int((gnan & ~wnan).sum())} places the reference has none"
-        got, want = got[~wnan], want[~wnan]
-    else:
-        assert torch.equal(gnan, wnan), f"{name}: NaN at {int(gnan.sum())} places, the reference at {int(wnan.sum())}"
+    assert torch.equal(gnan, wnan), f"{name}: NaN at {int(gnan.sum())} places, the reference at {int(wnan.sum())}"
     fin = torch.isfinite(want)
     assert torch.equal(fin, torch.isfinite(got)), f"{name}: inf where the reference is finite, or the reverse"
     assert torch.equal(got[torch.isinf(want)], want[torch.isinf(want)]), f"{name}: infinities of the wrong sign"
     if not fin.any():
         return 0.0
     return ((got[fin] - want[fin]).abs().max() / max(1.0, want[fin].abs().max().item())).item()
+
+
+def _check_nonfinite_gradient(name: str, got: torch.Tensor, want: torch.Tensor, clean: torch.Tensor) -> float:
+    """A gradient of a call with NaN / inf inputs: NaN only where the dense reference has NaN
+    (it has more: it sums NaN * 0 over masked pairs), and every finite entry equal to the
+    gradient of the sanitized call (an entry the bad inputs reach must not be finite)."""
+    got = got.double()
+    gnan = torch.isnan(got)
+    assert not (gnan & ~torch.isnan(want)).any(), \
+        f"{name}: NaN at {int((gnan & ~torch.isnan(want)).sum())} places where the reference is finite"
+    assert not torch.isinf(got).any(), f"{name}: infinite entries"
+    fin = ~gnan
+    assert not torch.isnan(clean[fin]).any(), f"{name}: finite where the sanitized call's gradient is NaN"
+    if not fin.any():
+        return 0.0
+    return ((got[fin] - clean[fin]).abs().max() / max(1.0, clean[fin].abs().max().item())).item()
 
 
 def run_relpos(c: Case, tmp_path: Path):
@@ -160,11 +181,14 @@ def run_relpos(c: Case, tmp_path: Path):
     run = simlib.run_case(simlib.harness(c.dtype, tiled_d), tmp_path / "case", settings, arrays)
     assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
     out_kernel = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
-    return x, run, _reference(c, x, scale, gout, glse, out_kernel)
+    ref = _reference(c, x, scale, gout, glse, out_kernel)
+    if c.special in ("nonfinite", "nanrow"):
+        ref = ref + (_reference(c, _sanitized(x), scale, gout, glse, out_kernel)[2],)
+    return x, run, ref
 
 
 def check_relpos(c: Case, tmp_path: Path):
-    x, run, (out_ref, lse_ref, grads) = run_relpos(c, tmp_path)
+    x, run, (out_ref, lse_ref, grads, *clean) = run_relpos(c, tmp_path)
     N = math.prod(c.grid)
     acc = F64 if c.dtype == F64 else F32
     tf32 = c.path == "tiled" and c.dtype == F32
@@ -173,7 +197,7 @@ def check_relpos(c: Case, tmp_path: Path):
     out = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
     lse = run.read("lse", acc, (c.B, c.H, N))
     errors = {"out": _rel_err("out", out, out_ref), "lse": _rel_err("lse", lse, lse_ref)}
-    assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
+    assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors  # (False for a NaN error)
     if not c.backward:
         return errors
     U = math.prod(2 * n - 1 for n in c.grid)
@@ -182,8 +206,11 @@ def check_relpos(c: Case, tmp_path: Path):
     for name, want in grads.items():
         dtype = F64 if name == "sigma" else c.dtype
         got = run.read("d" + ("sigma" if name == "sigma" else name), dtype, shapes[name])
-        errors["d" + name] = _rel_err("d" + name, got, want, nan_subset=c.special is not None)
-    bad = {k: e for k, e in errors.items() if k.startswith("d") and e >= grad_tol}
+        if clean:  # non-finite inputs: see _check_nonfinite_gradient
+            errors["d" + name] = _check_nonfinite_gradient("d" + name, got, want, clean[0][name])
+        else:
+            errors["d" + name] = _rel_err("d" + name, got, want)
+    bad = {k: e for k, e in errors.items() if k.startswith("d") and not e < grad_tol}  # NaN errors fail too
     assert not bad, f"gradients off (tolerance {grad_tol}): {errors}"
     if c.repeats > 1:
         assert run.result()["bitwise_equal"] == "1", "the backward is not bitwise reproducible"
@@ -216,6 +243,7 @@ GENERAL = [
     Case("general-f32-many-offsets", F32, [8, 9, 10], window=1, bias=True, sigma=True, B=1, H=1, D=4),
     # non-finite logits: NaN rows, +inf logits, rows with every key masked (-inf bias)
     Case("general-f32-nonfinite", F32, [9], bias=True, special="nonfinite", D=4),
+    Case("general-f64-masked-row", F64, [4, 5], bias=True, causal=True, special="masked_row", D=4),
     Case("general-f32-nan-row-window", F32, [80], window=2, special="nanrow", B=1, H=1),
     Case("general-f64-nonfinite-2d", F64, [3, 4], bias=True, sigma=True, special="nonfinite", D=4),
     # determinism: the backward twice, bit for bit
@@ -261,6 +289,8 @@ TILED = [
     # non-finite logits and determinism
     Case("tiled-bf16-d32-nonfinite", BF16, [9], path="tiled", D=32, bias=True, special="nonfinite"),
     Case("tiled-f16-d32-nonfinite-2d", F16, [3, 4], path="tiled", D=32, bias=True, sigma=True, special="nonfinite"),
+    Case("tiled-bf16-d32-masked-row", BF16, [70], path="tiled", D=32, bias=True, causal=True, special="masked_row",
+         B=1),
     Case("tiled-f16-d32-nan-row-window", F16, [80], path="tiled", D=32, window=2, special="nanrow", B=1, H=1),
     Case("tiled-bf16-d64-deterministic", BF16, [6, 7], path="tiled", D=64, sigma=True, bias=True, repeats=2, B=1),
 ]
@@ -268,6 +298,11 @@ TILED = [
 
 @pytest.mark.parametrize("case", TILED, ids=repr)
 def test_tiled_path(case, tmp_path):
+    # the calls the extension hands to the tiled kernels: the forward's shared memory fits a GPU,
+    # and the tiled backward runs exactly where its own does (else the general backward)
+    G = max(1, sum(n > 1 for n in case.grid))
+    assert tiled_bytes(case.dtype, case.D, G, backward=False) <= SMEM_OPTIN
+    assert case.tiled_backward == (tiled_bytes(case.dtype, case.D, G, backward=True) <= SMEM_OPTIN)
     check_relpos(case, tmp_path)
 
 
