@@ -37,8 +37,9 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
 
 def short_name(mangled: str) -> str:
-    for key, name in (("relpos_tiled_forward", "tiled fwd"), ("relpos_tiled_backwardILb1", "tiled dk/dv"),
-                      ("relpos_tiled_backward", "tiled dq"), ("relpos_forward_kernel", "general fwd"),
+    if "relpos_tiled_backward" in mangled:  # KEY_MAJOR is the last template argument: ...Lb1EE
+        return "tiled dk/dv" if "Lb1EE" in mangled else "tiled dq"
+    for key, name in (("relpos_tiled_forward", "tiled fwd"), ("relpos_forward_kernel", "general fwd"),
                       ("relpos_backward_dq", "general dq"), ("relpos_backward_dkv", "general dk/dv"),
                       ("relpos_backward_offset", "offset (d rel, d bias, d sigma)")):
         if key in mangled:
@@ -75,6 +76,9 @@ def main():
     ap.add_argument("--windows", default="2,2;3,4", help="window half widths per axis, ';' between windows "
                     "(shifted windows: (2w+1) keys per axis for every query). Default: 5x5 (9.8 %%) and 7x9 (24.6 %%) "
                     "of a 16x16 grid")
+    ap.add_argument("--paths", default="tiled,general", help="kernel paths to run (tiled, general)")
+    ap.add_argument("--no-backward", action="store_true", help="forward only (the general backward is slow to "
+                    "simulate)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -83,8 +87,9 @@ def main():
     grid = args.grid
     N = math.prod(grid)
     windows = [None] + [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
-    jobs = [(path, w, bwd) for path in ("tiled", "general") for w in windows for bwd in (False, True)
-            if w is None or not bwd]
+    paths = args.paths.split(",")
+    jobs = [(path, w, bwd) for path in paths for w in windows for bwd in (False, True)
+            if not bwd or (w is None and not args.no_backward)]
     work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as ex:
@@ -96,28 +101,34 @@ def main():
         rows[(path, None if w is None else tuple(w), bwd)] = dict(kernels=cycles, fwd=fwd,
                                                                   total=sum(c for _, c in cycles), kept=kept,
                                                                   seconds=round(secs))
-    dense_t, dense_g = rows[("tiled", None, False)], rows[("general", None, False)]
+    if args.json:
+        args.json.write_text(json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()},
+                                        indent=1))
     print(f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = H = 1, "
           f"positional term on; wall {time.time() - start:.0f} s")
-    print("| call | kept keys per query | tiled fwd cycles | general fwd cycles | tiled / general | "
-          "tiled vs dense | general vs dense |")
-    print("|---|---|---|---|---|---|---|")
+    print("| call | kept keys per query | " + " | ".join(f"{p} fwd cycles | {p} vs dense" for p in paths) +
+          (" | tiled / general |" if len(paths) == 2 else " |"))
+    print("|---|---|" + "---|---|" * len(paths) + ("---|" if len(paths) == 2 else ""))
     for w in windows:
-        t, g = rows[("tiled", None if w is None else tuple(w), False)], rows[("general", None if w is None else tuple(w), False)]
+        key = None if w is None else tuple(w)
         label = "dense" if w is None else f"window {'x'.join(str(2 * x + 1) for x in w)} (shift)"
-        print(f"| {label} | {t['kept']} ({100 * t['kept'] / N:.1f} %) | {t['fwd']:,} | {g['fwd']:,} | "
-              f"{t['fwd'] / g['fwd']:.3f} | {t['fwd'] / dense_t['fwd']:.3f} | {g['fwd'] / dense_g['fwd']:.3f} |")
+        cells = []
+        for p in paths:
+            r, d = rows[(p, key, False)], rows[(p, None, False)]
+            cells.append(f"{r['fwd']:,} | {r['fwd'] / d['fwd']:.3f}")
+        kept = rows[(paths[0], key, False)]["kept"]
+        ratio = f" | {rows[('tiled', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}" if len(paths) == 2 else ""
+        print(f"| {label} | {kept} ({100 * kept / N:.1f} %) | " + " | ".join(cells) + ratio + " |")
+    if args.no_backward:
+        return
     print()
     print("| dense call, forward + backward | cycles per kernel | backward / forward |")
     print("|---|---|---|")
-    for path in ("tiled", "general"):
+    for path in paths:
         r = rows[(path, None, True)]
         bwd = r["total"] - r["fwd"]
         per = ", ".join(f"{n} {c:,}" for n, c in r["kernels"])
         print(f"| {path} | {per} | {bwd / r['fwd']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()},
-                                        indent=1))
 
 
 if __name__ == "__main__":

@@ -138,10 +138,8 @@ template <typename T>
 cudaError_t launch_apply(const MapsShape& s, const T* x, const T* maps, const int64_t* index, T* y, bool transpose,
                          cudaStream_t stream) {
   const int64_t inner_b = rows_per_block(s);
-  apply_maps_forward_kernel<T, acc_t<T>><<<static_cast<unsigned int>(num_blocks(s)), kThreads,
-                                           smem_bytes<T>(s, inner_b), stream>>>(s, x, maps, index, y, inner_b,
-                                                                               transpose, stage_maps<T>(s, inner_b));
-  return cudaGetLastError();
+  return cuda::launch(apply_maps_forward_kernel<T, acc_t<T>>, num_blocks(s), kThreads, smem_bytes<T>(s, inner_b),
+                      stream, s, x, maps, index, y, inner_b, transpose, stage_maps<T>(s, inner_b));
 }
 
 // gmaps (P, H, A, m, m) in the accumulation type, zeroed by the caller, += the
@@ -149,10 +147,8 @@ cudaError_t launch_apply(const MapsShape& s, const T* x, const T* maps, const in
 template <typename T>
 cudaError_t launch_grad_maps(const MapsShape& s, const T* gy, const T* x, const int64_t* index, acc_t<T>* gmaps,
                              cudaStream_t stream) {
-  apply_maps_grad_maps_kernel<T, acc_t<T>>
-      <<<static_cast<unsigned int>(num_blocks(s)), kThreads, static_cast<size_t>(s.A) * sizeof(int64_t), stream>>>(
-          s, gy, x, index, gmaps, rows_per_block(s));
-  return cudaGetLastError();
+  return cuda::launch(apply_maps_grad_maps_kernel<T, acc_t<T>>, num_blocks(s), kThreads,
+                      static_cast<size_t>(s.A) * sizeof(int64_t), stream, s, gy, x, index, gmaps, rows_per_block(s));
 }
 
 }  // namespace algebraic

@@ -70,6 +70,16 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+// Launches kernel<<<blocks, threads, smem, stream>>>(args...) after opting it into its
+// shared memory; the launch's error (the kernel's own errors arrive at the next sync).
+template <typename Kernel, typename... Args>
+cudaError_t launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cudaStream_t stream, Args... args) {
+  cudaError_t err = allow_smem(kernel, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 }  // namespace cuda
 }  // namespace posattn
 

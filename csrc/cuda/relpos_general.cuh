@@ -593,54 +593,34 @@ size_t backward_offset_smem(const RelposParams& p) {
 // out and lse. The caller has checked token_blocks(p) <= INT_MAX and the shared memory.
 template <typename T>
 cudaError_t launch_forward(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  using Acc = acc_t<T>;
-  auto kernel = relpos_forward_kernel<T, Acc>;
-  const size_t smem = forward_smem<T>(p);
-  cudaError_t err = cuda::allow_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(token_blocks(p)), kThreads, smem, stream>>>(p, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
-  return cudaGetLastError();
+  return cuda::launch(relpos_forward_kernel<T, acc_t<T>>, token_blocks(p), kThreads, forward_smem<T>(p), stream, p,
+                      t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
 }
 
 // dq and d q_pos (query-major).
 template <typename T>
 cudaError_t launch_backward_dq(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  using Acc = acc_t<T>;
-  auto kernel = relpos_backward_dq_kernel<T, Acc>;
-  const size_t smem = backward_dq_smem<T>(p);
-  cudaError_t err = cuda::allow_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(token_blocks(p)), kThreads, smem, stream>>>(p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma,
-                                                      t.bias, t.lse, t.dq, t.dqpos);
-  return cudaGetLastError();
+  return cuda::launch(relpos_backward_dq_kernel<T, acc_t<T>>, token_blocks(p), kThreads, backward_dq_smem<T>(p),
+                      stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias,
+                      static_cast<const acc_t<T>*>(t.lse), t.dq, t.dqpos);
 }
 
 // dk and dv (key-major).
 template <typename T>
 cudaError_t launch_backward_dkv(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  using Acc = acc_t<T>;
-  auto kernel = relpos_backward_dkv_kernel<T, Acc>;
-  const size_t smem = backward_dkv_smem<T>(p);
-  cudaError_t err = cuda::allow_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(token_blocks(p)), kThreads, smem, stream>>>(p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma,
-                                                      t.bias, t.lse, t.dk, t.dv);
-  return cudaGetLastError();
+  return cuda::launch(relpos_backward_dkv_kernel<T, acc_t<T>>, token_blocks(p), kThreads, backward_dkv_smem<T>(p),
+                      stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias,
+                      static_cast<const acc_t<T>*>(t.lse), t.dk, t.dv);
 }
 
 // d rel, d bias and the d sigma partials (nothing to do without q_pos, bias and sigma).
 template <typename T>
 cudaError_t launch_backward_offset(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
   if (!(p.has_pos || p.has_bias || p.has_sigma)) return cudaSuccess;
-  using Acc = acc_t<T>;
-  auto kernel = relpos_backward_offset_kernel<T, Acc>;
-  const size_t smem = backward_offset_smem<T>(p);
-  cudaError_t err = cuda::allow_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(offset_blocks(p)), kThreads, smem, stream>>>(p, offset_blocks_per_head(p), t.gout, t.rowd, t.q, t.k, t.v,
-                                                       t.qpos, t.rel, t.sigma, t.bias, t.lse, t.drel, t.dbias,
-                                                       t.dsig_part);
-  return cudaGetLastError();
+  return cuda::launch(relpos_backward_offset_kernel<T, acc_t<T>>, offset_blocks(p), kThreads,
+                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t.gout, t.rowd, t.q, t.k,
+                      t.v, t.qpos, t.rel, t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.drel, t.dbias,
+                      t.dsig_part);
 }
 
 }  // namespace general

@@ -323,17 +323,9 @@ cudaError_t backward_attributes(bool key_major, cudaFuncAttributes* attr) {
 template <typename CT, int D>
 cudaError_t launch_backward(const TiledArgs& a, const BwdTensors<CT>& t, cudaStream_t stream) {
   const size_t smem = BwdLayout<CT, D>::bytes(a.p.g.ndim);
-  auto dkv = relpos_tiled_backward_kernel<CT, D, true>;
-  auto dqk = relpos_tiled_backward_kernel<CT, D, false>;
-  cudaError_t err = cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(dqk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t err = cuda::launch(relpos_tiled_backward_kernel<CT, D, true>, a.blocks, kThreads, smem, stream, a, t);
   if (err != cudaSuccess) return err;
-  dkv<<<static_cast<unsigned int>(a.blocks), kThreads, smem, stream>>>(a, t);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  dqk<<<static_cast<unsigned int>(a.blocks), kThreads, smem, stream>>>(a, t);
-  return cudaGetLastError();
+  return cuda::launch(relpos_tiled_backward_kernel<CT, D, false>, a.blocks, kThreads, smem, stream, a, t);
 }
 
 }  // namespace tiled

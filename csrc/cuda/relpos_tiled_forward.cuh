@@ -200,13 +200,8 @@ cudaError_t forward_attributes(cudaFuncAttributes* attr) {
 // that a.blocks fits a launch.
 template <typename CT, int D>
 cudaError_t launch_forward(const TiledArgs& a, const FwdTensors<CT>& t, cudaStream_t stream) {
-  const size_t smem = Layout<CT, D>::bytes(a.p.g.ndim);
-  auto kernel = relpos_tiled_forward_kernel<CT, D>;
-  cudaError_t err = cuda::allow_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(a.blocks), kThreads, smem, stream>>>(a, t.q, t.k, t.v, t.qpos, t.rel, t.sigma,
-                                                                        t.bias, t.out, t.lse);
-  return cudaGetLastError();
+  return cuda::launch(relpos_tiled_forward_kernel<CT, D>, a.blocks, kThreads, Layout<CT, D>::bytes(a.p.g.ndim),
+                      stream, a, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
 }
 
 }  // namespace tiled

@@ -35,6 +35,21 @@ void check_smem(size_t bytes, const RelposShape& s) {
   check_smem_fits(bytes, "relpos_attention (CUDA): head dims D = " + std::to_string(s.D) + ", Dv = " + std::to_string(s.Dv));
 }
 
+// The inputs of a call as the general kernels take them (the outputs are filled by the caller).
+template <typename T>
+general::Tensors<T> input_ptrs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qp,
+                               const at::Tensor& rl, const at::Tensor& bs, const at::Tensor& sg) {
+  general::Tensors<T> t;
+  t.q = cuda_ptr<const T>(q);
+  t.k = cuda_ptr<const T>(k);
+  t.v = cuda_ptr<const T>(v);
+  t.qpos = cuda_ptr<const T>(qp);
+  t.rel = cuda_ptr<const T>(rl);
+  t.bias = cuda_ptr<const T>(bs);
+  t.sigma = cuda_ptr<const double>(sg);
+  return t;
+}
+
 // sigma as double for the kernels (a small (H, G) tensor; no host sync).
 at::Tensor sigma_double(const at::Tensor& sg) {
   return sg.defined() ? sg.to(at::kDouble).contiguous() : at::Tensor();
@@ -69,14 +84,7 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_cuda", [&] {
     using T = typename CudaType<scalar_t>::type;
     check_smem(general::forward_smem<T>(p), shape);
-    general::Tensors<T> t;
-    t.q = cuda_ptr<const T>(q);
-    t.k = cuda_ptr<const T>(k);
-    t.v = cuda_ptr<const T>(v);
-    t.qpos = cuda_ptr<const T>(qp);
-    t.rel = cuda_ptr<const T>(rl);
-    t.bias = cuda_ptr<const T>(bs);
-    t.sigma = cuda_ptr<const double>(sg);
+    general::Tensors<T> t = input_ptrs<T>(q, k, v, qp, rl, bs, sg);
     t.out = cuda_ptr<T>(out);
     t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
     check_launch(general::launch_forward<T>(p, t, stream));
@@ -128,14 +136,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
     if (tiled) relpos_tiled_backward(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, dq, dk, dv, dqpos);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_backward_cuda", [&] {
       using T = typename CudaType<scalar_t>::type;
-      general::Tensors<T> t;
-      t.q = cuda_ptr<const T>(q);
-      t.k = cuda_ptr<const T>(k);
-      t.v = cuda_ptr<const T>(v);
-      t.qpos = cuda_ptr<const T>(qp);
-      t.rel = cuda_ptr<const T>(rl);
-      t.bias = cuda_ptr<const T>(bs);
-      t.sigma = cuda_ptr<const double>(sg);
+      general::Tensors<T> t = input_ptrs<T>(q, k, v, qp, rl, bs, sg);
       t.gout = cuda_ptr<const T>(gout);
       t.rowd = cuda_ptr<const cuda::acc_t<T>>(rowd);
       t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
