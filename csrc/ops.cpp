@@ -3,6 +3,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu/capability.h"
+
 extern "C" {
 // `import posattn._C` loads this shared object, which runs the registrations
 // below; the module itself has no Python-visible members.
@@ -33,6 +35,9 @@ TORCH_LIBRARY(posattn, m) {
   // Orthogonal-power (algebraic) encodings: y[b, h, n, a*m:(a+1)*m] =
   // maps[index[(b,) n, a], h, a] @ x[b, h, n, a*m:(a+1)*m]; x (B, H, N, D), maps
   // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).
+  // The instruction set the CPU kernels run on this machine: "avx512", "avx2"
+  // or "base" (cpu/capability.h; POSATTN_CPU_CAPABILITY picks a lower one).
+  m.def("cpu_capability() -> str", &posattn::cpu::active_capability_name);
   m.def("apply_maps(Tensor x, Tensor maps, Tensor index) -> Tensor");
   // Gradients of apply_maps: (grad_x, grad_maps); a gradient not asked for is
   // empty (shape (0,)).

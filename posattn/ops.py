@@ -13,7 +13,7 @@ import torch
 
 from ._grid import WINDOW_BORDERS, normalise_grid, normalise_window, num_offsets
 
-__all__ = ["relpos_attention", "apply_maps", "has_kernel", "SPAN_MODES"]
+__all__ = ["relpos_attention", "apply_maps", "has_kernel", "cpu_capability", "SPAN_MODES"]
 
 SPAN_MODES = ("add", "multiply")
 
@@ -454,3 +454,13 @@ def _apply_maps_backward(ctx, grad_y):
 torch.library.register_autograd(
     "posattn::apply_maps", _apply_maps_backward, setup_context=_apply_maps_setup_context
 )
+
+
+def cpu_capability() -> str:
+    """The instruction set the CPU kernels run with on this machine: ``"avx512"``
+    (x86-64-v4), ``"avx2"`` (x86-64-v3) or ``"base"`` (the build's baseline,
+    x86-64-v2 by default). The extension holds the kernels for all three and
+    picks the widest this CPU runs; the environment variable
+    ``POSATTN_CPU_CAPABILITY`` picks a lower one (read on every call; a set the
+    CPU lacks is a ValueError)."""
+    return torch.ops.posattn.cpu_capability()

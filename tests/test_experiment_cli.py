@@ -103,6 +103,63 @@ def test_offline_wandb_run_writes_its_files(tmp_path, monkeypatch, capsys):
     assert glob.glob(os.path.join(runs[0], "*.wandb")) and os.path.exists(os.path.join(runs[0], "files"))
 
 
+def test_offline_wandb_run_honours_WANDB_DIR(tmp_path, monkeypatch):
+    """WANDB_DIR (W&B's documented setting) says where W&B's files go; without it
+    they stay in the run folder (the test above)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    wandb_dir = tmp_path / "elsewhere" / "wb"  # not there yet: created
+    monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
+    out = tmp_path / "runs"
+    assert cli_helpers.main([*TINY, f"-Dout_dir={out}", "-Dname=w", "-Dtrain.epochs=1", "-no_wandb=F"]) == 0
+    assert len(glob.glob(str(wandb_dir / "wandb" / "offline-run-*"))) == 1
+    assert not (out / "w" / "wandb").exists()
+    assert (out / "w" / "last.pt").exists()
+
+
+def test_WANDB_DIR_that_cannot_be_created_is_an_error(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("WANDB_DIR", str(blocker / "wb"))
+    assert cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-Dname=w", "-no_wandb=F"]) == 2
+    assert "WANDB_DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", "a\\b", "/abs", "tab\there"])
+def test_run_name_must_be_one_folder_inside_out_dir(tmp_path, capsys, name):
+    out = tmp_path / "runs"
+    assert run(out, f"-Dname={name}", "-Dtrain.epochs=1") == 2
+    err = capsys.readouterr().err
+    assert "name must be a folder name" in err and repr(name) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["runs"])  # nothing written outside out_dir
+    assert not any(out.rglob("*.pt")) if out.exists() else True
+
+
+def test_sweep_file_name_must_be_one_folder(tmp_path, capsys):
+    sweep = tmp_path / "s.yml"
+    sweep.write_text("name: ../up\nmethod: grid\nmetric: {name: val/best_acc}\n"
+                     "parameters:\n  train.epochs: {value: 1}\n")
+    assert run(tmp_path / "runs", "-mode=local_sweep", f"--sweep_config={sweep}") == 2
+    assert "sweep name '../up'" in capsys.readouterr().err
+    assert not (tmp_path / "up").exists()
+
+
+def test_sweep_agent_keeps_a_run_name_from_wandb_inside_out_dir(tmp_path, monkeypatch):
+    """A W&B run's name (a sweep may set it from values) becomes one folder name."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: real_init(config={"train.epochs": 1}, dir=str(tmp_path / "wb"),
+                                                             name="../../up/run", **kw))
+    monkeypatch.setattr(wandb, "agent", lambda sweep_id, function, count=None, **kw: function())
+    out = tmp_path / "runs"
+    assert cli_helpers.main([*TINY, f"-Dout_dir={out}", "-mode=sweep_agent", "--sweep_id=x", "-count=1"]) == 0
+    assert (out / ".._.._up_run" / "last.pt").exists()
+    assert not (tmp_path / "up").exists() and not (tmp_path.parent / "up").exists()
+
+
 def test_local_sweep_with_the_wandb_sweep_engine(tmp_path):
     sweep = tmp_path / "tiny.yml"
     sweep.write_text(

@@ -14,8 +14,24 @@
 #include <immintrin.h>
 #endif
 
+// The CPU kernels are compiled once per capability (cpu/kernels_*.cpp), each
+// defining POSATTN_CPU_CAPABILITY and the vector width: this file's inline
+// functions then live in a namespace of that build, so that the builds' copies
+// stay apart at link time. Elsewhere (the C++ tests) the compiler's flags decide.
+#ifndef POSATTN_CPU_CAPABILITY
+#define POSATTN_CPU_CAPABILITY build
+#endif
+#ifndef POSATTN_CPU_VEC_BYTES
+#if defined(__AVX512F__)
+#define POSATTN_CPU_VEC_BYTES 64
+#else
+#define POSATTN_CPU_VEC_BYTES 32
+#endif
+#endif
+
 namespace posattn {
 namespace cpu {
+inline namespace POSATTN_CPU_CAPABILITY {
 
 // While alive, the calling thread flushes denormal results and inputs to zero
 // (x86: MXCSR's FTZ and DAZ bits); the thread's mode is restored after. Under
@@ -42,11 +58,7 @@ class FlushDenormals {
 // registers; pairs of SSE ones on older x86, NEON pairs elsewhere). On the
 // AVX-512 Xeon of BENCHMARKS.md, 64-byte rows ran the softmax passes about
 // twice as fast as 32-byte ones.
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#else
-constexpr int kVecBytes = 32;
-#endif
+constexpr int kVecBytes = POSATTN_CPU_VEC_BYTES;
 
 // W lanes of T, and the integer vector of the same width that comparisons give.
 template <typename T, typename Lane>
@@ -122,7 +134,7 @@ inline void vstore(T* p, typename Vec<T>::V v) {
 template <typename T>
 inline typename Vec<T>::V vload_n(const T* p, int64_t n) {
   typename Vec<T>::V v;
-#if defined(__AVX512F__)
+#if POSATTN_CPU_VEC_BYTES == 64
   const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
   if constexpr (sizeof(T) == 4) {
     const __m512 x = _mm512_maskz_loadu_ps(m, p);
@@ -140,7 +152,7 @@ inline typename Vec<T>::V vload_n(const T* p, int64_t n) {
 }
 template <typename T>
 inline void vstore_n(T* p, typename Vec<T>::V v, int64_t n) {
-#if defined(__AVX512F__)
+#if POSATTN_CPU_VEC_BYTES == 64
   const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
   if constexpr (sizeof(T) == 4) {
     __m512 x;
@@ -348,5 +360,6 @@ inline void softmax_backward_line(const double* p, double* dp, const double* x, 
   sum_ds_x = total_x;
 }
 
+}  // namespace POSATTN_CPU_CAPABILITY
 }  // namespace cpu
 }  // namespace posattn

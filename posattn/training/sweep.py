@@ -20,7 +20,7 @@ from .config import ConfigError, load_yaml, set_key, warn_ignored
 from .optional import require
 from .report import pyplot, save_figure, write_csv
 from .train import apply_model_variant
-from .validate import check_values
+from .validate import check_values, is_safe_run_name, safe_run_name
 
 __all__ = ["load_sweep", "local_sweep", "create_sweep", "run_agent", "metric_value", "sweep_path", "METHODS"]
 
@@ -125,6 +125,9 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
     if method != "grid" and count <= 0:
         raise ConfigError(f"a {method} sweep never ends by itself: give -count=N")
     name = sweep.get("name") or os.path.splitext(os.path.basename(sweep_path(path, sweep_dir)))[0]
+    if not is_safe_run_name(str(name)):
+        raise ConfigError(f"sweep name {name!r} (the sweep file's name:) must be a folder name without '/', '\\', "
+                          "control characters, '.' or '..': its runs are written to <out_dir>/<sweep name>/")
     out_dir = os.path.join(cfg["out_dir"], name)
     os.makedirs(out_dir, exist_ok=True)
     csv_path = os.path.join(out_dir, "sweep_summary.csv")
@@ -214,7 +217,8 @@ def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn:
         ignored: set = set()
         run_cfg = _apply(cfg, defaults_flat, params, ignored, given)
         warn_ignored(ignored)
-        run_cfg["name"] = run.name or run.id
+        # W&B names the run (a sweep may name it from values): keep it one folder inside out_dir
+        run_cfg["name"] = safe_run_name(run.name or run.id)
         train_fn(run_cfg, tracker_run=run)
         run.finish()
 

@@ -6,6 +6,8 @@
   ``WANDB_ENTITY`` (default project "posattn"). ``WANDB_MODE`` is respected; with
   no credentials (no ``WANDB_API_KEY``, no login) the run is offline, said once,
   and can be uploaded later with ``wandb sync``.
+- W&B's files go to ``<run_dir>/wandb/``, or to ``$WANDB_DIR/wandb/`` when
+  ``WANDB_DIR`` is set (W&B's own setting for where its files go).
 """
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ class Tracker:
         self.mode = "disabled"
         self._metrics_path = os.path.join(run_dir, "metrics.jsonl")
 
+    @property
+    def wandb_dir(self) -> str:
+        """The folder W&B writes into: ``$WANDB_DIR`` when set, else the run folder."""
+        return os.environ.get("WANDB_DIR") or self.run_dir
+
     def start(self, config: dict, name: str, group: Optional[str] = None, reuse_run=None) -> None:
         """Starts a run (or adopts ``reuse_run``, the run a sweep agent opened)."""
         if not self.enabled:
@@ -70,16 +77,16 @@ class Tracker:
             else:
                 mode = "offline"
                 print("W&B: no credentials found (WANDB_API_KEY or `wandb login`): logging offline to "
-                      f"{os.path.join(self.run_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`")
+                      f"{os.path.join(self.wandb_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`")
         kwargs = dict(project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY"),
-                      name=name, group=group, config=config, dir=self.run_dir, reinit="finish_previous")
+                      name=name, group=group, config=config, dir=self.wandb_dir, reinit="finish_previous")
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=60), **kwargs)
         except Exception as e:  # credentials but no reachable server
             if mode != "online":
                 raise
             print(f"W&B: could not reach the server ({type(e).__name__}: {e}); logging offline to "
-                  f"{os.path.join(self.run_dir, 'wandb')} instead (upload later with `wandb sync`)")
+                  f"{os.path.join(self.wandb_dir, 'wandb')} instead (upload later with `wandb sync`)")
             mode = "offline"
             self.run = wandb.init(mode=mode, **kwargs)
         self.mode = mode

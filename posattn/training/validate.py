@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,7 +22,7 @@ from .data import DATASETS
 from .train import OPTIMIZERS, SCHEDULES
 from .values import ConfigError
 
-__all__ = ["RULES", "check_values", "check_value", "check_output_folders"]
+__all__ = ["RULES", "check_values", "check_value", "check_output_folders", "is_safe_run_name", "safe_run_name"]
 
 Rule = tuple[Callable[[Any], bool], str]  # (test, what a valid value is)
 
@@ -60,9 +61,32 @@ def _is_device(v: Any) -> bool:
 
 
 _TEXT: Rule = (lambda v: isinstance(v, str) and v.strip() != ""), "a non-empty string"
+
+# A run name is one folder inside out_dir: no separators, not "." or "..", no
+# control characters, so that nothing a run writes lands outside out_dir.
+_UNSAFE_IN_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+def is_safe_run_name(name: str) -> bool:
+    """Whether ``name`` is a single folder name (what ``out_dir/<name>`` needs)."""
+    return isinstance(name, str) and name.strip() not in ("", ".", "..") and not _UNSAFE_IN_NAME.search(name)
+
+
+def safe_run_name(name: str) -> str:
+    """``name`` made a single folder name: separators and control characters
+    become "_", and "." / ".." / "" become "_" (for names that come from values,
+    e.g. a W&B run's name in a sweep agent)."""
+    name = _UNSAFE_IN_NAME.sub("_", str(name))
+    return "_" if name.strip() in ("", ".", "..") else name
+
+
 _BOOL: Rule = (lambda v: isinstance(v, bool)), "true or false"
 
 RULES: dict[str, Rule] = {
+    "name": _or_null((lambda v: v == "" or (isinstance(v, (str, int)) and not isinstance(v, bool)
+                                            and is_safe_run_name(str(v))),
+                      "a folder name without '/', '\\\\', control characters, '.' or '..'"),
+                     " (null: <dataset>-<positional_encoding>-<time>)"),
     "seed": _or_null((_is_int, "an int")),
     "device": (_is_device, "auto, cpu, cuda, cuda:N or mps"),
     "out_dir": _TEXT,
@@ -130,6 +154,8 @@ def check_output_folders(cfg: dict, resume: Optional[str] = None) -> None:
     if mode not in ("train", "local_sweep", "sweep_agent"):
         return
     _writable(cfg["out_dir"], "out_dir")
+    if not cfg["no_wandb"] and os.environ.get("WANDB_DIR"):
+        _writable(os.environ["WANDB_DIR"], "WANDB_DIR (where W&B writes its files)")
     run_dir = resume or (os.path.join(cfg["out_dir"], str(cfg["name"])) if mode == "train" and cfg.get("name") else None)
     if run_dir and os.path.exists(run_dir):
         _writable(run_dir, "run folder")

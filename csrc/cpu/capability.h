@@ -1,0 +1,42 @@
+// Runtime CPU dispatch of the CPU kernels, in the manner of ATen's
+// cpu_capability: the extension is built for a portable baseline (setup.py:
+// -march=x86-64-v2 unless POSATTN_CPU_ARCH says otherwise), and the kernels
+// are compiled once more for AVX2 (x86-64-v3) and once for AVX-512
+// (x86-64-v4) CPUs (cpu/kernels_*.cpp). Each call runs the widest set the CPU
+// supports, so a wheel built on one x86-64 machine runs on another, at the
+// speed of a -march=native build where the CPU has AVX2 or AVX-512.
+//
+// POSATTN_CPU_CAPABILITY=base|avx2|avx512 (read on every call) picks a lower
+// set, e.g. to compare them; a set the CPU lacks is an error.
+#pragma once
+
+#include <string>
+
+// The AVX2 / AVX-512 builds need GCC's `#pragma GCC target` on x86-64; with
+// other compilers or CPUs only the baseline build exists.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define POSATTN_CPU_DISPATCH 1
+#else
+#define POSATTN_CPU_DISPATCH 0
+#endif
+
+namespace posattn {
+namespace cpu {
+
+enum class Capability : int { base = 0, avx2 = 1, avx512 = 2 };
+
+const char* capability_name(Capability c);
+
+// The widest set this CPU (and its OS: the AVX state must be enabled) runs
+// and this build holds kernels for.
+Capability supported_capability();
+
+// The set a call runs: supported_capability(), or POSATTN_CPU_CAPABILITY's
+// (ValueError if it names no set, or one this CPU or build lacks).
+Capability active_capability();
+
+// "avx512" etc.: the set a call would run now (torch.ops.posattn.cpu_capability()).
+std::string active_capability_name();
+
+}  // namespace cpu
+}  // namespace posattn

@@ -1,0 +1,20 @@
+#include "kernels.h"
+
+namespace posattn {
+namespace cpu {
+
+const Kernels& kernels() {
+  switch (active_capability()) {
+#if POSATTN_CPU_DISPATCH
+    case Capability::avx512:
+      return dispatch::avx512::kernels();
+    case Capability::avx2:
+      return dispatch::avx2::kernels();
+#endif
+    default:
+      return dispatch::base::kernels();
+  }
+}
+
+}  // namespace cpu
+}  // namespace posattn
