@@ -13,6 +13,7 @@ Environment:
                       runs the widest set the CPU has (csrc/cpu/capability.h), so the default
                       build runs on any x86-64-v2 CPU at the speed of a native one.
 """
+
 import glob
 import os
 import platform

@@ -13,6 +13,7 @@ Usage:
   python benchmarks/bench_apply_maps.py                   # N = 1024 and 4096, B = 8, H = 8, D = 64
   python benchmarks/bench_apply_maps.py --tokens 1024 --batch 4 --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,13 @@ import sys
 from datetime import date
 
 import torch
+from bench_common import record, write_records
 
 import posattn
 from posattn import ops, reference
 from posattn._grid import grid_coords
 from posattn._timing import median_seconds, peak_extra_mib
 from posattn.algebraic import orthogonal, power_table, tree_maps_heap
-
-from bench_common import record, write_records
 
 METHODS = {"gather_einsum": reference.apply_maps, "posattn": ops.apply_maps}
 
@@ -72,6 +72,7 @@ def time_method(name, args, layout, tokens):
         def f():
             step(fn, x, maps, index, backward)
             sync(args.device)
+
         return median_seconds(f, warmup=1, repeats=args.repeats)
 
     return run(False), run(True)
@@ -86,8 +87,20 @@ def child(args):
 
 
 def peak_memory(name, layout, tokens, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{layout}:{tokens}:{name}", "--batch",
-           str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        f"{layout}:{tokens}:{name}",
+        "--batch",
+        str(args.batch),
+        "--heads",
+        str(args.heads),
+        "--dim",
+        str(args.dim),
+        "--threads",
+        str(args.threads),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return float("nan")
@@ -111,7 +124,9 @@ def tree_benchmark(nodes: int, heads: int, m: int, device: str, repeats: int):
         torch.stack(maps)
         sync(device)
 
-    return median_seconds(level_by_level, warmup=1, repeats=repeats), median_seconds(per_node_loop, warmup=1, repeats=max(1, repeats // 2))
+    return median_seconds(level_by_level, warmup=1, repeats=repeats), median_seconds(
+        per_node_loop, warmup=1, repeats=max(1, repeats // 2)
+    )
 
 
 def main():
@@ -133,9 +148,13 @@ def main():
         return child(args)
     recs = []
     torch.set_num_threads(args.threads)
-    print(f"posattn {posattn.__version__}, torch {torch.__version__}, device {args.device}, {args.threads} threads, "
-          f"{platform.processor() or platform.machine()}, {date.today()}")
-    print(f"B={args.batch}, H={args.heads}, D={args.dim}, float32; gather_einsum = gathered (B, N, H, A, m, m) maps + einsum")
+    print(
+        f"posattn {posattn.__version__}, torch {torch.__version__}, device {args.device}, {args.threads} threads, "
+        f"{platform.processor() or platform.machine()}, {date.today()}"
+    )
+    print(
+        f"B={args.batch}, H={args.heads}, D={args.dim}, float32; gather_einsum = gathered (B, N, H, A, m, m) maps + einsum"
+    )
     for tokens in [] if args.tree_only else (args.tokens or [1024, 4096]):
         for layout in ("sequence", "grid"):
             times = {name: time_method(name, args, layout, tokens) for name in METHODS}
@@ -146,9 +165,18 @@ def main():
                 extra = f"   peak +{mem[name]:8.1f} MiB" if mem else ""
                 print(f"  {name:14s} fwd {1e3 * f:9.2f} ms   fwd+bwd {1e3 * fb:9.2f} ms{extra}")
             (gf, gfb), (pf, pfb) = times["gather_einsum"], times["posattn"]
-            recs.append(record("apply_maps", f"{layout}, N={tokens}, B={args.batch}, H={args.heads}, D={args.dim}, fwd+bwd",
-                               "posattn", "gather + einsum", 1e3 * pfb, 1e3 * gfb, mem.get("posattn"),
-                               mem.get("gather_einsum")))
+            recs.append(
+                record(
+                    "apply_maps",
+                    f"{layout}, N={tokens}, B={args.batch}, H={args.heads}, D={args.dim}, fwd+bwd",
+                    "posattn",
+                    "gather + einsum",
+                    1e3 * pfb,
+                    1e3 * gfb,
+                    mem.get("posattn"),
+                    mem.get("gather_einsum"),
+                )
+            )
             line = f"  speed-up fwd {gf / pf:.2f}x, fwd+bwd {gfb / pfb:.2f}x (target >= 2x)"
             if mem:
                 line += f"; peak memory posattn / gather_einsum {mem['posattn'] / mem['gather_einsum']:.3f} (target <= 0.25)"
@@ -156,11 +184,21 @@ def main():
     print()
     for m in args.tree_dims:
         lvl, loop = tree_benchmark(args.tree_nodes, args.heads, m, args.device, args.repeats)
-        recs.append(record("tree maps", f"{args.tree_nodes} nodes, H={args.heads}, m={m}", "level by level",
-                           "per-node loop", 1e3 * lvl, 1e3 * loop))
-        print(f"tree maps, {args.tree_nodes} nodes (binary, H={args.heads}, m={m}; {args.tree_nodes * args.heads * m * m * 4 / 2**20:.0f} MiB "
-              f"of maps): level by level {1e3 * lvl:.1f} ms, per-node loop {1e3 * loop:.1f} ms -> {loop / lvl:.1f}x faster "
-              "(GPU target >= 10x)")
+        recs.append(
+            record(
+                "tree maps",
+                f"{args.tree_nodes} nodes, H={args.heads}, m={m}",
+                "level by level",
+                "per-node loop",
+                1e3 * lvl,
+                1e3 * loop,
+            )
+        )
+        print(
+            f"tree maps, {args.tree_nodes} nodes (binary, H={args.heads}, m={m}; {args.tree_nodes * args.heads * m * m * 4 / 2**20:.0f} MiB "
+            f"of maps): level by level {1e3 * lvl:.1f} ms, per-node loop {1e3 * loop:.1f} ms -> {loop / lvl:.1f}x faster "
+            "(GPU target >= 10x)"
+        )
     write_records(args.json, recs)
 
 

@@ -20,6 +20,7 @@ Usage:
   python benchmarks/bench_bias_cpu.py --grid 32x32 --repeats 5 --no-memory
   python benchmarks/bench_bias_cpu.py --markdown results.md --json records.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,11 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown, write_records
 
 from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows
 from posattn._timing import median_seconds, peak_extra_mib
-
-from bench_common import (add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown,
-                          write_records)
 
 METHODS = ("eager", "flex", "posattn", "window")
 
@@ -47,12 +46,17 @@ def make_inputs(grid, batch, heads, dim, seed=0):
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).requires_grad_()
 
-    return dict(q=rand(batch, heads, N, dim), k=rand(batch, heads, N, dim), v=rand(batch, heads, N, dim),
-                bias=rand(heads, num_offsets(grid), scale=0.1))
+    return dict(
+        q=rand(batch, heads, N, dim),
+        k=rand(batch, heads, N, dim),
+        v=rand(batch, heads, N, dim),
+        bias=rand(heads, num_offsets(grid), scale=0.1),
+    )
 
 
 def flex_score_mod(grid, bias):
     """A score_mod adding bias[h, row(offset)] from the token indices (any number of axes)."""
+
     def score_mod(score, b, h, q_idx, kv_idx):
         row = 0
         qi, ki = q_idx, kv_idx
@@ -72,8 +76,7 @@ def make_method(name, grid, x, window):
     if name == "eager":
         coords = grid_coords(grid)
         rows = offset_rows(coords[None] - coords[:, None], grid)
-        return (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, rows].unsqueeze(0))), \
-            (q, k, v, bias)
+        return (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, rows].unsqueeze(0))), (q, k, v, bias)
     if name == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -109,9 +112,25 @@ def child_peak_memory(args):
 
 
 def peak_memory(method, grid_str, args):
-    return child_peak_mib(__file__, ["--child", method, "--grid", grid_str, "--batch", str(args.batch), "--heads",
-                                     str(args.heads), "--dim", str(args.dim), "--window", str(args.window),
-                                     "--threads", str(args.threads)])
+    return child_peak_mib(
+        __file__,
+        [
+            "--child",
+            method,
+            "--grid",
+            grid_str,
+            "--batch",
+            str(args.batch),
+            "--heads",
+            str(args.heads),
+            "--dim",
+            str(args.dim),
+            "--window",
+            str(args.window),
+            "--threads",
+            str(args.threads),
+        ],
+    )
 
 
 def eager_bytes(grid, batch, heads):
@@ -127,8 +146,11 @@ def bench_case(grid_str, methods, args):
     rows, runs = {}, {}
     for name in methods:
         if name == "eager" and eager_bytes(grid, args.batch, args.heads) > args.eager_limit_gib * 2**30:
-            print(f"  {name:8s} skipped: would need about {eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB "
-                  "(--eager-limit-gib)", flush=True)
+            print(
+                f"  {name:8s} skipped: would need about {eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB "
+                "(--eager-limit-gib)",
+                flush=True,
+            )
             continue
         try:
             run, params = make_method(name, grid, x, args.window)
@@ -138,8 +160,12 @@ def bench_case(grid_str, methods, args):
                     step(run, params)
         except Exception as e:  # flex_attention may not run on this machine's CPU torch
             print(f"  {name:8s} did not run: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
-            rows[name] = dict(fwd_ms=float("nan"), fwd_bwd_ms=float("nan"), peak_mib=float("nan"),
-                              note=f"did not run: {type(e).__name__}")
+            rows[name] = dict(
+                fwd_ms=float("nan"),
+                fwd_bwd_ms=float("nan"),
+                peak_mib=float("nan"),
+                note=f"did not run: {type(e).__name__}",
+            )
             continue
         runs[name] = (run, params)
     times = {name: ([], []) for name in runs}
@@ -152,11 +178,14 @@ def bench_case(grid_str, methods, args):
         t_fwd = statistics.median(times[name][0])
         t_fb = statistics.median(times[name][1]) if params else float("nan")
         mem, err = (float("nan"), "off") if args.no_memory else peak_memory(name, grid_str, args)
-        rows[name] = dict(fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem,
-                          note="forward only" if params is None else "")
+        rows[name] = dict(
+            fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem, note="forward only" if params is None else ""
+        )
         extra = f"  (memory: {err})" if err and not args.no_memory else ""
-        print(f"  {name:8s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   peak +{mem:8.1f} MiB{extra}",
-              flush=True)
+        print(
+            f"  {name:8s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   peak +{mem:8.1f} MiB{extra}",
+            flush=True,
+        )
     return dict(grid=grid_str, batch=args.batch, rows={m: rows[m] for m in methods if m in rows})
 
 
@@ -164,15 +193,21 @@ def summary_lines(res, args):
     r = res["rows"]
     grid = parse_grid(res["grid"])
     win = "x".join([str(2 * args.window + 1)] * len(grid))
-    lines = [f"grid {res['grid']} (N={math.prod(grid)}), B={res['batch']}, H={args.heads}, D={args.dim}, float32, "
-             f"bias only, {args.threads} threads"]
+    lines = [
+        f"grid {res['grid']} (N={math.prod(grid)}), B={res['batch']}, H={args.heads}, D={args.dim}, float32, "
+        f"bias only, {args.threads} threads"
+    ]
     if "eager" in r and "posattn" in r:
-        lines.append(f"  eager / posattn dense, fwd+bwd time: {ratio(r['eager']['fwd_bwd_ms'], r['posattn']['fwd_bwd_ms']):.2f}x"
-                     f" (target >= 3x at 32x32); peak memory posattn / eager: "
-                     f"{ratio(r['posattn']['peak_mib'], r['eager']['peak_mib']):.3f} (target <= 0.1)")
+        lines.append(
+            f"  eager / posattn dense, fwd+bwd time: {ratio(r['eager']['fwd_bwd_ms'], r['posattn']['fwd_bwd_ms']):.2f}x"
+            f" (target >= 3x at 32x32); peak memory posattn / eager: "
+            f"{ratio(r['posattn']['peak_mib'], r['eager']['peak_mib']):.3f} (target <= 0.1)"
+        )
     if "eager" in r and "window" in r:
-        lines.append(f"  eager dense / posattn {win} window, fwd+bwd time: "
-                     f"{ratio(r['eager']['fwd_bwd_ms'], r['window']['fwd_bwd_ms']):.1f}x (target >= 10x at 64x64)")
+        lines.append(
+            f"  eager dense / posattn {win} window, fwd+bwd time: "
+            f"{ratio(r['eager']['fwd_bwd_ms'], r['window']['fwd_bwd_ms']):.1f}x (target >= 10x at 64x64)"
+        )
     if "flex" in r and "posattn" in r and not math.isnan(r["flex"]["fwd_ms"]):
         lines.append(f"  flex / posattn dense, forward time: {ratio(r['flex']['fwd_ms'], r['posattn']['fwd_ms']):.2f}x")
     return lines
@@ -185,16 +220,42 @@ def records(results, args) -> list[dict]:
         case = f"grid {res['grid']}, B={res['batch']}, H={args.heads}, D={args.dim}, bias only, fwd+bwd"
         win = f"{2 * args.window + 1}-wide window"
         if "eager" in r and "posattn" in r:
-            out.append(record("relpos_attention bias", case, "posattn", "eager gathered bias + SDPA",
-                              r["posattn"]["fwd_bwd_ms"], r["eager"]["fwd_bwd_ms"], r["posattn"]["peak_mib"],
-                              r["eager"]["peak_mib"]))
+            out.append(
+                record(
+                    "relpos_attention bias",
+                    case,
+                    "posattn",
+                    "eager gathered bias + SDPA",
+                    r["posattn"]["fwd_bwd_ms"],
+                    r["eager"]["fwd_bwd_ms"],
+                    r["posattn"]["peak_mib"],
+                    r["eager"]["peak_mib"],
+                )
+            )
         if "eager" in r and "window" in r:
-            out.append(record("relpos_attention bias", case, f"posattn {win}", "eager gathered bias + SDPA (dense)",
-                              r["window"]["fwd_bwd_ms"], r["eager"]["fwd_bwd_ms"], r["window"]["peak_mib"],
-                              r["eager"]["peak_mib"]))
+            out.append(
+                record(
+                    "relpos_attention bias",
+                    case,
+                    f"posattn {win}",
+                    "eager gathered bias + SDPA (dense)",
+                    r["window"]["fwd_bwd_ms"],
+                    r["eager"]["fwd_bwd_ms"],
+                    r["window"]["peak_mib"],
+                    r["eager"]["peak_mib"],
+                )
+            )
         if "flex" in r and "posattn" in r and not math.isnan(r["flex"]["fwd_ms"]):
-            out.append(record("relpos_attention bias", case.replace("fwd+bwd", "forward"), "posattn",
-                              "flex_attention (compiled)", r["posattn"]["fwd_ms"], r["flex"]["fwd_ms"]))
+            out.append(
+                record(
+                    "relpos_attention bias",
+                    case.replace("fwd+bwd", "forward"),
+                    "posattn",
+                    "flex_attention (compiled)",
+                    r["posattn"]["fwd_ms"],
+                    r["flex"]["fwd_ms"],
+                )
+            )
     return out
 
 
@@ -204,9 +265,11 @@ def markdown(results, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--grid", action="append",
-                   help="grid such as 32x32 (repeatable; default: 32x32 with every method, 64x64 with eager, "
-                        "posattn and window)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        help="grid such as 32x32 (repeatable; default: 32x32 with every method, 64x64 with eager, posattn and window)",
+    )
     p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--heads", type=int, default=4)
@@ -226,12 +289,17 @@ def main():
         unknown = [m for m in chosen if m not in METHODS]
         if unknown:
             raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    cases = [(g, chosen or list(METHODS)) for g in args.grid] if args.grid else \
-        [("32x32", chosen or list(METHODS)), ("64x64", chosen or ["eager", "posattn", "window"])]
+    cases = (
+        [(g, chosen or list(METHODS)) for g in args.grid]
+        if args.grid
+        else [("32x32", chosen or list(METHODS)), ("64x64", chosen or ["eager", "posattn", "window"])]
+    )
     results = []
     for grid_str, methods in cases:
-        print(f"grid {grid_str}, B={args.batch}, H={args.heads}, D={args.dim}, window half width {args.window}",
-              flush=True)
+        print(
+            f"grid {grid_str}, B={args.batch}, H={args.heads}, D={args.dim}, window half width {args.window}",
+            flush=True,
+        )
         res = bench_case(grid_str, methods, args)
         results.append(res)
         for line in summary_lines(res, args):

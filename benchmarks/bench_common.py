@@ -4,6 +4,7 @@ A record compares posattn's way of doing something with a baseline's, on one
 case: ``speedup = baseline_ms / posattn_ms`` (> 1: posattn is faster) and, where
 measured, ``memory_ratio = posattn_mib / baseline_mib`` (< 1: posattn uses less).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,14 +16,31 @@ import sys
 from typing import Optional
 
 
-def record(benchmark: str, case: str, method: str, baseline: str, method_ms: float, baseline_ms: float,
-           method_mib: Optional[float] = None, baseline_mib: Optional[float] = None, note: str = "") -> dict:
+def record(
+    benchmark: str,
+    case: str,
+    method: str,
+    baseline: str,
+    method_ms: float,
+    baseline_ms: float,
+    method_mib: Optional[float] = None,
+    baseline_mib: Optional[float] = None,
+    note: str = "",
+) -> dict:
     def ok(x):
         return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
-    return dict(benchmark=benchmark, case=case, method=method, baseline=baseline, method_ms=method_ms,
-                baseline_ms=baseline_ms, speedup=baseline_ms / method_ms if ok(method_ms) and ok(baseline_ms) else None,
-                memory_ratio=method_mib / baseline_mib if ok(method_mib) and ok(baseline_mib) else None, note=note)
+    return dict(
+        benchmark=benchmark,
+        case=case,
+        method=method,
+        baseline=baseline,
+        method_ms=method_ms,
+        baseline_ms=baseline_ms,
+        speedup=baseline_ms / method_ms if ok(method_ms) and ok(baseline_ms) else None,
+        memory_ratio=method_mib / baseline_mib if ok(method_mib) and ok(baseline_mib) else None,
+        note=note,
+    )
 
 
 def write_records(path: Optional[str], records: list[dict]) -> None:
@@ -85,15 +103,20 @@ def results_markdown(results: list[dict], threads: int, summary_lines, note: boo
     import posattn
 
     extra_head, extra_rule = (" note |", "---|") if note else ("", "")
-    out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-           f"posattn {posattn.__version__}, {threads} threads, {date.today().isoformat()}", "",
-           "| grid | B | method | fwd ms | fwd+bwd ms | peak extra MiB |" + extra_head,
-           "|---|---|---|---|---|---|" + extra_rule]
+    out = [
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"posattn {posattn.__version__}, {threads} threads, {date.today().isoformat()}",
+        "",
+        "| grid | B | method | fwd ms | fwd+bwd ms | peak extra MiB |" + extra_head,
+        "|---|---|---|---|---|---|" + extra_rule,
+    ]
     for res in results:
         for name, row in res["rows"].items():
             extra = f" {row['note']} |" if note else ""
-            out.append(f"| {res['grid']} | {res['batch']} | {name} | {row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | "
-                       f"{row['peak_mib']:.1f} |" + extra)
+            out.append(
+                f"| {res['grid']} | {res['batch']} | {name} | {row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | "
+                f"{row['peak_mib']:.1f} |" + extra
+            )
     out.append("")
     for res in results:
         out.extend(summary_lines(res))

@@ -19,6 +19,7 @@ variant (median over the rounds). Prints ms and the ratio native / variant
 
     python benchmarks/bench_cpu_dispatch.py [--repeats 15] [--rounds 3] [--threads 2] [--json FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,22 @@ def native_build(out_dir: str) -> str:
     print(f"building a -march=native copy of the extension into {out_dir} (once; about 2 minutes) ...", flush=True)
     env = dict(os.environ, POSATTN_CPU_ARCH="native", FORCE_CUDA="0")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", out_dir, "--build-temp",
-                    os.path.join(out_dir, "tmp")], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "build_ext",
+            "--build-lib",
+            out_dir,
+            "--build-temp",
+            os.path.join(out_dir, "tmp"),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     print(f"built in {time.perf_counter() - t:.0f} s", flush=True)
     return glob.glob(os.path.join(out_dir, "posattn", "_C*.so"))[0]
 
@@ -110,8 +125,9 @@ def run_variant(so: str, capability: str | None, threads: int, repeats: int) -> 
     env.pop("POSATTN_CPU_CAPABILITY", None)
     if capability:
         env["POSATTN_CPU_CAPABILITY"] = capability
-    res = subprocess.run([sys.executable, "-c", CHILD, so, str(threads), str(repeats)], env=env,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", CHILD, so, str(threads), str(repeats)], env=env, capture_output=True, text=True
+    )
     if res.returncode != 0:
         raise SystemExit(f"variant {capability or 'default'} of {so} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -142,15 +158,24 @@ def main(argv=None) -> int:
         for name, (so, cap) in variants.items():
             print(f"round {r + 1}/{args.rounds}: {name}", flush=True)
             runs[name].append(run_variant(so, cap, args.threads, args.repeats)["rows"])
-    variants_out = {name: {"rows": {case: [statistics.median(run[case][i] for run in rs) for i in range(2)]
-                                    for case in rs[0]}} for name, rs in runs.items()}
+    variants_out = {
+        name: {"rows": {case: [statistics.median(run[case][i] for run in rs) for i in range(2)] for case in rs[0]}}
+        for name, rs in runs.items()
+    }
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"\nCPU: {cpu}; {args.threads} threads; float32; median of {args.repeats} after warm-up; "
-          f"{args.rounds} interleaved rounds; the installed build picks '{best}'")
+    print(
+        f"\nCPU: {cpu}; {args.threads} threads; float32; median of {args.repeats} after warm-up; "
+        f"{args.rounds} interleaved rounds; the installed build picks '{best}'"
+    )
     names = list(variants_out)
-    header = "| case | op | " + " | ".join(f"{n} ms" for n in names) + " | " + \
-        " | ".join(f"native / {n}" for n in names[1:]) + " |"
+    header = (
+        "| case | op | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | "
+        + " | ".join(f"native / {n}" for n in names[1:])
+        + " |"
+    )
     print(header)
     print("|" + "---|" * (2 + 2 * len(names) - 1))
     table = []
@@ -159,8 +184,13 @@ def main(argv=None) -> int:
             ms = [variants_out[n]["rows"][case][i] for n in names]
             ratios = [ms[0] / m for m in ms[1:]]
             table.append(dict(case=case, op=op, ms=dict(zip(names, ms)), native_over=dict(zip(names[1:], ratios))))
-            print(f"| {case} | {op} | " + " | ".join(f"{m:.2f}" for m in ms) + " | " +
-                  " | ".join(f"{r:.2f}" for r in ratios) + " |")
+            print(
+                f"| {case} | {op} | "
+                + " | ".join(f"{m:.2f}" for m in ms)
+                + " | "
+                + " | ".join(f"{r:.2f}" for r in ratios)
+                + " |"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(cpu=cpu, threads=args.threads, repeats=args.repeats, rows=table), f, indent=1)

@@ -11,6 +11,7 @@ Usage:
   python benchmarks/bench_models_cpu.py --grid 28x28 --batch 16 --repeats 5
   python benchmarks/bench_models_cpu.py --grid 28x28 --no-performers
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,11 @@ from datetime import date
 
 import torch
 import torch.nn.functional as F
+from bench_common import record, write_records
 
 import posattn
-from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, TransformerClassifier
 from posattn._timing import median_seconds
-
-from bench_common import record, write_records
+from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, TransformerClassifier
 
 THRESHOLD = 0.1
 
@@ -76,10 +76,14 @@ def main():
     args = p.parse_args()
     recs = []
     grids = [[int(s) for s in g.split("x")] for g in (args.grid or ["14x14", "28x28"])]
-    print(f"posattn {posattn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}, {date.today()}")
-    print(f"one training step (fwd+bwd), batch {args.batch}, thesis model (6 layers, dim 64, 8 heads, SIREN); "
-          f"Performers with the same depth/dim/heads")
+    print(
+        f"posattn {posattn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, {date.today()}"
+    )
+    print(
+        f"one training step (fwd+bwd), batch {args.batch}, thesis model (6 layers, dim 64, 8 heads, SIREN); "
+        f"Performers with the same depth/dim/heads"
+    )
     for grid in grids:
         rows, keep = bench_grid(grid, args)
         g = "x".join(map(str, grid))
@@ -88,21 +92,40 @@ def main():
             print(f"  {name:26s} {1e3 * t:9.1f} ms   {1e3 * t / args.batch:7.2f} ms/sample")
         case = f"thesis model, grid {g}, batch {args.batch}, training step"
         if "reference" in rows:
-            recs.append(record("models", case, "fused backend", "reference backend", 1e3 * rows["fused"],
-                               1e3 * rows["reference"]))
+            recs.append(
+                record(
+                    "models", case, "fused backend", "reference backend", 1e3 * rows["fused"], 1e3 * rows["reference"]
+                )
+            )
             print(f"  fused vs reference backend: {rows['reference'] / rows['fused']:.2f}x faster")
         else:
             print("  reference backend skipped (its N x N tensors would exceed --max-reference-gib)")
         print(f"  fused / same model on plain SDPA (no positional term): {rows['fused'] / rows['sdpa']:.2f}x the time")
-        print(f"  span threshold {THRESHOLD} at sigma {args.sigma} (keeps {100 * keep:.1f}% of keys): "
-              f"{rows['fused'] / rows['fused_span_thr']:.2f}x faster than dense")
-        recs.append(record("models", case, f"span threshold ({100 * keep:.0f}% kept)", "dense", 1e3 * rows["fused_span_thr"],
-                           1e3 * rows["fused"]))
-        recs.append(record("models", case, "fused backend", "SDPA attention, no positions", 1e3 * rows["fused"],
-                           1e3 * rows["sdpa"]))
+        print(
+            f"  span threshold {THRESHOLD} at sigma {args.sigma} (keeps {100 * keep:.1f}% of keys): "
+            f"{rows['fused'] / rows['fused_span_thr']:.2f}x faster than dense"
+        )
+        recs.append(
+            record(
+                "models",
+                case,
+                f"span threshold ({100 * keep:.0f}% kept)",
+                "dense",
+                1e3 * rows["fused_span_thr"],
+                1e3 * rows["fused"],
+            )
+        )
+        recs.append(
+            record(
+                "models", case, "fused backend", "SDPA attention, no positions", 1e3 * rows["fused"], 1e3 * rows["sdpa"]
+            )
+        )
         if "Performer" in rows:
-            recs.append(record("models", case, "fused backend", "Performer (FAVOR+)", 1e3 * rows["fused"],
-                               1e3 * rows["Performer"]))
+            recs.append(
+                record(
+                    "models", case, "fused backend", "Performer (FAVOR+)", 1e3 * rows["fused"], 1e3 * rows["Performer"]
+                )
+            )
     write_records(args.json, recs)
 
 

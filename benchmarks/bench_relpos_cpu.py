@@ -18,6 +18,7 @@ Usage:
   python benchmarks/bench_relpos_cpu.py --grid 32x32 --batch 8 --repeats 15
   python benchmarks/bench_relpos_cpu.py --markdown results.md  # also write the table
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown, write_records
 
 from posattn import ops
 from posattn._grid import grid_coords, num_offsets, offset_rows, span_sigma_for_keep
 from posattn._timing import median_seconds, peak_extra_mib
-
-from bench_common import (add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown,
-                          write_records)
 
 METHODS = ("eager", "sdpa", "posattn", "span", "span_thr")
 THRESHOLD = 0.1
@@ -108,9 +107,25 @@ def child_peak_memory(args):
 
 
 def peak_memory(method, grid_str, args):
-    return child_peak_mib(__file__, ["--child", method, "--grid", grid_str, "--batch", str(args.batch), "--heads",
-                                     str(args.heads), "--dim", str(args.dim), "--keep", str(args.keep),
-                                     "--threads", str(args.threads)])
+    return child_peak_mib(
+        __file__,
+        [
+            "--child",
+            method,
+            "--grid",
+            grid_str,
+            "--batch",
+            str(args.batch),
+            "--heads",
+            str(args.heads),
+            "--dim",
+            str(args.dim),
+            "--keep",
+            str(args.keep),
+            "--threads",
+            str(args.threads),
+        ],
+    )
 
 
 # --- main ---------------------------------------------------------------------
@@ -128,8 +143,10 @@ def bench_grid(grid_str, args):
     rows = {}
     for name in METHODS:
         if name == "eager" and eager_bytes(grid, args.batch, args.heads) > args.eager_limit_gib * 2**30:
-            print(f"  {name:9s} skipped: would need about "
-                  f"{eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB (--eager-limit-gib)")
+            print(
+                f"  {name:9s} skipped: would need about "
+                f"{eager_bytes(grid, args.batch, args.heads) / 2**30:.1f} GiB (--eager-limit-gib)"
+            )
             continue
         run, params = make_method(name, grid, x, args.keep)
 
@@ -142,8 +159,10 @@ def bench_grid(grid_str, args):
         mem, err = (float("nan"), "off") if args.no_memory else peak_memory(name, grid_str, args)
         rows[name] = dict(fwd_ms=t_fwd * 1e3, fwd_bwd_ms=t_fb * 1e3, peak_mib=mem)
         extra = f"  (memory: {err})" if err and not args.no_memory else ""
-        print(f"  {name:9s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   "
-              f"peak +{mem:8.1f} MiB{extra}", flush=True)
+        print(
+            f"  {name:9s} fwd {t_fwd * 1e3:9.1f} ms   fwd+bwd {t_fb * 1e3:9.1f} ms   peak +{mem:8.1f} MiB{extra}",
+            flush=True,
+        )
     return dict(grid=grid_str, batch=args.batch, sigma=sigma, half=half, keep=frac, rows=rows)
 
 
@@ -151,18 +170,25 @@ def summary_lines(res, args):
     r = res["rows"]
     lines = []
     N = math.prod(parse_grid(res["grid"]))
-    head = (f"grid {res['grid']} (N={N}), B={res['batch']}, H={args.heads}, D={args.dim}, float32, "
-            f"{args.threads} threads")
+    head = (
+        f"grid {res['grid']} (N={N}), B={res['batch']}, H={args.heads}, D={args.dim}, float32, {args.threads} threads"
+    )
     lines.append(head)
     if "eager" in r:
-        lines.append(f"  (a) eager / posattn, fwd+bwd time: {ratio(r['eager']['fwd_bwd_ms'], r['posattn']['fwd_bwd_ms']):.2f}x "
-                     f"(target >= 1.5x); peak memory posattn / eager: "
-                     f"{ratio(r['posattn']['peak_mib'], r['eager']['peak_mib']):.3f} (target <= 0.25)")
-    lines.append(f"  (b) posattn / sdpa, fwd+bwd time: {ratio(r['posattn']['fwd_bwd_ms'], r['sdpa']['fwd_bwd_ms']):.2f}x "
-                 f"(target <= 2x); forward only: {ratio(r['posattn']['fwd_ms'], r['sdpa']['fwd_ms']):.2f}x")
-    lines.append(f"  (c) span dense / span threshold {THRESHOLD} (box keeps {100 * res['keep']:.1f}% of keys, "
-                 f"half widths {res['half']}), fwd+bwd: {ratio(r['span']['fwd_bwd_ms'], r['span_thr']['fwd_bwd_ms']):.2f}x "
-                 f"(target >= 4x); forward only: {ratio(r['span']['fwd_ms'], r['span_thr']['fwd_ms']):.2f}x")
+        lines.append(
+            f"  (a) eager / posattn, fwd+bwd time: {ratio(r['eager']['fwd_bwd_ms'], r['posattn']['fwd_bwd_ms']):.2f}x "
+            f"(target >= 1.5x); peak memory posattn / eager: "
+            f"{ratio(r['posattn']['peak_mib'], r['eager']['peak_mib']):.3f} (target <= 0.25)"
+        )
+    lines.append(
+        f"  (b) posattn / sdpa, fwd+bwd time: {ratio(r['posattn']['fwd_bwd_ms'], r['sdpa']['fwd_bwd_ms']):.2f}x "
+        f"(target <= 2x); forward only: {ratio(r['posattn']['fwd_ms'], r['sdpa']['fwd_ms']):.2f}x"
+    )
+    lines.append(
+        f"  (c) span dense / span threshold {THRESHOLD} (box keeps {100 * res['keep']:.1f}% of keys, "
+        f"half widths {res['half']}), fwd+bwd: {ratio(r['span']['fwd_bwd_ms'], r['span_thr']['fwd_bwd_ms']):.2f}x "
+        f"(target >= 4x); forward only: {ratio(r['span']['fwd_ms'], r['span_thr']['fwd_ms']):.2f}x"
+    )
     return lines
 
 
@@ -171,14 +197,42 @@ def records(results, args) -> list[dict]:
     for res in results:
         r, case = res["rows"], f"grid {res['grid']}, B={res['batch']}, H={args.heads}, D={args.dim}, fwd+bwd"
         if "eager" in r:
-            out.append(record("relpos_attention", case, "posattn", "eager bias + SDPA", r["posattn"]["fwd_bwd_ms"],
-                              r["eager"]["fwd_bwd_ms"], r["posattn"]["peak_mib"], r["eager"]["peak_mib"]))
-        out.append(record("relpos_attention", case, "posattn", "SDPA without positions (floor)",
-                          r["posattn"]["fwd_bwd_ms"], r["sdpa"]["fwd_bwd_ms"], r["posattn"]["peak_mib"],
-                          r["sdpa"]["peak_mib"]))
-        out.append(record("relpos_attention", case, f"span threshold ({100 * res['keep']:.0f}% kept)", "span dense",
-                          r["span_thr"]["fwd_bwd_ms"], r["span"]["fwd_bwd_ms"], r["span_thr"]["peak_mib"],
-                          r["span"]["peak_mib"]))
+            out.append(
+                record(
+                    "relpos_attention",
+                    case,
+                    "posattn",
+                    "eager bias + SDPA",
+                    r["posattn"]["fwd_bwd_ms"],
+                    r["eager"]["fwd_bwd_ms"],
+                    r["posattn"]["peak_mib"],
+                    r["eager"]["peak_mib"],
+                )
+            )
+        out.append(
+            record(
+                "relpos_attention",
+                case,
+                "posattn",
+                "SDPA without positions (floor)",
+                r["posattn"]["fwd_bwd_ms"],
+                r["sdpa"]["fwd_bwd_ms"],
+                r["posattn"]["peak_mib"],
+                r["sdpa"]["peak_mib"],
+            )
+        )
+        out.append(
+            record(
+                "relpos_attention",
+                case,
+                f"span threshold ({100 * res['keep']:.0f}% kept)",
+                "span dense",
+                r["span_thr"]["fwd_bwd_ms"],
+                r["span"]["fwd_bwd_ms"],
+                r["span_thr"]["peak_mib"],
+                r["span"]["peak_mib"],
+            )
+        )
     return out
 
 

@@ -28,6 +28,7 @@ Usage (on the GPU machine):
   python benchmarks/bench_relpos_cuda.py --device cpu --dtype float32 --grid 6x6 --batch 1 --heads 2 \\
       --dim 8 --methods sdpa,posattn,window,eager --repeats 2          # a smoke test without a GPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,16 +41,21 @@ from datetime import date
 
 import torch
 import torch.nn.functional as F
+from bench_common import parse_grid, ratio, record, write_records
 
 import posattn
 from posattn import ops, reference
 from posattn._grid import num_offsets
 
-from bench_common import parse_grid, ratio, record, write_records
-
 METHODS = ("sdpa", "posattn", "general", "window", "flex", "eager")
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def make_inputs(grid, batch, heads, dim, dtype, device, seed=0):
@@ -60,8 +66,14 @@ def make_inputs(grid, batch, heads, dim, dtype, device, seed=0):
         return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype).requires_grad_()
 
     sigma = (0.2 + 0.3 * torch.rand(heads, len(grid), generator=g)).to(device).requires_grad_()  # float32
-    return dict(q=rand(batch, heads, N, dim), k=rand(batch, heads, N, dim), v=rand(batch, heads, N, dim),
-                q_pos=rand(batch, heads, N, dim), rel=rand(heads, U, dim, scale=0.5), sigma=sigma)
+    return dict(
+        q=rand(batch, heads, N, dim),
+        k=rand(batch, heads, N, dim),
+        v=rand(batch, heads, N, dim),
+        q_pos=rand(batch, heads, N, dim),
+        rel=rand(heads, U, dim, scale=0.5),
+        sigma=sigma,
+    )
 
 
 def window_for(grid, keep):
@@ -118,6 +130,7 @@ def flex_method(grid, x, window, scale):
 
     block_mask = None
     if window is not None:
+
         def mask_mod(b, h, q_idx, kv_idx):
             return offsets(q_idx, kv_idx)[1]
 
@@ -147,6 +160,7 @@ def make_method(name, grid, x, window, scale):
     q, k, v = x["q"], x["k"], x["v"]
     pos = dict(q_pos=x["q_pos"], rel=x["rel"], sigma=x["sigma"])
     if name == "sdpa":
+
         def run():
             if q.is_cuda:
                 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -160,6 +174,7 @@ def make_method(name, grid, x, window, scale):
     if name == "posattn":
         return (lambda: ops.relpos_attention(q, k, v, grid=grid, scale=scale, **pos)), params
     if name == "general":
+
         def general():
             old = os.environ.get("POSATTN_CUDA_KERNEL")
             os.environ["POSATTN_CUDA_KERNEL"] = "general"
@@ -192,6 +207,7 @@ def short(e: Exception) -> str:
 def timer(device):
     """A function timing one call of fn in milliseconds (CUDA events on CUDA)."""
     if device.type == "cuda":
+
         def time_ms(fn):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -200,10 +216,12 @@ def timer(device):
             end.synchronize()
             return start.elapsed_time(end)
     else:
+
         def time_ms(fn):
             t = time.perf_counter()
             fn()
             return (time.perf_counter() - t) * 1e3
+
     return time_ms
 
 
@@ -222,18 +240,22 @@ def matmul_tflops(device, dtype, n=8192, repeats=10):
 def bench_grid(grid, args, device, dtype, methods):
     N = math.prod(grid)
     x = make_inputs(grid, args.batch, args.heads, args.dim, dtype, device)
-    scale = args.dim ** -0.5
+    scale = args.dim**-0.5
     window = window_for(grid, args.keep)
     keep = kept_fraction(grid, window)
-    print(f"grid {'x'.join(map(str, grid))}: N = {N}, window half widths {window} keep {keep:.1%} of the keys",
-          flush=True)
+    print(
+        f"grid {'x'.join(map(str, grid))}: N = {N}, window half widths {window} keep {keep:.1%} of the keys", flush=True
+    )
     g_out = torch.randn(args.batch, args.heads, N, args.dim, device=device, dtype=dtype)
     runs, rows, outputs, notes = {}, {}, {}, {}
     names = list(methods) + (["flex_window"] if "flex" in methods and "window" in methods else [])
     for name in names:
         if name == "eager" and 6 * args.batch * args.heads * N * N * 4 > args.eager_limit_gib * 2**30:
-            print(f"  {name:11s} skipped: about {6 * args.batch * args.heads * N * N * 4 / 2**30:.0f} GiB "
-                  "(--eager-limit-gib)", flush=True)
+            print(
+                f"  {name:11s} skipped: about {6 * args.batch * args.heads * N * N * 4 / 2**30:.0f} GiB "
+                "(--eager-limit-gib)",
+                flush=True,
+            )
             continue
         try:
             run, params = make_method(name, grid, x, window, scale)
@@ -264,8 +286,9 @@ def bench_grid(grid, args, device, dtype, methods):
         print(f"  {name:11s} output check: max relative difference {err:.2e}", flush=True)
         if not err <= tol:
             runs.pop(name, None)
-            rows[name] = dict(fwd_ms=float("nan"), fwd_bwd_ms=float("nan"),
-                              note=f"output differs from posattn ({err:.1e}); not timed")
+            rows[name] = dict(
+                fwd_ms=float("nan"), fwd_bwd_ms=float("nan"), note=f"output differs from posattn ({err:.1e}); not timed"
+            )
     time_ms = timer(device)
     times = {name: ([], []) for name in runs}
     for _ in range(args.repeats):
@@ -279,10 +302,18 @@ def bench_grid(grid, args, device, dtype, methods):
         pairs = pairs_dense * (keep if name in ("window", "flex_window") else 1.0)
         flops = 2 * pairs * ((args.dim + args.dim) if name == "sdpa" else (2 * args.dim + args.dim))
         f_ms, fb_ms = statistics.median(fwd), statistics.median(fb) if fb else float("nan")
-        rows[name] = dict(fwd_ms=f_ms, fwd_bwd_ms=fb_ms, fwd_tflops=flops / (f_ms * 1e-3) / 1e12,
-                          fwd_bwd_tflops=3.5 * flops / (fb_ms * 1e-3) / 1e12, note=notes.get(name, ""))
-        print(f"  {name:11s} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
-              f"{rows[name]['fwd_tflops']:7.3g} / {rows[name]['fwd_bwd_tflops']:7.3g} useful TFLOP/s", flush=True)
+        rows[name] = dict(
+            fwd_ms=f_ms,
+            fwd_bwd_ms=fb_ms,
+            fwd_tflops=flops / (f_ms * 1e-3) / 1e12,
+            fwd_bwd_tflops=3.5 * flops / (fb_ms * 1e-3) / 1e12,
+            note=notes.get(name, ""),
+        )
+        print(
+            f"  {name:11s} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
+            f"{rows[name]['fwd_tflops']:7.3g} / {rows[name]['fwd_bwd_tflops']:7.3g} useful TFLOP/s",
+            flush=True,
+        )
     return dict(grid="x".join(map(str, grid)), window=window, keep=keep, rows=rows)
 
 
@@ -295,14 +326,18 @@ def summary(res, matmul):
 
     lines = [f"grid {res['grid']}:"]
     for key, what in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd")):
-        lines.append(f"  {what}: posattn / sdpa (no positions) {ratio(get('posattn', key), get('sdpa', key)):.2f}x; "
-                     f"flex / posattn {ratio(get('flex', key), get('posattn', key)):.2f}x; "
-                     f"eager / posattn {ratio(get('eager', key), get('posattn', key)):.2f}x; "
-                     f"general / posattn {ratio(get('general', key), get('posattn', key)):.2f}x; "
-                     f"dense / window ({res['keep']:.0%} kept) {ratio(get('posattn', key), get('window', key)):.2f}x; "
-                     f"flex window / posattn window {ratio(get('flex_window', key), get('window', key)):.2f}x")
-    lines.append(f"  posattn forward {get('posattn', 'fwd_tflops'):.3g} useful TFLOP/s "
-                 f"({ratio(get('posattn', 'fwd_tflops'), matmul):.1%} of the measured matmul rate {matmul:.3g})")
+        lines.append(
+            f"  {what}: posattn / sdpa (no positions) {ratio(get('posattn', key), get('sdpa', key)):.2f}x; "
+            f"flex / posattn {ratio(get('flex', key), get('posattn', key)):.2f}x; "
+            f"eager / posattn {ratio(get('eager', key), get('posattn', key)):.2f}x; "
+            f"general / posattn {ratio(get('general', key), get('posattn', key)):.2f}x; "
+            f"dense / window ({res['keep']:.0%} kept) {ratio(get('posattn', key), get('window', key)):.2f}x; "
+            f"flex window / posattn window {ratio(get('flex_window', key), get('window', key)):.2f}x"
+        )
+    lines.append(
+        f"  posattn forward {get('posattn', 'fwd_tflops'):.3g} useful TFLOP/s "
+        f"({ratio(get('posattn', 'fwd_tflops'), matmul):.1%} of the measured matmul rate {matmul:.3g})"
+    )
     return lines
 
 
@@ -333,18 +368,26 @@ def main(argv=None):
     grids = [parse_grid(g) for g in (args.grid or ["32x32", "64x64", "16x16x16"])]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     matmul = matmul_tflops(device, dtype)
-    head = (f"Device: {name}, torch {torch.__version__}, posattn {posattn.__version__}, {args.dtype}, "
-            f"B={args.batch} H={args.heads} D={args.dim}, {date.today().isoformat()}; measured matmul "
-            f"{matmul:.3g} TFLOP/s")
+    head = (
+        f"Device: {name}, torch {torch.__version__}, posattn {posattn.__version__}, {args.dtype}, "
+        f"B={args.batch} H={args.heads} D={args.dim}, {date.today().isoformat()}; measured matmul "
+        f"{matmul:.3g} TFLOP/s"
+    )
     print(head, flush=True)
     results = [bench_grid(g, args, device, dtype, methods) for g in grids]
-    out = [head, "", "| grid | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | note |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        head,
+        "",
+        "| grid | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for res in results:
         for m, row in res["rows"].items():
-            out.append(f"| {res['grid']} | {m} | {row['fwd_ms']:.3f} | {row['fwd_bwd_ms']:.3f} | "
-                       f"{row.get('fwd_tflops', float('nan')):.3g} | {row.get('fwd_bwd_tflops', float('nan')):.3g} | "
-                       f"{row.get('note', '')} |")
+            out.append(
+                f"| {res['grid']} | {m} | {row['fwd_ms']:.3f} | {row['fwd_bwd_ms']:.3f} | "
+                f"{row.get('fwd_tflops', float('nan')):.3g} | {row.get('fwd_bwd_tflops', float('nan')):.3g} | "
+                f"{row.get('note', '')} |"
+            )
     out.append("")
     for res in results:
         out.extend(summary(res, matmul))
@@ -359,12 +402,27 @@ def main(argv=None):
         r = res["rows"]
         for base in ("sdpa", "flex", "eager", "general"):
             if base in r and "posattn" in r:
-                records.append(record("relpos_attention cuda fwd+bwd", case, "posattn", base,
-                                      r["posattn"]["fwd_bwd_ms"], r[base]["fwd_bwd_ms"]))
+                records.append(
+                    record(
+                        "relpos_attention cuda fwd+bwd",
+                        case,
+                        "posattn",
+                        base,
+                        r["posattn"]["fwd_bwd_ms"],
+                        r[base]["fwd_bwd_ms"],
+                    )
+                )
         if "window" in r and "posattn" in r:
-            records.append(record("relpos_attention cuda fwd+bwd", case + f" window {res['keep']:.0%}",
-                                  "posattn window", "posattn dense", r["window"]["fwd_bwd_ms"],
-                                  r["posattn"]["fwd_bwd_ms"]))
+            records.append(
+                record(
+                    "relpos_attention cuda fwd+bwd",
+                    case + f" window {res['keep']:.0%}",
+                    "posattn window",
+                    "posattn dense",
+                    r["window"]["fwd_bwd_ms"],
+                    r["posattn"]["fwd_bwd_ms"],
+                )
+            )
     write_records(args.json, records)
 
 

@@ -24,6 +24,7 @@ Usage:
   python benchmarks/compare.py                  # the scripts' own default sizes
   python benchmarks/compare.py --device cuda --out benchmarks/results/gpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,21 +43,37 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from bench_common import record  # noqa: E402
+
 import posattn  # noqa: E402
 from posattn import ops  # noqa: E402
 from posattn._grid import num_offsets, span_sigma_for_keep  # noqa: E402
-from bench_common import record  # noqa: E402
 
 THRESHOLD = 0.1
 
 # name, script, CPU only?, arguments for --quick, arguments otherwise
 SUITES = [
-    ("relpos_attention", "bench_relpos_cpu.py", True,
-     ["--grid", "32x32", "--grid", "48x48", "--repeats", "5", "--warmup", "1"], []),
-    ("relpos_attention bias", "bench_bias_cpu.py", True,
-     ["--grid", "32x32", "--methods", "eager,posattn,window", "--repeats", "3", "--warmup", "1"], []),
-    ("apply_maps", "bench_apply_maps.py", False,
-     ["--tokens", "1024", "--repeats", "3", "--tree-nodes", "4000", "--tree-dims", "16"], []),
+    (
+        "relpos_attention",
+        "bench_relpos_cpu.py",
+        True,
+        ["--grid", "32x32", "--grid", "48x48", "--repeats", "5", "--warmup", "1"],
+        [],
+    ),
+    (
+        "relpos_attention bias",
+        "bench_bias_cpu.py",
+        True,
+        ["--grid", "32x32", "--methods", "eager,posattn,window", "--repeats", "3", "--warmup", "1"],
+        [],
+    ),
+    (
+        "apply_maps",
+        "bench_apply_maps.py",
+        False,
+        ["--tokens", "1024", "--repeats", "3", "--tree-nodes", "4000", "--tree-dims", "16"],
+        [],
+    ),
     ("models", "bench_models_cpu.py", True, ["--grid", "14x14", "--batch", "8", "--repeats", "2"], []),
 ]
 
@@ -116,8 +133,13 @@ def relpos_problem(side: int, batch: int, heads: int, dim: int, device, seed: in
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(device).requires_grad_()
 
-    x = dict(q=rand(batch, heads, N, dim), k=rand(batch, heads, N, dim), v=rand(batch, heads, N, dim),
-             q_pos=rand(batch, heads, N, dim), rel=rand(heads, U, dim, scale=0.1))
+    x = dict(
+        q=rand(batch, heads, N, dim),
+        k=rand(batch, heads, N, dim),
+        v=rand(batch, heads, N, dim),
+        q_pos=rand(batch, heads, N, dim),
+        rel=rand(heads, U, dim, scale=0.1),
+    )
     return grid, x
 
 
@@ -143,7 +165,7 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
         x = {name: t.detach() for name, t in x.items()}
     q, k, v, q_pos, rel = x["q"], x["k"], x["v"], x["q_pos"], x["rel"]
     n, D = side, q.shape[-1]
-    scale = D ** -0.5
+    scale = D**-0.5
     compiled = torch.compile(flex_attention, dynamic=False)
     params = (q, k, v, q_pos, rel)
 
@@ -157,7 +179,9 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
         return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     recs, skipped = [], []
-    case = f"grid {side}x{side}, B=1, H=4, D=32, " + ("fwd+bwd" if backward else "forward (no CPU backward in FlexAttention)")
+    case = f"grid {side}x{side}, B=1, H=4, D=32, " + (
+        "fwd+bwd" if backward else "forward (no CPU backward in FlexAttention)"
+    )
 
     def timed(fn, ps):
         if backward:
@@ -166,6 +190,7 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
         def fwd():
             with torch.no_grad():
                 fn()
+
         return median_ms(fwd, device, 2, args.repeats)
 
     try:
@@ -175,8 +200,16 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
             return [], [f"FlexAttention: its output differs from relpos_attention's by {diff:.2e}; not timed"]
         t_flex = timed(flex_dense, params)
         t_ours = timed(lambda: ops.relpos_attention(q, k, v, q_pos, rel, grid=grid), params)
-        recs.append(record("third party", case + " (dense)", "posattn relpos_attention",
-                           "FlexAttention + gathered positional logits", t_ours, t_flex))
+        recs.append(
+            record(
+                "third party",
+                case + " (dense)",
+                "posattn relpos_attention",
+                "FlexAttention + gathered positional logits",
+                t_ours,
+                t_flex,
+            )
+        )
         # the span's box as a block mask: a moving window of half width h per axis
         sigma, half, keep = span_sigma_for_keep(grid, args.keep, THRESHOLD)
         h = half[0]
@@ -187,11 +220,21 @@ def flex_records(args, device) -> tuple[list[dict], list[str]]:
         mask = create_block_mask(window, None, None, n * n, n * n, device=str(device))
         sig = torch.full((4, 2), sigma, device=device, requires_grad=backward)
         t_flex_w = timed(lambda: flex_dense(mask), params)
-        t_ours_w = timed(lambda: ops.relpos_attention(q, k, v, q_pos, rel, grid=grid, sigma=sig, threshold=THRESHOLD),
-                         params + (sig,))
-        recs.append(record("third party", case + f" (window {2 * h + 1}x{2 * h + 1}, {100 * keep:.0f}% kept)",
-                           "posattn span threshold", "FlexAttention + block mask", t_ours_w, t_flex_w,
-                           note="FlexAttention has no Gaussian term here; posattn computes it"))
+        t_ours_w = timed(
+            lambda: ops.relpos_attention(q, k, v, q_pos, rel, grid=grid, sigma=sig, threshold=THRESHOLD),
+            params + (sig,),
+        )
+        recs.append(
+            record(
+                "third party",
+                case + f" (window {2 * h + 1}x{2 * h + 1}, {100 * keep:.0f}% kept)",
+                "posattn span threshold",
+                "FlexAttention + block mask",
+                t_ours_w,
+                t_flex_w,
+                note="FlexAttention has no Gaussian term here; posattn computes it",
+            )
+        )
     except Exception as e:  # a compile or runtime failure of a third-party path is reported, not fatal
         skipped.append(f"FlexAttention on {device.type}: failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
     return recs, skipped
@@ -206,19 +249,34 @@ def natten_records(args, device) -> tuple[list[dict], list[str]]:
     grid, x = relpos_problem(side, 1, 4, 32, device)
     sigma, half, keep = span_sigma_for_keep(grid, args.keep, THRESHOLD)
     kernel = 2 * half[0] + 1
-    q, k, v = (x[n].detach().transpose(1, 2).reshape(1, side, side, 4, 32).contiguous().requires_grad_()
-               for n in ("q", "k", "v"))
+    q, k, v = (
+        x[n].detach().transpose(1, 2).reshape(1, side, side, 4, 32).contiguous().requires_grad_()
+        for n in ("q", "k", "v")
+    )
     sig = torch.full((4, 2), sigma, device=device, requires_grad=True)
     try:
-        t_nat = median_ms(lambda: fwd_bwd(lambda: na2d(q, k, v, kernel_size=kernel), (q, k, v)), device, 2,
-                          args.repeats)
+        t_nat = median_ms(
+            lambda: fwd_bwd(lambda: na2d(q, k, v, kernel_size=kernel), (q, k, v)), device, 2, args.repeats
+        )
     except Exception as e:
         return [], [f"NATTEN: failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})"]
     p = (x["q"], x["k"], x["v"], x["q_pos"], x["rel"], sig)
-    t_ours = median_ms(lambda: fwd_bwd(lambda: ops.relpos_attention(*p[:5], grid=grid, sigma=sig, threshold=THRESHOLD),
-                                       p), device, 2, args.repeats)
-    return [record("third party", f"grid {side}x{side}, window {kernel}, fwd+bwd", "posattn span threshold",
-                   "NATTEN na2d (no positional term)", t_ours, t_nat)], []
+    t_ours = median_ms(
+        lambda: fwd_bwd(lambda: ops.relpos_attention(*p[:5], grid=grid, sigma=sig, threshold=THRESHOLD), p),
+        device,
+        2,
+        args.repeats,
+    )
+    return [
+        record(
+            "third party",
+            f"grid {side}x{side}, window {kernel}, fwd+bwd",
+            "posattn span threshold",
+            "NATTEN na2d (no positional term)",
+            t_ours,
+            t_nat,
+        )
+    ], []
 
 
 def xformers_records(args, device) -> tuple[list[dict], list[str]]:
@@ -230,14 +288,23 @@ def xformers_records(args, device) -> tuple[list[dict], list[str]]:
     grid, x = relpos_problem(side, 1, 4, 32, device)
     q, k, v = (x[n].detach().transpose(1, 2).contiguous().requires_grad_() for n in ("q", "k", "v"))
     try:
-        t_x = median_ms(lambda: fwd_bwd(lambda: xops.memory_efficient_attention(q, k, v), (q, k, v)), device, 2,
-                        args.repeats)
+        t_x = median_ms(
+            lambda: fwd_bwd(lambda: xops.memory_efficient_attention(q, k, v), (q, k, v)), device, 2, args.repeats
+        )
     except Exception as e:
         return [], [f"xformers: failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})"]
     p = tuple(x[n] for n in ("q", "k", "v", "q_pos", "rel"))
     t_ours = median_ms(lambda: fwd_bwd(lambda: ops.relpos_attention(*p, grid=grid), p), device, 2, args.repeats)
-    return [record("third party", f"grid {side}x{side}, fwd+bwd", "posattn relpos_attention (with positions)",
-                   "xformers memory_efficient_attention (no positions)", t_ours, t_x)], []
+    return [
+        record(
+            "third party",
+            f"grid {side}x{side}, fwd+bwd",
+            "posattn relpos_attention (with positions)",
+            "xformers memory_efficient_attention (no positions)",
+            t_ours,
+            t_x,
+        )
+    ], []
 
 
 # --- output -------------------------------------------------------------------
@@ -248,11 +315,15 @@ def fmt(x, spec):
 
 
 def table(records: list[dict]) -> list[str]:
-    lines = ["| benchmark | case | posattn | baseline | posattn ms | baseline ms | speedup | memory ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| benchmark | case | posattn | baseline | posattn ms | baseline ms | speedup | memory ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in records:
-        lines.append(f"| {r['benchmark']} | {r['case']} | {r['method']} | {r['baseline']} | {fmt(r['method_ms'], '.1f')} | "
-                     f"{fmt(r['baseline_ms'], '.1f')} | {fmt(r['speedup'], '.2f')}x | {fmt(r['memory_ratio'], '.3f')} |")
+        lines.append(
+            f"| {r['benchmark']} | {r['case']} | {r['method']} | {r['baseline']} | {fmt(r['method_ms'], '.1f')} | "
+            f"{fmt(r['baseline_ms'], '.1f')} | {fmt(r['speedup'], '.2f')}x | {fmt(r['memory_ratio'], '.3f')} |"
+        )
     return lines
 
 
@@ -287,14 +358,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (each script's --quick arguments)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for compare.md, compare.png, compare.json, logs")
+    p.add_argument(
+        "--out", default=os.path.join(HERE, "results"), help="folder for compare.md, compare.png, compare.json, logs"
+    )
     p.add_argument("--only", nargs="+", choices=[s[0] for s in SUITES] + ["third_party"], help="run only these parts")
-    p.add_argument("--flex-side", type=int, default=None, help="grid side of the third-party comparisons (default 32, 64 without --quick)")
+    p.add_argument(
+        "--flex-side",
+        type=int,
+        default=None,
+        help="grid side of the third-party comparisons (default 32, 64 without --quick)",
+    )
     p.add_argument("--keep", type=float, default=0.1, help="fraction of keys the span's box keeps (window comparisons)")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     if device.type == "cuda" and not torch.cuda.is_available():
         print("compare.py: error: --device cuda but CUDA is not available", file=sys.stderr)
         return 2
@@ -302,8 +383,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     log_dir = os.path.join(args.out, "logs")
     os.makedirs(log_dir, exist_ok=True)
-    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
-               else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    )
     header = f"{machine}; torch {torch.__version__}; posattn {posattn.__version__}; {date.today().isoformat()}"
     print(header, flush=True)
     records, skipped = [], []

@@ -15,6 +15,7 @@ grid (256 tokens), bfloat16, D = Dv = 32, positional term on.
 
 Needs the simulator built (bash scripts/cuda_sim.sh builds it) and nvcc.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,13 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 def short_name(mangled: str) -> str:
     if "relpos_tiled_backward" in mangled:  # KEY_MAJOR is the last template argument: ...Lb1EE
         return "tiled dk/dv" if "Lb1EE" in mangled else "tiled dq"
-    for key, name in (("relpos_tiled_forward", "tiled fwd"), ("relpos_forward_kernel", "general fwd"),
-                      ("relpos_backward_dq", "general dq"), ("relpos_backward_dkv", "general dk/dv"),
-                      ("relpos_backward_offset", "offset (d rel, d bias, d sigma)")):
+    for key, name in (
+        ("relpos_tiled_forward", "tiled fwd"),
+        ("relpos_forward_kernel", "general fwd"),
+        ("relpos_backward_dq", "general dq"),
+        ("relpos_backward_dkv", "general dk/dv"),
+        ("relpos_backward_offset", "offset (d rel, d bias, d sigma)"),
+    ):
         if key in mangled:
             return name
     return mangled
@@ -58,13 +63,40 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
-    arrays = dict(q=rand(1, 1, N, D), k=rand(1, 1, N, D), v=rand(1, 1, N, D), q_pos=rand(1, 1, N, D),
-                  rel=rand(1, U, D), gout=rand(1, 1, N, D), glse=torch.zeros(1, 1, N, dtype=torch.float32))
-    settings = dict(op="relpos", path=path, B=1, H=1, D=D, Dv=D, grid=list(grid), has_pos=1, scale=repr(D ** -0.5),
-                    window=window, window_shift=1 if window else 0, backward=int(backward), has_glse=1)
+    arrays = dict(
+        q=rand(1, 1, N, D),
+        k=rand(1, 1, N, D),
+        v=rand(1, 1, N, D),
+        q_pos=rand(1, 1, N, D),
+        rel=rand(1, U, D),
+        gout=rand(1, 1, N, D),
+        glse=torch.zeros(1, 1, N, dtype=torch.float32),
+    )
+    settings = dict(
+        op="relpos",
+        path=path,
+        B=1,
+        H=1,
+        D=D,
+        Dv=D,
+        grid=list(grid),
+        has_pos=1,
+        scale=repr(D**-0.5),
+        window=window,
+        window_shift=1 if window else 0,
+        backward=int(backward),
+        has_glse=1,
+    )
     case = workdir / f"{path}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
-    res = simlib.run_case(simlib.harness(dtype, D if path == "tiled" else None), case, settings, arrays,
-                          timing=True, timeout=7200, rundir=case / "sim")
+    res = simlib.run_case(
+        simlib.harness(dtype, D if path == "tiled" else None),
+        case,
+        settings,
+        arrays,
+        timing=True,
+        timeout=7200,
+        rundir=case / "sim",
+    )
     if res.returncode != 0:
         raise RuntimeError(res.tail())
     return kernel_cycles((case / "sim" / "gpgpusim.log").read_text()), res.seconds
@@ -73,12 +105,17 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", type=int, nargs="+", default=[16, 16])
-    ap.add_argument("--windows", default="2,2;3,4", help="window half widths per axis, ';' between windows "
-                    "(shifted windows: (2w+1) keys per axis for every query). Default: 5x5 (9.8 %%) and 7x9 (24.6 %%) "
-                    "of a 16x16 grid")
+    ap.add_argument(
+        "--windows",
+        default="2,2;3,4",
+        help="window half widths per axis, ';' between windows "
+        "(shifted windows: (2w+1) keys per axis for every query). Default: 5x5 (9.8 %%) and 7x9 (24.6 %%) "
+        "of a 16x16 grid",
+    )
     ap.add_argument("--paths", default="tiled,general", help="kernel paths to run (tiled, general)")
-    ap.add_argument("--no-backward", action="store_true", help="forward only (the general backward is slow to "
-                    "simulate)")
+    ap.add_argument(
+        "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -88,8 +125,13 @@ def main():
     N = math.prod(grid)
     windows = [None] + [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
     paths = args.paths.split(",")
-    jobs = [(path, w, bwd) for path in paths for w in windows for bwd in (False, True)
-            if not bwd or (w is None and not args.no_backward)]
+    jobs = [
+        (path, w, bwd)
+        for path in paths
+        for w in windows
+        for bwd in (False, True)
+        if not bwd or (w is None and not args.no_backward)
+    ]
     work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as ex:
@@ -98,16 +140,22 @@ def main():
     for (path, w, bwd), (cycles, secs) in zip(jobs, results):
         kept = N if w is None else math.prod(min(2 * x + 1, n) for x, n in zip(w, grid))
         fwd = sum(c for name, c in cycles if "fwd" in name)
-        rows[(path, None if w is None else tuple(w), bwd)] = dict(kernels=cycles, fwd=fwd,
-                                                                  total=sum(c for _, c in cycles), kept=kept,
-                                                                  seconds=round(secs))
+        rows[(path, None if w is None else tuple(w), bwd)] = dict(
+            kernels=cycles, fwd=fwd, total=sum(c for _, c in cycles), kept=kept, seconds=round(secs)
+        )
     if args.json:
-        args.json.write_text(json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()},
-                                        indent=1))
-    print(f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = H = 1, "
-          f"positional term on; wall {time.time() - start:.0f} s")
-    print("| call | kept keys per query | " + " | ".join(f"{p} fwd cycles | {p} vs dense" for p in paths) +
-          (" | tiled / general |" if len(paths) == 2 else " |"))
+        args.json.write_text(
+            json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()}, indent=1)
+        )
+    print(
+        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = H = 1, "
+        f"positional term on; wall {time.time() - start:.0f} s"
+    )
+    print(
+        "| call | kept keys per query | "
+        + " | ".join(f"{p} fwd cycles | {p} vs dense" for p in paths)
+        + (" | tiled / general |" if len(paths) == 2 else " |")
+    )
     print("|---|---|" + "---|---|" * len(paths) + ("---|" if len(paths) == 2 else ""))
     for w in windows:
         key = None if w is None else tuple(w)
@@ -117,7 +165,11 @@ def main():
             r, d = rows[(p, key, False)], rows[(p, None, False)]
             cells.append(f"{r['fwd']:,} | {r['fwd'] / d['fwd']:.3f}")
         kept = rows[(paths[0], key, False)]["kept"]
-        ratio = f" | {rows[('tiled', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}" if len(paths) == 2 else ""
+        ratio = (
+            f" | {rows[('tiled', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}"
+            if len(paths) == 2
+            else ""
+        )
         print(f"| {label} | {kept} ({100 * kept / N:.1f} %) | " + " | ".join(cells) + ratio + " |")
     if args.no_backward:
         return

@@ -5,6 +5,7 @@ posattn's keys or the thesis'; modes train (default), test, sweep, sweep_agent,
 local_sweep, shift_test and scaling. Sweep files are found by name in
 experiments/sweeps/. The code lives in posattn.training.
 """
+
 import sys
 from pathlib import Path
 

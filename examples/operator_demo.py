@@ -13,6 +13,7 @@ as a token on the 28x28 grid, and runs torch.ops.posattn.relpos_attention:
 
 Usage: python examples/operator_demo.py [--images 16] [--sigma 0.08] [--threshold 0.1] [--out runs/demo]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,10 @@ def main(argv=None) -> int:
     N = math.prod(grid)
     U = num_offsets(grid)
     print(f"posattn {posattn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{B} Fashion-MNIST images (labels {labels.tolist()}), grid {grid} -> N={N} tokens, "
-          f"H={H}, D={D}, U={U} relative offsets")
+    print(
+        f"{B} Fashion-MNIST images (labels {labels.tolist()}), grid {grid} -> N={N} tokens, "
+        f"H={H}, D={D}, U={U} relative offsets"
+    )
 
     # Tokens: pixel intensity lifted to H*D features by a fixed random projection.
     tokens = images.view(B, N, 1)
@@ -113,9 +116,11 @@ def main(argv=None) -> int:
 
     t_dense = 1e3 * median_seconds(lambda: step(0.0))
     t_span = 1e3 * median_seconds(lambda: step(args.threshold))
-    print(f"2. forward+backward: dense {t_dense:.1f} ms, span threshold {args.threshold} "
-          f"(box half widths {half}, keeps {100 * kept:.1f}% of keys) {t_span:.1f} ms "
-          f"-> {t_dense / t_span:.1f}x faster")
+    print(
+        f"2. forward+backward: dense {t_dense:.1f} ms, span threshold {args.threshold} "
+        f"(box half widths {half}, keeps {100 * kept:.1f}% of keys) {t_span:.1f} ms "
+        f"-> {t_dense / t_span:.1f}x faster"
+    )
 
     # 3. Attention weights of one query pixel.
     path = save_attention_plot(q, k, q_pos, rel, sigma, grid, args, images[0])
@@ -159,8 +164,14 @@ def _weights_row(q, k, q_pos, rel, sigma, grid, threshold, query):
     N = math.prod(grid)
     v = torch.eye(N).view(1, 1, N, N)
     out = ops.relpos_attention(
-        q[:1, :1].detach(), k[:1, :1].detach(), v, q_pos[:1, :1].detach(), rel[:1].detach(),
-        grid=grid, sigma=sigma[:1].detach(), threshold=threshold,
+        q[:1, :1].detach(),
+        k[:1, :1].detach(),
+        v,
+        q_pos[:1, :1].detach(),
+        rel[:1].detach(),
+        grid=grid,
+        sigma=sigma[:1].detach(),
+        threshold=threshold,
     )
     return out[0, 0, query]
 

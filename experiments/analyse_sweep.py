@@ -15,6 +15,7 @@ Reads ``runs/<sweep>/sweep_summary.csv`` (a row per run) and each run's
 - ``span.png`` (runs with a differentiable span): learned sigma and kept-key fraction
   per layer at the end of training, mean ± sd over seeds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from posattn.training.report import write_csv  # noqa: E402
-from scipy import stats  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("val/best_acc", "test/acc")
@@ -88,8 +89,15 @@ def load_runs(sweep_dir: str) -> list[dict]:
     return rows
 
 
-def report(groups: dict[str, list[dict]], out: str, name: str, scale: str = "", setting: str = "-",
-           pairs: list[tuple[str, str]] | None = None, published: dict[str, str] | None = None) -> list[str]:
+def report(
+    groups: dict[str, list[dict]],
+    out: str,
+    name: str,
+    scale: str = "",
+    setting: str = "-",
+    pairs: list[tuple[str, str]] | None = None,
+    published: dict[str, str] | None = None,
+) -> list[str]:
     """Writes settings.csv, welch.csv, results.md, accuracy.png (and span.png) for runs grouped by
     setting label; ``pairs``: the Welch comparisons (default every pair); ``published``: a column of
     published figures per label. Returns the lines of results.md."""
@@ -122,31 +130,51 @@ def report(groups: dict[str, list[dict]], out: str, name: str, scale: str = "", 
     if scale:
         lines += [f"Scale: {scale}", ""]
     extra = " published |" if published else ""
-    lines += [f"Setting: {setting}; metric: validation accuracy at the best epoch, and test accuracy "
-              "of that checkpoint; mean ± sd over seeds.", "",
-              "| setting | seeds | val acc | val max | test acc | ms/step |" + extra,
-              "|---|---|---|---|---|---|" + ("---|" if published else "")]
+    lines += [
+        f"Setting: {setting}; metric: validation accuracy at the best epoch, and test accuracy "
+        "of that checkpoint; mean ± sd over seeds.",
+        "",
+        "| setting | seeds | val acc | val max | test acc | ms/step |" + extra,
+        "|---|---|---|---|---|---|" + ("---|" if published else ""),
+    ]
     for label, runs in groups.items():
         steps = [r["step_ms"] for r in runs if "step_ms" in r]
         step = f"{statistics.fmean(steps):.0f}" if steps else ""
-        lines.append(f"| {label} | {len(runs)} | {fmt([float(r['val/best_acc']) for r in runs])} | "
-                     f"{max(float(r['val/best_acc']) for r in runs):.4f} | {fmt([float(r['test/acc']) for r in runs])} | "
-                     f"{step} |" + (f" {published.get(label, '')} |" if published else ""))
+        lines.append(
+            f"| {label} | {len(runs)} | {fmt([float(r['val/best_acc']) for r in runs])} | "
+            f"{max(float(r['val/best_acc']) for r in runs):.4f} | {fmt([float(r['test/acc']) for r in runs])} | "
+            f"{step} |" + (f" {published.get(label, '')} |" if published else "")
+        )
     if welch:
-        lines += ["", "Welch's t-test (two-sided, unequal variances, uncorrected for the number of pairs)"
-                  + (":" if pairs is None else ", for the comparisons the paper makes:"), "",
-                  "| A | B | val A−B | p | test A−B | p |", "|---|---|---|---|---|---|"]
-        lines += [f"| {w['A']} | {w['B']} | {w['val/best_acc A-B']} | {w['val/best_acc p']} | {w['test/acc A-B']} | "
-                  f"{w['test/acc p']} |" for w in welch]
+        lines += [
+            "",
+            "Welch's t-test (two-sided, unequal variances, uncorrected for the number of pairs)"
+            + (":" if pairs is None else ", for the comparisons the paper makes:"),
+            "",
+            "| A | B | val A−B | p | test A−B | p |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {w['A']} | {w['B']} | {w['val/best_acc A-B']} | {w['val/best_acc p']} | {w['test/acc A-B']} | "
+            f"{w['test/acc p']} |"
+            for w in welch
+        ]
     spans = {label: runs for label, runs in groups.items() if all("sigma" in r for r in runs)}
     if spans:
-        lines += ["", "Learned span at the end of training, per layer (mean ± sd over seeds; sigma in units of the grid, "
-                  "mean over axes):", "", "| setting | layer | sigma | kept keys |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Learned span at the end of training, per layer (mean ± sd over seeds; sigma in units of the grid, "
+            "mean over axes):",
+            "",
+            "| setting | layer | sigma | kept keys |",
+            "|---|---|---|---|",
+        ]
         for label, runs in spans.items():
             for layer in range(len(runs[0]["sigma"])):
                 keep = [r["keep"][layer] for r in runs if "keep" in r]
-                lines.append(f"| {label} | {layer} | {fmt([r['sigma'][layer] for r in runs])} | "
-                             f"{fmt(keep) if keep else ''} |")
+                lines.append(
+                    f"| {label} | {layer} | {fmt([r['sigma'][layer] for r in runs])} | {fmt(keep) if keep else ''} |"
+                )
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -154,11 +182,18 @@ def report(groups: dict[str, list[dict]], out: str, name: str, scale: str = "", 
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels)), 4))
     for j, metric in enumerate(METRICS):
         xs = [i + (j - 0.5) * 0.25 for i in range(len(labels))]
-        means = [mean_sd([float(r[metric]) for r in groups[l]]) for l in labels]
-        ax.errorbar(xs, [m for m, _ in means], yerr=[s for _, s in means], fmt="o", capsize=4, color=f"C{j}",
-                    label=f"{metric} (mean ± sd)")
-        for x, l in zip(xs, labels):
-            ax.scatter([x] * len(groups[l]), [float(r[metric]) for r in groups[l]], s=10, color=f"C{j}", alpha=0.4)
+        means = [mean_sd([float(r[metric]) for r in groups[lab]]) for lab in labels]
+        ax.errorbar(
+            xs,
+            [m for m, _ in means],
+            yerr=[s for _, s in means],
+            fmt="o",
+            capsize=4,
+            color=f"C{j}",
+            label=f"{metric} (mean ± sd)",
+        )
+        for x, lab in zip(xs, labels):
+            ax.scatter([x] * len(groups[lab]), [float(r[metric]) for r in groups[lab]], s=10, color=f"C{j}", alpha=0.4)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
@@ -171,13 +206,23 @@ def report(groups: dict[str, list[dict]], out: str, name: str, scale: str = "", 
     if spans:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
         for i, (label, runs) in enumerate(spans.items()):
-            for ax, key, what in ((axes[0], "sigma", "learned sigma (grid units)"), (axes[1], "keep", "kept-key fraction")):
+            for ax, key, what in (
+                (axes[0], "sigma", "learned sigma (grid units)"),
+                (axes[1], "keep", "kept-key fraction"),
+            ):
                 per_layer = list(zip(*[r[key] for r in runs if key in r]))
                 if not per_layer:
                     continue
                 ms = [mean_sd(list(v)) for v in per_layer]
-                ax.errorbar(range(len(ms)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
-                            color=f"C{i}", label=label)
+                ax.errorbar(
+                    range(len(ms)),
+                    [m for m, _ in ms],
+                    yerr=[s for _, s in ms],
+                    marker="o",
+                    capsize=3,
+                    color=f"C{i}",
+                    label=label,
+                )
                 ax.set_xlabel("layer")
                 ax.set_ylabel(what)
                 ax.grid(alpha=0.3)
@@ -216,8 +261,10 @@ def main(argv=None) -> int:
         groups.setdefault(" / ".join(r[k] for k in keys) or "all", []).append(r)
     lines = report(groups, out, name, args.scale, setting=" / ".join(keys) or "-")
     print("\n".join(lines))
-    print(f"\nwritten: {out}/ (sweep_summary.csv, settings.csv, welch.csv, results.md, accuracy.png, span.png "
-          "where the runs have a span)")
+    print(
+        f"\nwritten: {out}/ (sweep_summary.csv, settings.csv, welch.csv, results.md, accuracy.png, span.png "
+        "where the runs have a span)"
+    )
     return 0
 
 

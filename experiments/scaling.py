@@ -12,6 +12,7 @@ Usage:
 Every ScalingConfig field is a flag (--lengths 64 128, --max-step-seconds 60, ...).
 The same study: python cmd/main.py -mode=scaling (settings as -Dscaling.<field>=...).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,15 @@ def make_parser() -> argparse.ArgumentParser:
         if kind is list:
             item = str if f.name in ("methods", "studies") else int
             choices = list(METHODS) if f.name == "methods" else None
-            p.add_argument(flag, dest=f.name, nargs="+", type=item, choices=choices, default=None,
-                           help=f"default: {' '.join(map(str, default))}")
+            p.add_argument(
+                flag,
+                dest=f.name,
+                nargs="+",
+                type=item,
+                choices=choices,
+                default=None,
+                help=f"default: {' '.join(map(str, default))}",
+            )
         else:
             p.add_argument(flag, dest=f.name, type=kind, default=None, help=f"default: {default}")
     return p

@@ -14,6 +14,7 @@ Writes ``<out>/span_speedup.png``, ``<out>/span_speedup.csv`` and ``<out>/summar
 (default out: experiments/results/span_speedup). Each run is an ordinary
 ``python cmd/main.py`` command, printed before it starts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,28 @@ RUNS = {"threshold 0.1": ("span-thr", 0.1), "dense (no threshold)": ("span-dense
 
 def command(args, name: str, threshold: float) -> list[str]:
     return [
-        sys.executable, os.path.join(ROOT, "cmd", "main.py"), "-no_wandb=T", f"-Dname={name}",
-        f"-Dout_dir={args.runs}", "-Dmodel.patch_size=1", "-Dmodel.dim=32", "-Dmodel.depth=2",
-        "-Dmodel.heads=4", "-Dmodel.ffn_dim=64", "-Dpe.hidden_dim=32", "-Dspan.enabled=true",
-        f"-Dspan.threshold={threshold}", f"-Dspan.penalty={args.penalty}", f"-Dspan.init={args.span_init}", f"-Ddata.small_dataset={args.images}",
-        f"-Dtrain.epochs={args.epochs}", "-Dtrain.batch_size=32", f"-Dtrain.lr={args.lr}",
-        "-Dtrain.warmup_steps=20", f"-Dnum_threads={args.threads}", "-Dseed=1",
+        sys.executable,
+        os.path.join(ROOT, "cmd", "main.py"),
+        "-no_wandb=T",
+        f"-Dname={name}",
+        f"-Dout_dir={args.runs}",
+        "-Dmodel.patch_size=1",
+        "-Dmodel.dim=32",
+        "-Dmodel.depth=2",
+        "-Dmodel.heads=4",
+        "-Dmodel.ffn_dim=64",
+        "-Dpe.hidden_dim=32",
+        "-Dspan.enabled=true",
+        f"-Dspan.threshold={threshold}",
+        f"-Dspan.penalty={args.penalty}",
+        f"-Dspan.init={args.span_init}",
+        f"-Ddata.small_dataset={args.images}",
+        f"-Dtrain.epochs={args.epochs}",
+        "-Dtrain.batch_size=32",
+        f"-Dtrain.lr={args.lr}",
+        "-Dtrain.warmup_steps=20",
+        f"-Dnum_threads={args.threads}",
+        "-Dseed=1",
     ]
 
 
@@ -87,11 +104,17 @@ def main() -> None:
     rows = []
     for label, epochs in history.items():
         for r in epochs:
-            rows.append({"run": label, "epoch": r["epoch"], "epoch_s": round(r["time/epoch_s"], 2),
-                         "ms_per_sample": round(r["time/per_sample_ms"], 3),
-                         "sigma": round(layer_mean(r, "sigma_axis0"), 4),
-                         "keep_fraction": round(layer_mean(r, "keep_fraction"), 4),
-                         "val_acc": round(r["val/acc"], 4)})
+            rows.append(
+                {
+                    "run": label,
+                    "epoch": r["epoch"],
+                    "epoch_s": round(r["time/epoch_s"], 2),
+                    "ms_per_sample": round(r["time/per_sample_ms"], 3),
+                    "sigma": round(layer_mean(r, "sigma_axis0"), 4),
+                    "keep_fraction": round(layer_mean(r, "keep_fraction"), 4),
+                    "val_acc": round(r["val/acc"], 4),
+                }
+            )
     with open(os.path.join(args.out, "span_speedup.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -108,13 +131,18 @@ def main() -> None:
         ax_t.plot(e, [r["time/epoch_s"] for r in epochs], marker="o", label=label)
         ax_k.plot(e, [layer_mean(r, "keep_fraction") for r in epochs], marker="o", label=label)
     ax_t.set(xlabel="epoch", ylabel="training time per epoch (s)", title="time per epoch")
-    ax_k.set(xlabel="epoch", ylabel="kept-key fraction (mean over layers)", ylim=(0, 1.05),
-             title="span box: fraction of keys kept")
+    ax_k.set(
+        xlabel="epoch",
+        ylabel="kept-key fraction (mean over layers)",
+        ylim=(0, 1.05),
+        title="span box: fraction of keys kept",
+    )
     for ax in (ax_t, ax_k):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("Fashion-MNIST 28x28, a token per pixel: learned span with span.penalty "
-                 f"{args.penalty}, {args.images} images")
+    fig.suptitle(
+        f"Fashion-MNIST 28x28, a token per pixel: learned span with span.penalty {args.penalty}, {args.images} images"
+    )
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "span_speedup.png"), dpi=120)
 
@@ -132,13 +160,19 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for a, b in zip(thr, dense):
-        lines.append(f"| {a['epoch']} | {a['time/epoch_s']:.1f} | {layer_mean(a, 'keep_fraction'):.3f} | "
-                     f"{layer_mean(a, 'sigma_axis0'):.3f} | {b['time/epoch_s']:.1f} | "
-                     f"{b['time/epoch_s'] / a['time/epoch_s']:.2f}x |")
-    lines += ["", f"Threshold run: epoch 1 {first['time/epoch_s']:.1f} s at {layer_mean(first, 'keep_fraction'):.0%} "
-              f"of the keys, epoch {last['epoch']} {last['time/epoch_s']:.1f} s at "
-              f"{layer_mean(last, 'keep_fraction'):.0%}. Final val acc: threshold {last['val/acc']:.4f}, "
-              f"dense {dense[-1]['val/acc']:.4f}.", ""]
+        lines.append(
+            f"| {a['epoch']} | {a['time/epoch_s']:.1f} | {layer_mean(a, 'keep_fraction'):.3f} | "
+            f"{layer_mean(a, 'sigma_axis0'):.3f} | {b['time/epoch_s']:.1f} | "
+            f"{b['time/epoch_s'] / a['time/epoch_s']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Threshold run: epoch 1 {first['time/epoch_s']:.1f} s at {layer_mean(first, 'keep_fraction'):.0%} "
+        f"of the keys, epoch {last['epoch']} {last['time/epoch_s']:.1f} s at "
+        f"{layer_mean(last, 'keep_fraction'):.0%}. Final val acc: threshold {last['val/acc']:.4f}, "
+        f"dense {dense[-1]['val/acc']:.4f}.",
+        "",
+    ]
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

@@ -15,6 +15,7 @@ Usage:
   python experiments/swin_bias_study.py --replot            # redraw from the saved CSV
 Writes experiments/results/swin_bias/{runs.csv,summary.md,swin_bias.png}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,10 +64,24 @@ class EagerBiasAttention(PositionalSelfAttention):
 def build_model(args, seed: int, backend: str) -> TransformerClassifier:
     torch.manual_seed(seed)
     model = TransformerClassifier(
-        in_channels=1, num_classes=10, grid=[28, 28], patch_size=args.patch, dim=args.dim, depth=args.depth, heads=args.heads,
-        ffn_dim=2 * args.dim, dropout=0.0, input_dropout=0.0, norm="pre", pooling="mean", head="linear",
+        in_channels=1,
+        num_classes=10,
+        grid=[28, 28],
+        patch_size=args.patch,
+        dim=args.dim,
+        depth=args.depth,
+        heads=args.heads,
+        ffn_dim=2 * args.dim,
+        dropout=0.0,
+        input_dropout=0.0,
+        norm="pre",
+        pooling="mean",
+        head="linear",
         pe={"name": "none", "bias": "table", "bias_max_distance": args.window - 1},
-        window=args.window, window_border="shift", backend="fused")
+        window=args.window,
+        window_border="shift",
+        backend="fused",
+    )
     if backend == "eager":
         for block in model.blocks:
             block.attention.__class__ = EagerBiasAttention
@@ -100,8 +115,11 @@ def train_one(args, splits, seed: int, backend: str) -> dict:
             opt.step()
             sched.step()
             step_times.append(time.perf_counter() - t0)
-        print(f"  {backend:8s} seed {seed} epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
-              f"{1e3 * statistics.median(step_times):.0f} ms/step", flush=True)
+        print(
+            f"  {backend:8s} seed {seed} epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
+            f"{1e3 * statistics.median(step_times):.0f} ms/step",
+            flush=True,
+        )
     xb, yb = x[: args.batch_size], y[: args.batch_size]
 
     def one_step():
@@ -110,8 +128,13 @@ def train_one(args, splits, seed: int, backend: str) -> dict:
 
     with freed_memory_returned_to_os():
         peak = peak_extra_mib(one_step)
-    return dict(backend=backend, seed=seed, test_acc=evaluate(model, *splits.test),
-                ms_per_step=1e3 * statistics.median(step_times[len(step_times) // 10:]), peak_step_mib=peak)
+    return dict(
+        backend=backend,
+        seed=seed,
+        test_acc=evaluate(model, *splits.test),
+        ms_per_step=1e3 * statistics.median(step_times[len(step_times) // 10 :]),
+        peak_step_mib=peak,
+    )
 
 
 def write_csv(path, rows):
@@ -137,33 +160,46 @@ def summarise(rows, args) -> str:
     def ms(vals):
         return f"{statistics.mean(vals):.4f} ± {statistics.stdev(vals):.4f}" if len(vals) > 1 else f"{vals[0]:.4f}"
 
-    lines = [f"Fashion-MNIST, {args.train_images} training images, {args.epochs} epochs, full test set (10,000); "
-             f"{28 // args.patch}x{28 // args.patch} tokens, dim {args.dim}, depth {args.depth}, {args.heads} heads, 7x7 shifted window, bias table; "
-             f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
-             f"{torch.__version__}, {date.today().isoformat()}", "",
-             "| backend | seeds | test accuracy (mean ± sd) | ms / training step (batch " f"{args.batch_size}) | "
-             "peak extra MiB of a step |", "|---|---|---|---|---|"]
+    lines = [
+        f"Fashion-MNIST, {args.train_images} training images, {args.epochs} epochs, full test set (10,000); "
+        f"{28 // args.patch}x{28 // args.patch} tokens, dim {args.dim}, depth {args.depth}, {args.heads} heads, 7x7 shifted window, bias table; "
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}, {date.today().isoformat()}",
+        "",
+        "| backend | seeds | test accuracy (mean ± sd) | ms / training step (batch "
+        f"{args.batch_size}) | "
+        "peak extra MiB of a step |",
+        "|---|---|---|---|---|",
+    ]
     for b in BACKENDS:
         rs = by[b]
         if not rs:
             continue
-        lines.append(f"| {b} | {len(rs)} | {ms([r['test_acc'] for r in rs])} | "
-                     f"{statistics.median(r['ms_per_step'] for r in rs):.1f} | "
-                     f"{statistics.median(r['peak_step_mib'] for r in rs):.1f} |")
+        lines.append(
+            f"| {b} | {len(rs)} | {ms([r['test_acc'] for r in rs])} | "
+            f"{statistics.median(r['ms_per_step'] for r in rs):.1f} | "
+            f"{statistics.median(r['peak_step_mib'] for r in rs):.1f} |"
+        )
     if by["posattn"] and by["eager"]:
         diffs = [p["test_acc"] - e["test_acc"] for p in by["posattn"] for e in by["eager"] if p["seed"] == e["seed"]]
         t = statistics.median(r["ms_per_step"] for r in by["eager"]) / statistics.median(
-            r["ms_per_step"] for r in by["posattn"])
+            r["ms_per_step"] for r in by["posattn"]
+        )
         m = statistics.median(r["peak_step_mib"] for r in by["posattn"]) / statistics.median(
-            r["peak_step_mib"] for r in by["eager"])
-        lines += ["", f"Same seed, posattn - eager test accuracy: {', '.join(f'{d:+.4f}' for d in diffs)}; "
-                  f"eager / posattn time per step {t:.2f}x; posattn / eager peak memory of a step {m:.2f}."]
+            r["peak_step_mib"] for r in by["eager"]
+        )
+        lines += [
+            "",
+            f"Same seed, posattn - eager test accuracy: {', '.join(f'{d:+.4f}' for d in diffs)}; "
+            f"eager / posattn time per step {t:.2f}x; posattn / eager peak memory of a step {m:.2f}.",
+        ]
     return "\n".join(lines)
 
 
 def plot(rows, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -171,8 +207,11 @@ def plot(rows, path):
         return
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     colours = {"posattn": "tab:blue", "eager": "tab:orange"}
-    for ax, key, label in zip(axes, ("test_acc", "ms_per_step", "peak_step_mib"),
-                              ("test accuracy", "ms per training step", "peak extra MiB of a step")):
+    for ax, key, label in zip(
+        axes,
+        ("test_acc", "ms_per_step", "peak_step_mib"),
+        ("test accuracy", "ms per training step", "peak extra MiB of a step"),
+    ):
         for i, b in enumerate(BACKENDS):
             vals = [r[key] for r in rows if r["backend"] == b]
             ax.scatter([i] * len(vals), vals, color=colours[b], zorder=3)
@@ -196,8 +235,9 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--patch", type=int, default=2, choices=[1, 2, 4],
-                   help="patch size: 1 (28x28 tokens), 2 (14x14), 4 (7x7)")
+    p.add_argument(
+        "--patch", type=int, default=2, choices=[1, 2, 4], help="patch size: 1 (28x28 tokens), 2 (14x14), 4 (7x7)"
+    )
     p.add_argument("--dim", type=int, default=48)
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--heads", type=int, default=3)

@@ -8,6 +8,7 @@ Names each run by its thesis setting ("2-D SIREN + span + threshold 0.1"), then 
 ``analyse_sweep.py`` writes (settings.csv, welch.csv, results.md, accuracy.png, span.png) with
 Welch's t-tests for the comparisons the thesis makes, and the published CIFAR-10 numbers beside.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,24 +53,36 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="runs", help="the folder holding the two sweeps' folders")
     p.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "thesis_cpu"))
-    p.add_argument("--scale", default="Fashion-MNIST, 7x7 tokens of 4x4 pixels, the thesis model (6 post-LN layers, dim 64, "
-                   "8 heads, dropout 0.1, last-token pooling), Adam 1e-3, batch 20 x 2, 12 000 training images "
-                   "(80/20 split), 2 epochs, 3 seeds; 1-D: the same tokens with row-major positions")
+    p.add_argument(
+        "--scale",
+        default="Fashion-MNIST, 7x7 tokens of 4x4 pixels, the thesis model (6 post-LN layers, dim 64, "
+        "8 heads, dropout 0.1, last-token pooling), Adam 1e-3, batch 20 x 2, 12 000 training images "
+        "(80/20 split), 2 epochs, 3 seeds; 1-D: the same tokens with row-major positions",
+    )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     groups: dict[str, list[dict]] = {name: [] for name in PUBLISHED}
     for sweep in SWEEPS:
         folder = os.path.join(args.runs, sweep)
         if not os.path.exists(os.path.join(folder, "sweep_summary.csv")):
-            p.error(f"{folder}/sweep_summary.csv does not exist: run python cmd/main.py -mode=local_sweep "
-                    f"--sweep_config={sweep} first")
+            p.error(
+                f"{folder}/sweep_summary.csv does not exist: run python cmd/main.py -mode=local_sweep "
+                f"--sweep_config={sweep} first"
+            )
         shutil.copyfile(os.path.join(folder, "sweep_summary.csv"), os.path.join(args.out, f"{sweep}_summary.csv"))
         for row in load_runs(folder):
             groups[setting(row)].append(row)
     groups = {k: v for k, v in groups.items() if v}
     pairs = [(a, b) for a, b in PAIRS if a in groups and b in groups]
-    lines = report(groups, args.out, "thesis_cpu", args.scale, setting="thesis setting", pairs=pairs,
-                   published={k: f"{v} (CIFAR-10)" if v != "not run" else v for k, v in PUBLISHED.items()})
+    lines = report(
+        groups,
+        args.out,
+        "thesis_cpu",
+        args.scale,
+        setting="thesis setting",
+        pairs=pairs,
+        published={k: f"{v} (CIFAR-10)" if v != "not run" else v for k, v in PUBLISHED.items()},
+    )
     print("\n".join(lines))
     print(f"\nwritten: {args.out}/")
     return 0

@@ -9,6 +9,7 @@ without positions cannot tell nodes apart at all.
 Usage: python experiments/tree_parent.py [--steps 400] [--depth 4] [--seeds 0 1 2]
 Prints test accuracy per encoding and writes runs/tree_parent/results.csv.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,10 +77,19 @@ def main():
     rows = []
     for encoding in ("tree", "sequence", "none"):
         accs = [train_one(encoding, args.steps, args.depth, s) for s in args.seeds]
-        rows.append({"encoding": encoding, **{f"seed{s}": f"{a:.4f}" for s, a in zip(args.seeds, accs)},
-                     "mean": f"{sum(accs) / len(accs):.4f}"})
-        print(f"{encoding:9s} test accuracy " + " ".join(f"{a:.3f}" for a in accs) + f"  (mean {sum(accs) / len(accs):.3f})",
-              flush=True)
+        rows.append(
+            {
+                "encoding": encoding,
+                **{f"seed{s}": f"{a:.4f}" for s, a in zip(args.seeds, accs)},
+                "mean": f"{sum(accs) / len(accs):.4f}",
+            }
+        )
+        print(
+            f"{encoding:9s} test accuracy "
+            + " ".join(f"{a:.3f}" for a in accs)
+            + f"  (mean {sum(accs) / len(accs):.3f})",
+            flush=True,
+        )
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -4,10 +4,15 @@ Importing the package loads the compiled extension, which registers the
 operators under ``torch.ops.posattn``; :mod:`posattn.ops` holds their documented
 Python wrappers and :mod:`posattn.reference` dense pure-PyTorch equivalents.
 """
+
 import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
 
-from . import _C  # noqa: F401  (registers torch.ops.posattn.*)
-from . import nn, ops, reference
+from . import (
+    _C,  # noqa: F401  (registers torch.ops.posattn.*)
+    nn,
+    ops,
+    reference,
+)
 from .ops import apply_maps, relpos_attention
 
 __all__ = ["nn", "ops", "reference", "relpos_attention", "apply_maps"]

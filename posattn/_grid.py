@@ -1,4 +1,5 @@
 """Grid helpers shared by the operator wrappers and the reference."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,6 @@ import operator
 from typing import Optional, Sequence
 
 import torch
-
 
 MAX_GRID_AXES = 8  # kMaxGridDims of csrc/common/grid_index.h: the kernels' per-axis arrays
 
@@ -31,8 +31,10 @@ def _grid_sizes(grid) -> list[int]:
         try:
             sizes.append(operator.index(n))  # ints, numpy ints, SymInts; not 3.7 or "3"
         except TypeError:
-            raise TypeError(f"relpos_attention: grid must be a sequence of ints, got {grid!r} "
-                            f"({type(n).__name__} {n!r} is not an int)") from None
+            raise TypeError(
+                f"relpos_attention: grid must be a sequence of ints, got {grid!r} "
+                f"({type(n).__name__} {n!r} is not an int)"
+            ) from None
     return sizes
 
 
@@ -53,12 +55,13 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
             raise ValueError(f"relpos_attention: grid axis {d} must be >= 1, got {n} (grid {sizes})")
         prod *= n
     if prod > INT64_MAX or num_offsets(sizes) > INT64_MAX:
-        raise ValueError(f"relpos_attention: grid {sizes} is too large: prod(grid) or the number of offsets "
-                         "prod(2 n_d - 1) overflows int64")
+        raise ValueError(
+            f"relpos_attention: grid {sizes} is too large: prod(grid) or the number of offsets "
+            "prod(2 n_d - 1) overflows int64"
+        )
     if prod != num_tokens:
         raise ValueError(
-            f"relpos_attention: prod(grid) = {prod} must equal the number of tokens N = {num_tokens} "
-            f"(grid {sizes})"
+            f"relpos_attention: prod(grid) = {prod} must equal the number of tokens N = {num_tokens} (grid {sizes})"
         )
     return sizes
 
@@ -88,11 +91,15 @@ def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
         try:
             out.append(operator.index(w))
         except TypeError:
-            raise TypeError(f"relpos_attention: window must be an int or a sequence of ints, got {window!r} "
-                            f"({type(w).__name__} {w!r} is not an int)") from None
+            raise TypeError(
+                f"relpos_attention: window must be an int or a sequence of ints, got {window!r} "
+                f"({type(w).__name__} {w!r} is not an int)"
+            ) from None
     if len(out) != len(grid):
-        raise ValueError(f"relpos_attention: window must give one half width per grid axis ({len(grid)} for grid "
-                         f"{list(grid)}), got {len(out)}: {out}")
+        raise ValueError(
+            f"relpos_attention: window must give one half width per grid axis ({len(grid)} for grid "
+            f"{list(grid)}), got {len(out)}: {out}"
+        )
     for d, w in enumerate(out):
         if w < 0:
             raise ValueError(f"relpos_attention: window half widths must be >= 0, got {out} (axis {d})")
@@ -155,9 +162,7 @@ def span_half_widths(sigma: torch.Tensor, threshold: float, grid: Sequence[int])
     radius = math.sqrt(-2.0 * math.log(threshold))
     halves = []
     for row in sigma.detach().to("cpu", torch.float64).tolist():
-        halves.append(
-            [0 if n <= 1 else min(math.ceil(s * radius * (n - 1)), n - 1) for s, n in zip(row, grid)]
-        )
+        halves.append([0 if n <= 1 else min(math.ceil(s * radius * (n - 1)), n - 1) for s, n in zip(row, grid)])
     return halves
 
 

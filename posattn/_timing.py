@@ -1,4 +1,5 @@
 """Wall-clock timing for the benchmark scripts and the demo."""
+
 from __future__ import annotations
 
 import contextlib

@@ -14,10 +14,12 @@ differentiable and stays on the device (no host synchronisation):
 Maps are returned in the layout :func:`posattn.ops.apply_maps` takes:
 (P, H, A, m, m).
 """
+
 from __future__ import annotations
 
 import math
 from typing import Optional
+
 import torch
 
 __all__ = [

@@ -4,6 +4,7 @@ Each operator has a fake (meta) kernel for ``torch.compile`` and autograd
 registered through ``torch.library.register_autograd``; backward passes are
 operators of their own (``torch.ops.posattn.<op>_backward``).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -23,8 +24,11 @@ SPAN_MODES = ("add", "multiply")
 # apply_maps_cpu.cpp).
 _OPS = ("relpos_attention", "apply_maps")
 _KERNEL_DEVICES = {
-    op: frozenset(device for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
-                  if torch._C._dispatch_has_kernel_for_dispatch_key(f"posattn::{op}", key))
+    op: frozenset(
+        device
+        for device, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"posattn::{op}", key)
+    )
     for op in _OPS
 }
 _HALF = (torch.float16, torch.bfloat16)
@@ -132,8 +136,9 @@ def relpos_attention(
     threshold = _real("threshold", threshold)
     scale = q.shape[-1] ** -0.5 if scale is None else _real("scale", scale)
     causal, return_lse = _flag("causal", causal), _flag("return_lse", return_lse)
-    _check_relpos_args(q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, bias, window_list,
-                       window_border)
+    _check_relpos_args(
+        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, bias, window_list, window_border
+    )
     out, lse = torch.ops.posattn.relpos_attention(
         q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, causal, bias, window_list, window_border
     )
@@ -163,8 +168,9 @@ def _check_q(q) -> None:
         )
 
 
-def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias=None, window=None,
-                       window_border="clip") -> None:
+def _check_relpos_args(
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias=None, window=None, window_border="clip"
+) -> None:
     """Shape, dtype, device and argument checks (no tensor values are read, so this
     also runs on fake tensors under torch.compile). Mirrors the C++ checks."""
     tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma, "bias": bias}
@@ -180,13 +186,17 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
     if k.shape != q.shape:
         raise ValueError(f"relpos_attention: k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, H, N) or v.shape[3] < 1:
-        raise ValueError(f"relpos_attention: v must have shape (B, H, N, Dv) = ({B}, {H}, {N}, Dv >= 1), got {tuple(v.shape)}")
+        raise ValueError(
+            f"relpos_attention: v must have shape (B, H, N, Dv) = ({B}, {H}, {N}, Dv >= 1), got {tuple(v.shape)}"
+        )
     if (q_pos is None) != (rel is None):
         raise ValueError("relpos_attention: q_pos and rel must be given together")
     if q_pos is not None:
         U = num_offsets(grid)
         if q_pos.shape != q.shape:
-            raise ValueError(f"relpos_attention: q_pos must have the shape of q {tuple(q.shape)}, got {tuple(q_pos.shape)}")
+            raise ValueError(
+                f"relpos_attention: q_pos must have the shape of q {tuple(q.shape)}, got {tuple(q_pos.shape)}"
+            )
         if tuple(rel.shape) != (H, U, D):
             raise ValueError(
                 f"relpos_attention: rel must have shape (H, U, D) = ({H}, {U}, {D}) with "
@@ -203,7 +213,9 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
     if span_mode not in SPAN_MODES:
         raise ValueError(f'relpos_attention: span_mode must be "add" or "multiply", got {span_mode!r}')
     if sigma is not None and tuple(sigma.shape) != (H, len(grid)):
-        raise ValueError(f"relpos_attention: sigma must have shape (H, G) = ({H}, {len(grid)}), got {tuple(sigma.shape)}")
+        raise ValueError(
+            f"relpos_attention: sigma must have shape (H, G) = ({H}, {len(grid)}), got {tuple(sigma.shape)}"
+        )
     if not (0.0 <= threshold < 1.0):
         raise ValueError(f"relpos_attention: threshold must be in [0, 1), got {threshold}")
     if threshold > 0 and sigma is None:
@@ -212,8 +224,10 @@ def _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, s
         raise ValueError(f"relpos_attention: scale must be finite, got {scale}")
     dtype_max = torch.finfo(q.dtype).max
     if abs(scale) > dtype_max:
-        raise ValueError(f"relpos_attention: scale = {scale} overflows the tensors' dtype {q.dtype} "
-                         f"(largest finite value {dtype_max})")
+        raise ValueError(
+            f"relpos_attention: scale = {scale} overflows the tensors' dtype {q.dtype} "
+            f"(largest finite value {dtype_max})"
+        )
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -228,8 +242,11 @@ def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor, float32_with_half
     if not t.dtype.is_floating_point:
         raise TypeError(f"relpos_attention: {name} must be a floating-point tensor, got {t.dtype}")
     if t.dtype != q.dtype and not (float32_with_half and q.dtype in _HALF and t.dtype == torch.float32):
-        rule = ("it must have q's dtype (or float32 when q is float16 or bfloat16)" if float32_with_half
-                else "all tensor arguments must share one dtype")
+        rule = (
+            "it must have q's dtype (or float32 when q is float16 or bfloat16)"
+            if float32_with_half
+            else "all tensor arguments must share one dtype"
+        )
         raise TypeError(f"relpos_attention: {name} has dtype {t.dtype} but q has dtype {q.dtype}; {rule}")
     if t.device != q.device:
         raise ValueError(
@@ -237,14 +254,35 @@ def _check_like_q(name: str, t: torch.Tensor, q: torch.Tensor, float32_with_half
         )
 
 
-def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
-                                scale, out, lse, bias=None, window=None, window_border="clip") -> None:
+def _check_relpos_backward_args(
+    grad_out,
+    grad_lse,
+    q,
+    k,
+    v,
+    q_pos,
+    rel,
+    grid,
+    sigma,
+    threshold,
+    span_mode,
+    scale,
+    out,
+    lse,
+    bias=None,
+    window=None,
+    window_border="clip",
+) -> None:
     """The forward's checks plus those of the backward's own tensors (as
     check_relpos_backward_inputs in csrc/relpos/relpos_checks.cpp)."""
     _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
     B, H, N, _ = q.shape
-    shapes = {"grad_out": (B, H, N, v.shape[-1]), "out": (B, H, N, v.shape[-1]), "lse": (B, H, N),
-              "grad_lse": (B, H, N)}
+    shapes = {
+        "grad_out": (B, H, N, v.shape[-1]),
+        "out": (B, H, N, v.shape[-1]),
+        "lse": (B, H, N),
+        "grad_lse": (B, H, N),
+    }
     for name, t in (("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)):
         if t is None and name == "grad_lse":
             continue
@@ -252,24 +290,28 @@ def _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, s
             raise TypeError(f"relpos_attention_backward: {name} must be a tensor, got {type(t).__name__}")
         if name in ("lse", "grad_lse"):
             if t.dtype != lse_dtype(q.dtype):
-                raise TypeError(f"relpos_attention_backward: {name} has dtype {t.dtype} but must have "
-                                f"{lse_dtype(q.dtype)} (the dtype of the forward's lse for q of dtype {q.dtype})")
+                raise TypeError(
+                    f"relpos_attention_backward: {name} has dtype {t.dtype} but must have "
+                    f"{lse_dtype(q.dtype)} (the dtype of the forward's lse for q of dtype {q.dtype})"
+                )
             if t.device != q.device:
-                raise ValueError(f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
-                                 "all tensors must be on one device")
+                raise ValueError(
+                    f"relpos_attention: {name} is on {t.device} but q is on {q.device}; "
+                    "all tensors must be on one device"
+                )
         else:
             _check_like_q(name, t, q)
         if tuple(t.shape) != shapes[name]:
-            raise ValueError(f"relpos_attention_backward: {name} must have shape {shapes[name]}, "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(f"relpos_attention_backward: {name} must have shape {shapes[name]}, got {tuple(t.shape)}")
 
 
 # --- torch.compile support -------------------------------------------------
 
 
 @torch.library.register_fake("posattn::relpos_attention")
-def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias=None,
-                           window=None, window_border="clip"):
+def _relpos_attention_fake(
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias=None, window=None, window_border="clip"
+):
     _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
     B, H, N, _ = q.shape
     return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N, dtype=lse_dtype(q.dtype))
@@ -277,11 +319,45 @@ def _relpos_attention_fake(q, k, v, q_pos, rel, grid, sigma, threshold, span_mod
 
 @torch.library.register_fake("posattn::relpos_attention_backward")
 def _relpos_attention_backward_fake(
-    grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse,
-    bias=None, window=None, window_border="clip"
+    grad_out,
+    grad_lse,
+    q,
+    k,
+    v,
+    q_pos,
+    rel,
+    grid,
+    sigma,
+    threshold,
+    span_mode,
+    scale,
+    causal,
+    out,
+    lse,
+    bias=None,
+    window=None,
+    window_border="clip",
 ):
-    _check_relpos_backward_args(grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode,
-                                scale, out, lse, bias, window, window_border)
+    _check_relpos_backward_args(
+        grad_out,
+        grad_lse,
+        q,
+        k,
+        v,
+        q_pos,
+        rel,
+        grid,
+        sigma,
+        threshold,
+        span_mode,
+        scale,
+        out,
+        lse,
+        bias,
+        window,
+        window_border,
+    )
+
     # The kernels return contiguous gradients whatever the inputs' strides.
     def like(t):
         return t.new_empty(t.shape) if t is not None else q.new_empty(0)
@@ -306,8 +382,24 @@ def _relpos_backward(ctx, grad_out, grad_lse):
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dq_pos, drel, dsigma, dbias = torch.ops.posattn.relpos_attention_backward(
-        grad_out, grad_lse, q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, out, lse,
-        bias, window, window_border
+        grad_out,
+        grad_lse,
+        q,
+        k,
+        v,
+        q_pos,
+        rel,
+        grid,
+        sigma,
+        threshold,
+        span_mode,
+        scale,
+        causal,
+        out,
+        lse,
+        bias,
+        window,
+        window_border,
     )
     return (
         dq,
@@ -327,9 +419,7 @@ def _relpos_backward(ctx, grad_out, grad_lse):
     )
 
 
-torch.library.register_autograd(
-    "posattn::relpos_attention", _relpos_backward, setup_context=_relpos_setup_context
-)
+torch.library.register_autograd("posattn::relpos_attention", _relpos_backward, setup_context=_relpos_setup_context)
 
 
 def _no_double_backward(op: str):
@@ -351,8 +441,9 @@ def _nothing_to_save(ctx, inputs, output):
 
 
 for _op in _OPS:
-    torch.library.register_autograd(f"posattn::{_op}_backward", _no_double_backward(_op),
-                                    setup_context=_nothing_to_save)
+    torch.library.register_autograd(
+        f"posattn::{_op}_backward", _no_double_backward(_op), setup_context=_nothing_to_save
+    )
 
 
 # --- apply_maps (orthogonal-power / algebraic encodings) --------------------
@@ -429,14 +520,17 @@ def _apply_maps_backward_fake(grad_y, x, maps, index, need_x, need_maps):
     if not isinstance(grad_y, torch.Tensor):
         raise TypeError(f"apply_maps_backward: grad_y must be a tensor, got {type(grad_y).__name__}")
     if grad_y.shape != x.shape:
-        raise ValueError(f"apply_maps_backward: grad_y must have the shape of x {tuple(x.shape)}, "
-                         f"got {tuple(grad_y.shape)}")
+        raise ValueError(
+            f"apply_maps_backward: grad_y must have the shape of x {tuple(x.shape)}, got {tuple(grad_y.shape)}"
+        )
     if grad_y.dtype != x.dtype:
         raise TypeError(f"apply_maps_backward: grad_y has dtype {grad_y.dtype} but x has {x.dtype}")
     if grad_y.device != x.device:
         raise ValueError(f"apply_maps_backward: grad_y must be on {x.device}")
-    return (x.new_empty(x.shape) if need_x else x.new_empty(0),
-            maps.new_empty(maps.shape) if need_maps else x.new_empty(0))
+    return (
+        x.new_empty(x.shape) if need_x else x.new_empty(0),
+        maps.new_empty(maps.shape) if need_maps else x.new_empty(0),
+    )
 
 
 def _apply_maps_setup_context(ctx, inputs, output):
@@ -451,9 +545,7 @@ def _apply_maps_backward(ctx, grad_y):
     return (gx if need_x else None, gmaps if need_maps else None, None)
 
 
-torch.library.register_autograd(
-    "posattn::apply_maps", _apply_maps_backward, setup_context=_apply_maps_setup_context
-)
+torch.library.register_autograd("posattn::apply_maps", _apply_maps_backward, setup_context=_apply_maps_setup_context)
 
 
 def cpu_capability() -> str:

@@ -5,14 +5,22 @@ score tensors), differentiable through ordinary autograd, and are what the
 tests compare the compiled kernels against. Users may call them to check
 results on small inputs.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import torch
 
-from ._grid import (WINDOW_BORDERS, grid_coords, normalise_grid, normalise_window, offset_rows, span_half_widths,
-                    window_key_range)
+from ._grid import (
+    WINDOW_BORDERS,
+    grid_coords,
+    normalise_grid,
+    normalise_window,
+    offset_rows,
+    span_half_widths,
+    window_key_range,
+)
 
 
 def relpos_scores(
@@ -60,8 +68,9 @@ def relpos_scores(
         else:
             raise ValueError(f'span_mode must be "add" or "multiply", got {span_mode!r}')
         if threshold > 0:
-            half = torch.tensor(span_half_widths(sigma, threshold, grid), dtype=torch.long,
-                                device=q.device).reshape(H, len(grid))  # (H, G), also for H = 0
+            half = torch.tensor(span_half_widths(sigma, threshold, grid), dtype=torch.long, device=q.device).reshape(
+                H, len(grid)
+            )  # (H, G), also for H = 0
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
     window = normalise_window(window, grid)
     if window_border not in WINDOW_BORDERS:
@@ -94,8 +103,9 @@ def relpos_attention(
     window_border: str = "clip",
 ):
     """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
-    scores = relpos_scores(q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window,
-                           window_border)
+    scores = relpos_scores(
+        q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border
+    )
     # The softmax statistics in the accumulation type (float32, or float64), as the operator keeps them.
     scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     # (B, H, N); -inf where every key is masked, without a gradient through those rows (logsumexp's

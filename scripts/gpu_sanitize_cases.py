@@ -5,6 +5,7 @@ loop of a kernel more than once: N > 128 keys per block, D > 128 channels.
 
   python scripts/gpu_sanitize_cases.py [--device cuda]
 """
+
 import argparse
 
 import torch
@@ -45,7 +46,11 @@ def relpos_cases(device):
 
 def apply_maps_cases(device):
     g = torch.Generator().manual_seed(1)
-    for B, H, N, A, m, P, batched in ((3, 2, 9, 2, 70, 5, False), (2, 1, 140, 65, 2, 7, True), (1, 1, 4, 1, 128, 3, False)):
+    for B, H, N, A, m, P, batched in (
+        (3, 2, 9, 2, 70, 5, False),
+        (2, 1, 140, 65, 2, 7, True),
+        (1, 1, 4, 1, 128, 3, False),
+    ):
         x = torch.randn(B, H, N, A * m, generator=g).to(device).requires_grad_()
         maps = torch.randn(P, H, A, m, m, generator=g).to(device).requires_grad_()
         index = torch.randint(0, P, (B, N, A) if batched else (N, A), generator=g).to(device)

@@ -1,5 +1,6 @@
 """The experiment CLI as cmd/main.py runs it: with the repository's defaults
 file and sweep folder (the package itself never looks for them)."""
+
 import os
 
 from posattn.training import cli

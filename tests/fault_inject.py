@@ -9,6 +9,7 @@ POINT is where to die, at the N-th (1-based) such event of the run:
   after-log                        after a metrics line is appended to metrics.jsonl
   count                            run to the end; the last stdout line is the JSON event counts
 """
+
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cli_helpers import main  # noqa: E402
+
 from posattn.training.tracking import Tracker  # noqa: E402
 
 POINTS = ("before-replace", "after-replace", "after-fsync", "after-log", "count")
@@ -39,6 +41,7 @@ def install(point: str, n: int) -> dict:
             result = fn(*args, **kwargs)
             hook(event, "after")
             return result
+
         return wrapped
 
     os.replace = wrap("replace", os.replace)

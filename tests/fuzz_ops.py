@@ -9,6 +9,7 @@ operator's name and names the argument that was broken) or torch's schema error
 naming that argument. A crash kills the process after ``CASE i``: the parent
 sees which case did it and starts a new process after it.
 """
+
 import logging
 import math
 import random
@@ -31,9 +32,19 @@ def valid_relpos(rng: random.Random) -> dict:
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     dtype = rng.choice([torch.float32, torch.float64])
     t = lambda *s: torch.randn(*s, dtype=dtype)  # noqa: E731
-    return dict(q=t(B, H, N, D), k=t(B, H, N, D), v=t(B, H, N, Dv), q_pos=t(B, H, N, D), rel=t(H, U, D),
-                grid=grid, sigma=torch.rand(H, G, dtype=dtype) + 0.2, threshold=0.3, span_mode="add",
-                scale=0.5, causal=False)
+    return dict(
+        q=t(B, H, N, D),
+        k=t(B, H, N, D),
+        v=t(B, H, N, Dv),
+        q_pos=t(B, H, N, D),
+        rel=t(H, U, D),
+        grid=grid,
+        sigma=torch.rand(H, G, dtype=dtype) + 0.2,
+        threshold=0.3,
+        span_mode="add",
+        scale=0.5,
+        causal=False,
+    )
 
 
 # Axes whose size another argument fixes (v's Dv, x's B and maps' P are free).
@@ -42,8 +53,9 @@ FIXED_AXES = {"v": (0, 1, 2), "x": (1, 2, 3), "maps": (1, 2, 3, 4)}
 
 def break_tensor(rng, t: torch.Tensor, name: str = ""):
     """An invalid replacement for tensor ``t`` (and a description)."""
-    kind = rng.choice(["drop dim", "extra dim", "resize", "int dtype", "other float dtype", "complex", "meta",
-                       "not a tensor", "none"])
+    kind = rng.choice(
+        ["drop dim", "extra dim", "resize", "int dtype", "other float dtype", "complex", "meta", "not a tensor", "none"]
+    )
     if kind == "drop dim":
         return t[0] if t.dim() > 0 and t.shape[0] > 0 else t.reshape(-1)[:0], kind
     if kind == "extra dim":
@@ -52,7 +64,9 @@ def break_tensor(rng, t: torch.Tensor, name: str = ""):
         d = rng.choice(FIXED_AXES.get(name, range(t.dim())))
         shape = list(t.shape)
         shape[d] += rng.choice([1, 2, 7])
-        return (torch.randn(shape, dtype=t.dtype) if t.dtype.is_floating_point else torch.zeros(shape, dtype=t.dtype)), kind
+        return (
+            torch.randn(shape, dtype=t.dtype) if t.dtype.is_floating_point else torch.zeros(shape, dtype=t.dtype)
+        ), kind
     if kind == "int dtype":
         return (t * 10).to(rng.choice([torch.int64, torch.int32, torch.bool])), kind
     if kind == "other float dtype":
@@ -67,13 +81,20 @@ def break_tensor(rng, t: torch.Tensor, name: str = ""):
 
 
 def break_grid(rng, grid):
-    kind = rng.choice(["zero", "negative", "float", "string", "too many axes", "overflow", "empty",
-                       "wrong product", "nested", "bool"])
+    kind = rng.choice(
+        ["zero", "negative", "float", "string", "too many axes", "overflow", "empty", "wrong product", "nested", "bool"]
+    )
     values = {
-        "zero": [0] + grid, "negative": [-n for n in grid] if grid != [1] else [-1],
-        "float": [n + 0.5 for n in grid], "string": "".join(map(str, grid)) + "x",
-        "too many axes": [1] * 9 + grid, "overflow": [2**62 + 1, 4] if math.prod(grid) == 4 else [2**63 - 1, 3],
-        "empty": [], "wrong product": grid + [2], "nested": [grid], "bool": [True] * len(grid),
+        "zero": [0] + grid,
+        "negative": [-n for n in grid] if grid != [1] else [-1],
+        "float": [n + 0.5 for n in grid],
+        "string": "".join(map(str, grid)) + "x",
+        "too many axes": [1] * 9 + grid,
+        "overflow": [2**62 + 1, 4] if math.prod(grid) == 4 else [2**63 - 1, 3],
+        "empty": [],
+        "wrong product": grid + [2],
+        "nested": [grid],
+        "bool": [True] * len(grid),
     }
     return values[kind], kind
 
@@ -123,19 +144,32 @@ def call_relpos(entry, a):
     if entry == "wrapper":
         return ops.relpos_attention(**a)
     grid = a["grid"]
-    positional = [a["q"], a["k"], a["v"], a["q_pos"], a["rel"], grid, a["sigma"], a["threshold"],
-                  a["span_mode"], a["scale"], a["causal"]]
+    positional = [
+        a["q"],
+        a["k"],
+        a["v"],
+        a["q_pos"],
+        a["rel"],
+        grid,
+        a["sigma"],
+        a["threshold"],
+        a["span_mode"],
+        a["scale"],
+        a["causal"],
+    ]
     if entry == "op":
         return torch.ops.posattn.relpos_attention(*positional)
     if entry == "fake":
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x
-                    for x in positional]
+            fake = [
+                mode.from_tensor(x) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x
+                for x in positional
+            ]
             return torch.ops.posattn.relpos_attention(*fake)
     # backward entries: out and lse of the size the call claims (B, H, N, Dv)
     q, v = a["q"], a["v"]
     ok = isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(v, torch.Tensor) and v.dim() == 4
-    B, H, N = (q.shape[:3] if ok else (1, 1, 1))
+    B, H, N = q.shape[:3] if ok else (1, 1, 1)
     Dv = v.shape[-1] if ok else 1
     dtype = q.dtype if isinstance(q, torch.Tensor) and q.dtype.is_floating_point else torch.float32
     out, lse = torch.randn(B, H, N, Dv, dtype=dtype), torch.randn(B, H, N, dtype=dtype)
@@ -148,11 +182,20 @@ def call_relpos(entry, a):
 
 
 def apply_maps_case(rng):
-    B, H, N, A, m, P = rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 6), rng.randint(1, 3), rng.randint(1, 3), \
-        rng.randint(1, 4)
+    B, H, N, A, m, P = (
+        rng.randint(1, 2),
+        rng.randint(1, 3),
+        rng.randint(1, 6),
+        rng.randint(1, 3),
+        rng.randint(1, 3),
+        rng.randint(1, 4),
+    )
     dtype = rng.choice([torch.float32, torch.float64])
-    a = dict(x=torch.randn(B, H, N, A * m, dtype=dtype), maps=torch.randn(P, H, A, m, m, dtype=dtype),
-             index=torch.randint(0, P, (N, A)))
+    a = dict(
+        x=torch.randn(B, H, N, A * m, dtype=dtype),
+        maps=torch.randn(P, H, A, m, m, dtype=dtype),
+        index=torch.randint(0, P, (N, A)),
+    )
     target = rng.choice(["x", "maps", "index", "index values"])
     if target == "index values":
         a["index"] = a["index"].clone()
@@ -160,8 +203,13 @@ def apply_maps_case(rng):
         kind, target = "out of range", "index"
     else:
         a[target], kind = break_tensor(rng, a[target], target)
-        if target == "index" and isinstance(a[target], torch.Tensor) and a[target].dtype == torch.int64 \
-                and a[target].dim() in (2, 3) and kind in ("int dtype",):
+        if (
+            target == "index"
+            and isinstance(a[target], torch.Tensor)
+            and a[target].dtype == torch.int64
+            and a[target].dim() in (2, 3)
+            and kind in ("int dtype",)
+        ):
             a[target] = a[target].to(torch.int32)
     entry = rng.choice(["wrapper", "op", "backward"] + (["fake backward"] if kind != "out of range" else []))
 
@@ -175,8 +223,7 @@ def apply_maps_case(rng):
         if entry == "backward":
             return torch.ops.posattn.apply_maps_backward(*args)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) and t.device.type != "meta" else t
-                    for t in args]
+            fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) and t.device.type != "meta" else t for t in args]
             return torch.ops.posattn.apply_maps_backward(*fake)
 
     return f"apply_maps {entry}: {target} {kind}", target, call

@@ -1,4 +1,5 @@
 """Helpers for the posattn.nn tests."""
+
 from __future__ import annotations
 
 import torch

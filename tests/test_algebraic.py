@@ -1,4 +1,5 @@
 """Algebraic (orthogonal-power) encodings: maps, defining properties, modules."""
+
 import math
 
 import pytest
@@ -45,7 +46,11 @@ def test_sequence_scores_depend_on_the_offset():
     qr, kr = ops.apply_maps(q, maps, index), ops.apply_maps(k, maps, index)
     scores = qr @ kr.transpose(-1, -2)  # (1, H, N, N)
     for p, r in [(0, 5), (3, 8), (7, 2), (4, 4)]:
-        rel = torch.linalg.matrix_power(w[:, 0], r - p) if r >= p else torch.linalg.matrix_power(w[:, 0].transpose(-1, -2), p - r)
+        rel = (
+            torch.linalg.matrix_power(w[:, 0], r - p)
+            if r >= p
+            else torch.linalg.matrix_power(w[:, 0].transpose(-1, -2), p - r)
+        )
         expected = torch.einsum("hi,hij,hj->h", q[0, :, p], rel, k[0, :, r])
         torch.testing.assert_close(scores[0, :, p, r], expected)
 
@@ -65,7 +70,9 @@ def test_grid_scores_are_direct_sums_per_axis():
         for a in range(2):
             delta = int(coords[j, a] - coords[i, a])
             rel = torch.linalg.matrix_power(w[:, a] if delta >= 0 else w[:, a].transpose(-1, -2), abs(delta))
-            expected += torch.einsum("hi,hij,hj->h", q[0, :, i, a * m : (a + 1) * m], rel, k[0, :, j, a * m : (a + 1) * m])
+            expected += torch.einsum(
+                "hi,hij,hj->h", q[0, :, i, a * m : (a + 1) * m], rel, k[0, :, j, a * m : (a + 1) * m]
+            )
         torch.testing.assert_close(scores[:, i, j], expected)
 
 
@@ -105,7 +112,9 @@ def test_tree_scores_depend_only_on_the_path_between_nodes(kappa):
         for s in scores[1:]:
             torch.testing.assert_close(s, scores[0])
     # and the scores do change with the path between the nodes
-    positions = torch.tensor([heap_node([0, 1], kappa), heap_node([1], kappa), heap_node([0, 1], kappa), heap_node([0], kappa)])
+    positions = torch.tensor(
+        [heap_node([0, 1], kappa), heap_node([1], kappa), heap_node([0, 1], kappa), heap_node([0], kappa)]
+    )
     maps, index = enc.tree_maps(positions)
     x = torch.stack([q, k, q, k], dim=1)[None]
     rot = ops.apply_maps(x, maps, index)[0]
@@ -159,7 +168,9 @@ def test_rope_special_case_equals_the_rope_formula():
         even, odd = q[0, 0, p, 0::2], q[0, 0, p, 1::2]
         torch.testing.assert_close(rot[0, 0, p, 0::2], even * c - odd * s)
         torch.testing.assert_close(rot[0, 0, p, 1::2], even * s + odd * c)
-    torch.testing.assert_close(orthogonal(rope_generator_init(m, dtype=torch.float64)), rope_rotation(m, dtype=torch.float64))
+    torch.testing.assert_close(
+        orthogonal(rope_generator_init(m, dtype=torch.float64)), rope_rotation(m, dtype=torch.float64)
+    )
 
 
 def test_rope_init_of_learned_generators():
@@ -191,8 +202,9 @@ def test_classifier_with_algebraic_encodings(pe):
     assert y.shape == (3, 10) and torch.isfinite(y).all()
     assert all(p.grad is not None for p in model.parameters())
     assert (model.shared_encoder is not None) == True  # noqa: E712  generators shared across layers by default
-    per_layer = TransformerClassifier(grid=[6, 4], dim=16, depth=2, heads=2, ffn_dim=16,
-                                      pe={"name": pe, "algebraic_shared": False})
+    per_layer = TransformerClassifier(
+        grid=[6, 4], dim=16, depth=2, heads=2, ffn_dim=16, pe={"name": pe, "algebraic_shared": False}
+    )
     assert per_layer.shared_encoder is None and per_layer.blocks[0].attention.encoder is not None
 
 
@@ -219,7 +231,7 @@ def test_encoder_bad_arguments():
         AlgebraicEncoder(6, 2, kind="grid", ndim=2)
     with pytest.raises(ValueError, match="built for 2-D grids"):
         AlgebraicEncoder(8, 2, kind="grid", ndim=2).grid_maps([8])
-    assert math.isclose(float(rope_angles(4)[1]), 10000 ** -0.5, rel_tol=1e-6)
+    assert math.isclose(float(rope_angles(4)[1]), 10000**-0.5, rel_tol=1e-6)
 
 
 def test_tree_maps_heap_rows_can_be_truncated():

@@ -1,4 +1,5 @@
 """experiments/analyse_sweep.py: settings grouped over seeds, Welch's t-test, span statistics, plots."""
+
 import csv
 import importlib.util
 import json
@@ -10,7 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("analyse_sweep", os.path.join(ROOT, "experiments", "analyse_sweep.py"))
+    spec = importlib.util.spec_from_file_location(
+        "analyse_sweep", os.path.join(ROOT, "experiments", "analyse_sweep.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -23,14 +26,37 @@ def fake_sweep(folder):
     for threshold, values in acc.items():
         for i, (seed, a) in enumerate(zip((1, 2, 3), values)):
             run = f"s-{len(rows):03d}"
-            rows.append({"run": run, "span.threshold": threshold, "seed": seed, "val/best_acc": a, "test/acc": a - 0.01,
-                         "epochs": 2, "train_seconds": 10.0})
+            rows.append(
+                {
+                    "run": run,
+                    "span.threshold": threshold,
+                    "seed": seed,
+                    "val/best_acc": a,
+                    "test/acc": a - 0.01,
+                    "epochs": 2,
+                    "train_seconds": 10.0,
+                }
+            )
             os.makedirs(folder / run)
-            epoch = {"epoch": 2, "time/per_step_ms": 100.0 + i, "span/layer0/sigma_axis0": 0.2, "span/layer0/sigma_axis1": 0.4,
-                     "span/layer0/keep_fraction": 0.5, "span/layer1/sigma_axis0": 0.1, "span/layer1/sigma_axis1": 0.1,
-                     "span/layer1/keep_fraction": 0.25}
+            epoch = {
+                "epoch": 2,
+                "time/per_step_ms": 100.0 + i,
+                "span/layer0/sigma_axis0": 0.2,
+                "span/layer0/sigma_axis1": 0.4,
+                "span/layer0/keep_fraction": 0.5,
+                "span/layer1/sigma_axis0": 0.1,
+                "span/layer1/sigma_axis1": 0.1,
+                "span/layer1/keep_fraction": 0.25,
+            }
             with open(folder / run / "metrics.jsonl", "w") as f:
-                f.write(json.dumps(dict(epoch, epoch=1)) + "\n" + json.dumps(epoch) + "\n" + json.dumps({"test/acc": a}) + "\n")
+                f.write(
+                    json.dumps(dict(epoch, epoch=1))
+                    + "\n"
+                    + json.dumps(epoch)
+                    + "\n"
+                    + json.dumps({"test/acc": a})
+                    + "\n"
+                )
     with open(folder / "sweep_summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -62,15 +88,25 @@ def test_thesis_study_names_the_eight_settings(tmp_path, monkeypatch):
     thesis = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(thesis)
     runs = tmp_path / "runs"
-    for sweep, column, values in (("thesis_cpu_encodings", "positional_encoding", ("sinusoidal", "siren")),
-                                  ("thesis_cpu_span", "span.threshold", ("0.0", "0.1"))):
+    for sweep, column, values in (
+        ("thesis_cpu_encodings", "positional_encoding", ("sinusoidal", "siren")),
+        ("thesis_cpu_span", "span.threshold", ("0.0", "0.1")),
+    ):
         rows = []
         for positions in ("sequence", "grid"):
             for value in values:
                 for seed, acc in ((1, 0.70), (2, 0.72)):
                     acc += 0.1 * (positions == "grid")
-                    rows.append({"run": f"r{len(rows)}", "model.positions": positions, column: value, "seed": seed,
-                                 "val/best_acc": acc, "test/acc": acc})
+                    rows.append(
+                        {
+                            "run": f"r{len(rows)}",
+                            "model.positions": positions,
+                            column: value,
+                            "seed": seed,
+                            "val/best_acc": acc,
+                            "test/acc": acc,
+                        }
+                    )
         (runs / sweep).mkdir(parents=True)
         with open(runs / sweep / "sweep_summary.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

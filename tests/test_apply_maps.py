@@ -1,4 +1,5 @@
 """apply_maps operator: reference agreement, gradients, registration, bad input."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -58,8 +59,12 @@ def test_opcheck(kw):
     x, maps, index = make(dtype=torch.float32, grad=True, **kw)
     torch.library.opcheck(torch.ops.posattn.apply_maps.default, (x, maps, index))
     gy = torch.randn(x.shape)
-    torch.library.opcheck(torch.ops.posattn.apply_maps_backward.default, (gy, x.detach(), maps.detach(), index, True, True))
-    torch.library.opcheck(torch.ops.posattn.apply_maps_backward.default, (gy, x.detach(), maps.detach(), index, False, True))
+    torch.library.opcheck(
+        torch.ops.posattn.apply_maps_backward.default, (gy, x.detach(), maps.detach(), index, True, True)
+    )
+    torch.library.opcheck(
+        torch.ops.posattn.apply_maps_backward.default, (gy, x.detach(), maps.detach(), index, False, True)
+    )
 
 
 def test_torch_compile_fullgraph():

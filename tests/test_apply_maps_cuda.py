@@ -1,5 +1,6 @@
 """apply_maps on CUDA beyond tests/test_apply_maps.py: the review of 2026-11-22
 (defects 6, 8, 9, 11, 12). Run on a GPU machine; skipped cleanly without one."""
+
 import subprocess
 import sys
 
@@ -20,8 +21,12 @@ def make(B, H, N, A, m, P, batched, dtype=torch.float32, seed=0):
 
 
 # every strided loop more than once: B*D > 128, A*m^2 > 128, maps staged (m = 64) and not (m = 128, 64 KiB)
-BIG = [dict(B=3, H=2, N=37, A=2, m=64, P=9, batched=False), dict(B=2, H=2, N=21, A=1, m=128, P=5, batched=True),
-       dict(B=5, H=3, N=50, A=64, m=2, P=50, batched=False), dict(B=4, H=1, N=33, A=16, m=8, P=3, batched=True)]
+BIG = [
+    dict(B=3, H=2, N=37, A=2, m=64, P=9, batched=False),
+    dict(B=2, H=2, N=21, A=1, m=128, P=5, batched=True),
+    dict(B=5, H=3, N=50, A=64, m=2, P=50, batched=False),
+    dict(B=4, H=1, N=33, A=16, m=8, P=3, batched=True),
+]
 
 
 @pytest.mark.parametrize("kw", BIG)
@@ -97,8 +102,10 @@ print("NO ERROR")
 def test_empty_and_non_contiguous():
     x, maps, index = make(B=2, H=2, N=5, A=2, m=3, P=4, batched=False)
     xt = x.cuda().float().transpose(0, 1).contiguous().transpose(0, 1)
-    torch.testing.assert_close(ops.apply_maps(xt, maps.cuda().float(), index.cuda()).cpu(),
-                               reference.apply_maps(x.float(), maps.float(), index))
+    torch.testing.assert_close(
+        ops.apply_maps(xt, maps.cuda().float(), index.cuda()).cpu(),
+        reference.apply_maps(x.float(), maps.float(), index),
+    )
     e = torch.zeros(0, 2, 5, 6, device="cuda", requires_grad=True)
     m = maps.cuda().float().requires_grad_()
     y = ops.apply_maps(e, m, index.cuda())

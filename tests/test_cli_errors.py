@@ -1,20 +1,28 @@
 """Bad experiment settings end the CLI with one clear line and exit status 2
 (checked before any data is loaded or folder written), never a traceback, and
 are never silently replaced by something else (found by fuzzing the CLI)."""
+
 import os
 import re
 
+import cli_helpers
 import pytest
 
-import cli_helpers
 from posattn.training import cli
 from posattn.training.config import ConfigError
 from posattn.training.data import load_splits
 from posattn.training.scaling import QUICK, ScalingConfig
 from posattn.training.sweep import load_sweep
 
-TINY = ["-Ddata.small_dataset=64", "-Dmodel.depth=1", "-Dmodel.dim=16", "-Dmodel.heads=2", "-Dmodel.ffn_dim=16",
-        "-Dtrain.epochs=1", "-no_wandb=T"]
+TINY = [
+    "-Ddata.small_dataset=64",
+    "-Dmodel.depth=1",
+    "-Dmodel.dim=16",
+    "-Dmodel.heads=2",
+    "-Dmodel.ffn_dim=16",
+    "-Dtrain.epochs=1",
+    "-no_wandb=T",
+]
 
 
 def fails(capsys, argv, message):
@@ -31,7 +39,10 @@ def fails(capsys, argv, message):
         (["-Ddevice=tpu"], r"device must be auto, cpu, cuda, cuda:N or mps, got 'tpu'"),
         (["-Ddevice=cuda:x"], r"device must be auto, cpu, cuda, cuda:N or mps"),
         (["-Ddevice=tpu", "-mode=scaling"], r"device must be auto, cpu, cuda"),
-        (["-Dtrain.betas=[0.9]"], r"train\.betas must be two numbers in \[0, 1\), e\.g\. \[0\.9, 0\.999\], got \[0\.9\]"),
+        (
+            ["-Dtrain.betas=[0.9]"],
+            r"train\.betas must be two numbers in \[0, 1\), e\.g\. \[0\.9, 0\.999\], got \[0\.9\]",
+        ),
         (["-Dtrain.betas=[0.9, 1.5]"], r"train\.betas must be two numbers in \[0, 1\)"),
         (["-Dnum_threads=-1"], r"num_threads must be an int >= 0 or null"),
         (["-Ddata.small_dataset=-5"], r"data\.small_dataset must be an int >= 0 \(0: all images\), got -5"),

@@ -1,5 +1,6 @@
 """ModelConfig checks every field's type and range, without coercing, and names
 the field by its dotted path (found by fuzzing the config with wrong types)."""
+
 import math
 
 import numpy as np

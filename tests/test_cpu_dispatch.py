@@ -4,6 +4,7 @@ runs the widest set the CPU has. Checks that the choice is one this CPU runs,
 that every set this CPU runs gives the reference's results (the rest of the
 suite runs only the default one), and that the default build keeps wide
 instructions inside their kernels, so that it runs on any x86-64-v2 CPU."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,9 @@ import subprocess
 
 import pytest
 import torch
+from conftest import make_relpos_inputs
 
 import posattn._C
-from conftest import make_relpos_inputs
 from posattn import ops, reference
 
 ORDER = ["base", "avx2", "avx512"]
@@ -58,7 +59,7 @@ def test_environment_picks_a_lower_set_and_refuses_others(monkeypatch, no_overri
     for name in supported():
         monkeypatch.setenv("POSATTN_CPU_CAPABILITY", name)
         assert ops.cpu_capability() == name
-    for name in ORDER[ORDER.index(best) + 1:]:  # sets this CPU lacks (none on an AVX-512 CPU)
+    for name in ORDER[ORDER.index(best) + 1 :]:  # sets this CPU lacks (none on an AVX-512 CPU)
         monkeypatch.setenv("POSATTN_CPU_CAPABILITY", name)
         with pytest.raises(ValueError, match=f"runs at most '{best}'"):
             ops.cpu_capability()
@@ -75,10 +76,14 @@ def test_environment_picks_a_lower_set_and_refuses_others(monkeypatch, no_overri
 # (grid, kernel, dtype): both CPU kernels; 1-D/2-D/3-D; lines that are no
 # multiple of any vector width (tails), size-1 axes, several runs per line.
 CASES = [
-    ([150], "window", torch.float32), ([150], "window", torch.float64),
-    ([5, 37], "window", torch.float32), ([2, 3, 70], "window", torch.float32),
-    ([9, 1, 13], "tiled", torch.float32), ([9, 1, 13], "tiled", torch.float64),
-    ([1, 41], "tiled", torch.float32), ([6, 7, 5], "tiled", torch.float32),
+    ([150], "window", torch.float32),
+    ([150], "window", torch.float64),
+    ([5, 37], "window", torch.float32),
+    ([2, 3, 70], "window", torch.float32),
+    ([9, 1, 13], "tiled", torch.float32),
+    ([9, 1, 13], "tiled", torch.float64),
+    ([1, 41], "tiled", torch.float32),
+    ([6, 7, 5], "tiled", torch.float32),
 ]
 
 
@@ -97,7 +102,9 @@ def run_relpos(grid, dtype, op):
     return (out, lse, *loss_grads(x, out, lse)), list(x)
 
 
-@pytest.mark.parametrize("grid,kernel,dtype", CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, list) else str(v))
+@pytest.mark.parametrize(
+    "grid,kernel,dtype", CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, list) else str(v)
+)
 def test_every_set_this_cpu_runs_matches_the_reference(monkeypatch, grid, kernel, dtype):
     monkeypatch.setenv("POSATTN_CPU_KERNEL", kernel)
     tol = dict(rtol=2e-4, atol=2e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
@@ -136,15 +143,18 @@ def test_apply_maps_on_every_set(monkeypatch, batched, dtype):
 # Instructions beyond x86-64-v2 (SSE4.2, POPCNT): every AVX / AVX2 / AVX-512
 # instruction is VEX / EVEX encoded ("v" mnemonics; k-register moves start
 # with "k"), and the BMI / LZCNT / MOVBE ones of x86-64-v3.
-BEYOND_V2 = re.compile(r"^(v[a-z0-9]+|k[a-z]+[bwdq]|andn|bextr|blsi|blsmsk|blsr|bzhi|mulx|pdep|pext|rorx|"
-                       r"sarx|shlx|shrx|lzcnt|tzcnt|movbe)$")
+BEYOND_V2 = re.compile(
+    r"^(v[a-z0-9]+|k[a-z]+[bwdq]|andn|bextr|blsi|blsmsk|blsr|bzhi|mulx|pdep|pext|rorx|"
+    r"sarx|shlx|shrx|lzcnt|tzcnt|movbe)$"
+)
 WIDE_512 = re.compile(r"%zmm|%k[0-7]")
 
 
 def functions_with(path, test):
     """{demangled function name: first offending instruction} of the shared object."""
-    dump = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", path], check=True,
-                          capture_output=True, text=True).stdout
+    dump = subprocess.run(
+        ["objdump", "-d", "-C", "--no-show-raw-insn", path], check=True, capture_output=True, text=True
+    ).stdout
     bad, fn = {}, None
     for line in dump.splitlines():
         head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
@@ -157,10 +167,14 @@ def functions_with(path, test):
     return bad
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,
-                    reason="inspects the x86-64 machine code with objdump")
-@pytest.mark.skipif(bool(os.environ.get("POSATTN_CPU_ARCH")),
-                    reason="POSATTN_CPU_ARCH is set: the extension was built for another baseline")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("objdump") is None,
+    reason="inspects the x86-64 machine code with objdump",
+)
+@pytest.mark.skipif(
+    bool(os.environ.get("POSATTN_CPU_ARCH")),
+    reason="POSATTN_CPU_ARCH is set: the extension was built for another baseline",
+)
 def test_default_build_keeps_wide_instructions_in_their_kernels():
     """The default build (-march=x86-64-v2) runs on any x86-64-v2 CPU: AVX and
     later instructions appear only in the AVX2 / AVX-512 kernels (their C++
@@ -173,7 +187,9 @@ def test_default_build_keeps_wide_instructions_in_their_kernels():
 
     beyond = functions_with(path, lambda insn: bool(BEYOND_V2.match(insn.split()[0])))
     stray = {fn: i for fn, i in beyond.items() if outside(["avx2", "avx512"])(fn)}
-    assert not stray, f"{len(stray)} baseline functions use instructions beyond x86-64-v2, e.g. {list(stray.items())[:3]}"
+    assert not stray, (
+        f"{len(stray)} baseline functions use instructions beyond x86-64-v2, e.g. {list(stray.items())[:3]}"
+    )
     wide = functions_with(path, lambda insn: bool(WIDE_512.search(insn)))
     stray = {fn: i for fn, i in wide.items() if outside(["avx512"])(fn)}
     assert not stray, f"{len(stray)} functions outside the AVX-512 kernels use AVX-512, e.g. {list(stray.items())[:3]}"

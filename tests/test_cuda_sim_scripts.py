@@ -1,6 +1,7 @@
 """The simulated-GPU suite's plumbing, checked without the simulator: scripts/cuda_sim.sh (syntax,
 CI runs it, a clear failure without the kit), simlib's reasons for skipping and its raw file
 format (the harness' input and output)."""
+
 import os
 import subprocess
 import sys
@@ -22,8 +23,9 @@ def test_cuda_sim_script_syntax_and_ci_runs_it():
 
 
 def test_cuda_sim_script_fails_clearly_without_the_kit(tmp_path):
-    r = subprocess.run(["bash", SCRIPT], capture_output=True, text=True,
-                       env={**os.environ, "GPUSIM_KIT": str(tmp_path / "nowhere")})
+    r = subprocess.run(
+        ["bash", SCRIPT], capture_output=True, text=True, env={**os.environ, "GPUSIM_KIT": str(tmp_path / "nowhere")}
+    )
     assert r.returncode == 1 and "no simulator kit at" in r.stderr
 
 

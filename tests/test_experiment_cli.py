@@ -1,4 +1,5 @@
 """cmd/main.py end to end on a tiny Fashion-MNIST subset (offline data)."""
+
 import csv
 import glob
 import json
@@ -7,11 +8,11 @@ import re
 import subprocess
 import sys
 
+import cli_helpers
 import pytest
 import torch
-
-import cli_helpers
 from cli_helpers import MAIN, ROOT, load_config
+
 from posattn.training import runs
 from posattn.training.data import DEBIAN_FASHION
 
@@ -21,8 +22,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 TINY = [
-    "-Ddata.small_dataset=192", "-Dmodel.depth=1", "-Dmodel.dim=16", "-Dmodel.heads=2", "-Dmodel.ffn_dim=16",
-    "-Dpe.hidden_dim=8", "-Dtrain.batch_size=64", "-Dtrain.warmup_steps=2", "-Dtrain.epochs=2",
+    "-Ddata.small_dataset=192",
+    "-Dmodel.depth=1",
+    "-Dmodel.dim=16",
+    "-Dmodel.heads=2",
+    "-Dmodel.ffn_dim=16",
+    "-Dpe.hidden_dim=8",
+    "-Dtrain.batch_size=64",
+    "-Dtrain.warmup_steps=2",
+    "-Dtrain.epochs=2",
 ]
 
 
@@ -138,8 +146,9 @@ def test_run_name_must_be_one_folder_inside_out_dir(tmp_path, capsys, name):
 
 def test_sweep_file_name_must_be_one_folder(tmp_path, capsys):
     sweep = tmp_path / "s.yml"
-    sweep.write_text("name: ../up\nmethod: grid\nmetric: {name: val/best_acc}\n"
-                     "parameters:\n  train.epochs: {value: 1}\n")
+    sweep.write_text(
+        "name: ../up\nmethod: grid\nmetric: {name: val/best_acc}\nparameters:\n  train.epochs: {value: 1}\n"
+    )
     assert run(tmp_path / "runs", "-mode=local_sweep", f"--sweep_config={sweep}") == 2
     assert "sweep name '../up'" in capsys.readouterr().err
     assert not (tmp_path / "up").exists()
@@ -151,8 +160,11 @@ def test_sweep_agent_keeps_a_run_name_from_wandb_inside_out_dir(tmp_path, monkey
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     real_init = wandb.init
-    monkeypatch.setattr(wandb, "init", lambda **kw: real_init(config={"train.epochs": 1}, dir=str(tmp_path / "wb"),
-                                                             name="../../up/run", **kw))
+    monkeypatch.setattr(
+        wandb,
+        "init",
+        lambda **kw: real_init(config={"train.epochs": 1}, dir=str(tmp_path / "wb"), name="../../up/run", **kw),
+    )
     monkeypatch.setattr(wandb, "agent", lambda sweep_id, function, count=None, **kw: function())
     out = tmp_path / "runs"
     assert cli_helpers.main([*TINY, f"-Dout_dir={out}", "-mode=sweep_agent", "--sweep_id=x", "-count=1"]) == 0
@@ -172,7 +184,11 @@ def test_local_sweep_with_the_wandb_sweep_engine(tmp_path):
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
     assert {(r["positional_encoding"], r["span.enabled"]) for r in rows} == {
-        ("siren", "False"), ("siren", "True"), ("none", "False"), ("none", "True")}
+        ("siren", "False"),
+        ("siren", "True"),
+        ("none", "False"),
+        ("none", "True"),
+    }
     assert all(0.0 <= float(r["val/best_acc"]) <= 1.0 for r in rows)
     with open(tmp_path / "tiny" / "sweep_metric.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -253,8 +269,9 @@ def test_cmd_main_runs_from_another_working_directory_and_with_python_O(tmp_path
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "runs" / "o" / "summary.json").exists()
-    proc = subprocess.run([sys.executable, MAIN, "-mode=local_sweep", "--sweep_config=nope"], capture_output=True,
-                          text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, MAIN, "-mode=local_sweep", "--sweep_config=nope"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 2 and "thesis_keys_quick" in proc.stderr  # the shipped sweeps are listed
 
 
@@ -306,8 +323,19 @@ def test_local_sweep_hyperband_stops_weak_runs_early(tmp_path, metric):
 @pytest.mark.slow
 def test_torchrun_two_processes_on_cpu(tmp_path):
     """DistributedDataParallel (gloo) with two CPU processes, launched by torchrun."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", MAIN,
-           *TINY, "-Ddata.small_dataset=256", f"-Dout_dir={tmp_path}", "-Dname=ddp", "-no_wandb=T", "-Dnum_threads=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        MAIN,
+        *TINY,
+        "-Ddata.small_dataset=256",
+        f"-Dout_dir={tmp_path}",
+        "-Dname=ddp",
+        "-no_wandb=T",
+        "-Dnum_threads=1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("final metrics (ddp)") == 1  # only rank 0 reports
@@ -322,8 +350,14 @@ def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch, capsy
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     real_init = wandb.init
-    sweep_values = {"positional_encoding": "lookup", "train.epochs": 1, "model.depth": 2,
-                    "learning_rate": 0.003, "cls_token": "max", "channels_last": True}  # thesis keys too
+    sweep_values = {
+        "positional_encoding": "lookup",
+        "train.epochs": 1,
+        "model.depth": 2,
+        "learning_rate": 0.003,
+        "cls_token": "max",
+        "channels_last": True,
+    }  # thesis keys too
     monkeypatch.setattr(wandb, "init", lambda **kw: real_init(config=sweep_values, dir=str(tmp_path), **kw))
     calls = []
 
@@ -332,7 +366,10 @@ def test_sweep_agent_takes_values_from_wandb_config(tmp_path, monkeypatch, capsy
         function()
 
     monkeypatch.setattr(wandb, "agent", fake_agent)
-    assert cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=me/proj/abc", "-count=1"]) == 0
+    assert (
+        cli_helpers.main([*TINY, f"-Dout_dir={tmp_path}", "-mode=sweep_agent", "--sweep_id=me/proj/abc", "-count=1"])
+        == 0
+    )
     assert calls == [("me/proj/abc", 1)]
     (run_dir,) = [p for p in tmp_path.iterdir() if (p / "config.yml").exists()]
     import yaml

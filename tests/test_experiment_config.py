@@ -1,7 +1,8 @@
 """Experiment config parsing: types, overrides, files, errors."""
-import pytest
 
+import pytest
 from cli_helpers import SWEEP_DIR, defaults_flat, load_config
+
 from posattn.training.config import ConfigError, cast_value, flatten, parse_bool
 
 
@@ -23,9 +24,17 @@ def test_bool_rejects_other_text():
 @pytest.mark.parametrize(
     "raw, default, expected",
     [
-        ("32", 64, 32), ("1e3", 5, 1000), ("0.5", 0.1, 0.5), ("2", 0.1, 2.0), ("pre", "post", "pre"),
-        ("[0.9, 0.98]", [0.9, 0.999], [0.9, 0.98]), ("{a: 1}", {"b": 2}, {"a": 1}), ("null", 3, None),
-        ("12", None, 12), ("abc", None, "abc"), ("001", "x", "001"),
+        ("32", 64, 32),
+        ("1e3", 5, 1000),
+        ("0.5", 0.1, 0.5),
+        ("2", 0.1, 2.0),
+        ("pre", "post", "pre"),
+        ("[0.9, 0.98]", [0.9, 0.999], [0.9, 0.98]),
+        ("{a: 1}", {"b": 2}, {"a": 1}),
+        ("null", 3, None),
+        ("12", None, 12),
+        ("abc", None, "abc"),
+        ("001", "x", "001"),
     ],
 )
 def test_cast_from_the_default_type(raw, default, expected):
@@ -35,8 +44,13 @@ def test_cast_from_the_default_type(raw, default, expected):
 
 @pytest.mark.parametrize(
     "raw, default, match",
-    [("3.5", 64, "expected an int"), ("abc", 0.1, "expected a float"), ("true", 1, "expected an int"),
-     ("1", [1], "expected a list"), ("[1]", {"a": 1}, "expected a mapping")],
+    [
+        ("3.5", 64, "expected an int"),
+        ("abc", 0.1, "expected a float"),
+        ("true", 1, "expected an int"),
+        ("1", [1], "expected a list"),
+        ("[1]", {"a": 1}, "expected a mapping"),
+    ],
 )
 def test_cast_errors_name_key_and_type(raw, default, match):
     with pytest.raises(ConfigError, match=match):
@@ -44,8 +58,16 @@ def test_cast_errors_name_key_and_type(raw, default, match):
 
 
 def test_defaults_load_and_overrides_apply():
-    cfg = load_config(["pe.hidden_dim=32", "span.enabled=T", "train.betas=[0.9, 0.98]", "model.depth=2",
-                             "name=run-a", "performer.num_features=64"])
+    cfg = load_config(
+        [
+            "pe.hidden_dim=32",
+            "span.enabled=T",
+            "train.betas=[0.9, 0.98]",
+            "model.depth=2",
+            "name=run-a",
+            "performer.num_features=64",
+        ]
+    )
     assert cfg["pe"]["hidden_dim"] == 32 and cfg["span"]["enabled"] is True
     assert cfg["train"]["betas"] == [0.9, 0.98] and cfg["model"]["depth"] == 2 and cfg["name"] == "run-a"
     assert cfg["performer"]["num_features"] == 64
@@ -91,6 +113,8 @@ def test_every_shipped_sweep_file_is_valid_and_found_by_name():
     for path in files:
         sweep = load_sweep(path, flat)  # every parameter is a config key with a valid value
         assert sweep["metric"]["name"] in ("val/best_acc", "val/acc", "val/acc.max")
-    assert load_sweep("thesis_2d_siren_span_threshold", flat, SWEEP_DIR)["parameters"]["span.threshold"] == {"value": 0.1}
+    assert load_sweep("thesis_2d_siren_span_threshold", flat, SWEEP_DIR)["parameters"]["span.threshold"] == {
+        "value": 0.1
+    }
     with pytest.raises(ConfigError, match="not found .*quick_encodings"):
         load_sweep("no_such_sweep", flat, SWEEP_DIR)

@@ -1,6 +1,7 @@
 """Training survives `kill -9` at any point of its file writes, and damaged
 checkpoints: a killed run, resumed, ends bitwise equal to an uninterrupted one
 (weights, optimizer, best checkpoint, each epoch's metrics exactly once)."""
+
 import hashlib
 import json
 import os
@@ -10,11 +11,11 @@ import signal
 import subprocess
 import sys
 
+import cli_helpers
 import pytest
 import torch
-
-import cli_helpers
 from cli_helpers import ROOT
+
 from posattn.training.checkpoints import MANIFEST, CheckpointStore
 from posattn.training.data import DEBIAN_FASHION
 
@@ -26,16 +27,31 @@ pytestmark = pytest.mark.skipif(
 HARNESS = os.path.join(ROOT, "tests", "fault_inject.py")
 # One thread: the CPU kernels' sums are then in one order, so runs are bitwise reproducible.
 TINY = [
-    "-Ddata.small_dataset=64", "-Dmodel.depth=1", "-Dmodel.dim=16", "-Dmodel.heads=2", "-Dmodel.ffn_dim=16",
-    "-Dpe.hidden_dim=8", "-Dtrain.batch_size=32", "-Dtrain.warmup_steps=2", "-Dtrain.epochs=2",
-    "-Dnum_threads=1", "-Dseed=3", "-no_wandb=T", "-Dname=run",
+    "-Ddata.small_dataset=64",
+    "-Dmodel.depth=1",
+    "-Dmodel.dim=16",
+    "-Dmodel.heads=2",
+    "-Dmodel.ffn_dim=16",
+    "-Dpe.hidden_dim=8",
+    "-Dtrain.batch_size=32",
+    "-Dtrain.warmup_steps=2",
+    "-Dtrain.epochs=2",
+    "-Dnum_threads=1",
+    "-Dseed=3",
+    "-no_wandb=T",
+    "-Dname=run",
 ]
 TIMING = ("time/", "train_seconds", "per_sample_ms")  # wall-clock values differ between runs
 
 
 def harness(point, n, out_dir):
-    return subprocess.Popen([sys.executable, HARNESS, point, str(n), "--", *TINY, f"-Dout_dir={out_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, HARNESS, point, str(n), "--", *TINY, f"-Dout_dir={out_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def resume(run_dir) -> int:

@@ -2,6 +2,7 @@
 (tests/fuzz_ops.py) through the wrappers, the raw ops, their backward ops and
 their fake kernels. Each must raise a clear error; none may crash the process,
 be accepted, or fail with an error that does not say what is wrong."""
+
 import os
 import subprocess
 import sys
@@ -16,8 +17,12 @@ def run_cases(seed: int, count: int) -> tuple[dict, list]:
     Returns ({case: verdict line}, [crash descriptions])."""
     verdicts, crashes, first = {}, [], 0
     while first < count:
-        proc = subprocess.run([sys.executable, WORKER, str(seed), str(first), str(count - first)],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, WORKER, str(seed), str(first), str(count - first)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         current = None
         for line in proc.stdout.splitlines():
             word, _, rest = line.partition(" ")

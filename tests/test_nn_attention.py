@@ -1,10 +1,11 @@
 """PositionalSelfAttention and DifferentiableSpan."""
+
 import math
 
 import pytest
 import torch
-
 from nn_helpers import LargestTensor
+
 from posattn._grid import relative_offsets
 from posattn.nn import DifferentiableSpan, LookupRelativeEncoder, PositionalSelfAttention, SirenRelativeEncoder
 from posattn.nn.attention import split_heads
@@ -153,8 +154,10 @@ def test_span_shared_fixed_and_stats():
         (lambda: PositionalSelfAttention(12, 3, backend="cuda"), "backend must be one of"),
         (lambda: PositionalSelfAttention(12, 3, encoder=SirenRelativeEncoder(12, 4, 1)), "encoder gives"),
         (lambda: PositionalSelfAttention(12, 3, span=DifferentiableSpan(1, heads=2)), "span has 2 heads"),
-        (lambda: PositionalSelfAttention(12, 3, encoder=SirenRelativeEncoder(12, 3, 2))(torch.randn(1, 8, 12), [8]),
-         "built for 2-D grids"),
+        (
+            lambda: PositionalSelfAttention(12, 3, encoder=SirenRelativeEncoder(12, 3, 2))(torch.randn(1, 8, 12), [8]),
+            "built for 2-D grids",
+        ),
         (lambda: PositionalSelfAttention(12, 3)(torch.randn(1, 8, 12), [3, 3]), "prod\\(grid\\)"),
         (lambda: PositionalSelfAttention(12, 3, relative=True)(torch.randn(1, 8, 12), [8]), "needs shared="),
     ],
@@ -182,11 +185,24 @@ def test_span_in_cells_keeps_the_same_width_on_every_grid():
 
 
 def test_every_attention_shares_the_multi_head_base():
-    from posattn.nn import (AlgebraicSelfAttention, ClippedRelativeAttention, ClippedWindowAttention, FavorAttention,
-                            MultiHeadSelfAttention, RelativeFavorAttention, SDPAttention)
+    from posattn.nn import (
+        AlgebraicSelfAttention,
+        ClippedRelativeAttention,
+        ClippedWindowAttention,
+        FavorAttention,
+        MultiHeadSelfAttention,
+        RelativeFavorAttention,
+        SDPAttention,
+    )
 
-    built = [PositionalSelfAttention(16, 4), SDPAttention(16, 4), AlgebraicSelfAttention(16, 4), FavorAttention(16, 4),
-             RelativeFavorAttention(16, 4, ndim=2), ClippedWindowAttention(16, 4, ndim=2)]
+    built = [
+        PositionalSelfAttention(16, 4),
+        SDPAttention(16, 4),
+        AlgebraicSelfAttention(16, 4),
+        FavorAttention(16, 4),
+        RelativeFavorAttention(16, 4, ndim=2),
+        ClippedWindowAttention(16, 4, ndim=2),
+    ]
     x = torch.randn(2, 12, 16)
     for attn in built:
         assert isinstance(attn, MultiHeadSelfAttention)

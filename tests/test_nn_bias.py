@@ -1,5 +1,6 @@
 """RelativePositionBias (table, T5 buckets, SwinV2 continuous) and its use in
 PositionalSelfAttention and the classifier (pe.bias, model.window)."""
+
 import math
 
 import pytest
@@ -41,7 +42,7 @@ def test_table_clips_each_axis(grid):
     # Offsets that clip to the same per-axis value share their entry; distinct ones do not.
     for u in range(delta.shape[0]):
         same = (clipped == clipped[u]).all(-1)
-        assert torch.equal(b[:, same], b[:, u:u + 1].expand(-1, int(same.sum())))
+        assert torch.equal(b[:, same], b[:, u : u + 1].expand(-1, int(same.sum())))
     assert torch.unique(b[0]).numel() == 3 ** len(grid)
 
 
@@ -89,8 +90,13 @@ def test_bad_arguments():
 def test_attention_fused_matches_reference(kind, window, border):
     torch.manual_seed(0)
     grid = [5, 6]
-    attn = PositionalSelfAttention(16, 2, position_bias=RelativePositionBias(2, 2, kind, hidden=8, num_buckets=8),
-                                   window=window, window_border=border).double()
+    attn = PositionalSelfAttention(
+        16,
+        2,
+        position_bias=RelativePositionBias(2, 2, kind, hidden=8, num_buckets=8),
+        window=window,
+        window_border=border,
+    ).double()
     x = torch.randn(2, 30, 16, dtype=torch.float64)
     outs, grads = [], []
     for backend in ("fused", "reference"):
@@ -118,8 +124,15 @@ def test_window_limits_what_a_token_sees():
 @pytest.mark.parametrize("kind", ["table", "t5", "cpb"])
 def test_classifier_with_bias_and_window(kind):
     torch.manual_seed(0)
-    model = TransformerClassifier(grid=[8, 8], dim=16, heads=2, depth=2, pe={"name": "none", "bias": kind,
-                                  "bias_hidden": 8}, window=3, window_border="shift")
+    model = TransformerClassifier(
+        grid=[8, 8],
+        dim=16,
+        heads=2,
+        depth=2,
+        pe={"name": "none", "bias": kind, "bias_hidden": 8},
+        window=3,
+        window_border="shift",
+    )
     assert model.blocks[0].attention.window == 1
     logits = model(torch.randn(3, 8, 8, 1))
     assert logits.shape == (3, 10)
@@ -129,15 +142,18 @@ def test_classifier_with_bias_and_window(kind):
             assert p.grad is not None and p.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("values,match", [
-    (dict(window=4), "window must be an odd window size"),
-    (dict(window=0), "window must be an int >= 1"),
-    (dict(window=3, attention="sdpa", pe={"name": "none"}), "window needs attention='relpos'"),
-    (dict(pe={"bias": "t55"}), "pe.bias must be one of .*did you mean 't5'"),
-    (dict(pe={"name": "none", "bias": "table"}, attention="favor"), "pe.bias='table' needs attention='relpos'"),
-    (dict(pe={"bias": "t5", "bias_buckets": 9}), "pe.bias_buckets must be even"),
-    (dict(window=3, window_border="natten"), "window_border must be one of"),
-])
+@pytest.mark.parametrize(
+    "values,match",
+    [
+        (dict(window=4), "window must be an odd window size"),
+        (dict(window=0), "window must be an int >= 1"),
+        (dict(window=3, attention="sdpa", pe={"name": "none"}), "window needs attention='relpos'"),
+        (dict(pe={"bias": "t55"}), "pe.bias must be one of .*did you mean 't5'"),
+        (dict(pe={"name": "none", "bias": "table"}, attention="favor"), "pe.bias='table' needs attention='relpos'"),
+        (dict(pe={"bias": "t5", "bias_buckets": 9}), "pe.bias_buckets must be even"),
+        (dict(window=3, window_border="natten"), "window_border must be one of"),
+    ],
+)
 def test_config_errors(values, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_dict(values)

@@ -1,11 +1,12 @@
 """TransformerClassifier, EncoderBlock and ModelConfig."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from nn_helpers import quadrant_task
+
 from posattn.nn import ModelConfig, TransformerClassifier
 from posattn.nn.registry import POSITIONAL_ENCODINGS
 
@@ -103,8 +104,15 @@ def test_blocks_without_residual_or_norm():
 def train_quadrants(pe: str, steps: int = 120, seed: int = 0) -> float:
     torch.manual_seed(seed)
     model = TransformerClassifier(
-        grid=[8, 8], dim=32, depth=2, heads=4, ffn_dim=64, num_classes=4,
-        dropout=0.0, input_dropout=0.0, pe={"name": pe},
+        grid=[8, 8],
+        dim=32,
+        depth=2,
+        heads=4,
+        ffn_dim=64,
+        num_classes=4,
+        dropout=0.0,
+        input_dropout=0.0,
+        pe={"name": pe},
     )
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     x, y = quadrant_task(2048, seed=1)
@@ -169,8 +177,15 @@ def test_config_round_trips_through_dicts():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("attention, pe", [("relpos", "siren"), ("favor", "abs_learnable_sinusoid"),
-                                           ("relative_favor", "none"), ("clipped_relative", "none")])
+@pytest.mark.parametrize(
+    "attention, pe",
+    [
+        ("relpos", "siren"),
+        ("favor", "abs_learnable_sinusoid"),
+        ("relative_favor", "none"),
+        ("clipped_relative", "none"),
+    ],
+)
 def test_classifier_on_cuda_matches_cpu(attention, pe):
     torch.manual_seed(0)
     kw = dict(SMALL, attention=attention, pe={"name": pe}, dropout=0.0, input_dropout=0.0)
@@ -195,7 +210,9 @@ def test_patches_become_tokens(grid, p):
     block = x[(slice(None), *[slice(i * p, (i + 1) * p) for i in idx])]
     torch.testing.assert_close(tokens[(slice(None), *idx)], block.reshape(3, -1))
     assert model(x).shape == (3, 10)
-    assert model.blocks[0].attention.encoder(model.config.token_grid).shape[1] == math.prod(2 * n // p - 1 for n in grid)
+    assert model.blocks[0].attention.encoder(model.config.token_grid).shape[1] == math.prod(
+        2 * n // p - 1 for n in grid
+    )
     with pytest.raises(ValueError, match="patch_size"):
         TransformerClassifier(grid=grid, patch_size=5)
 
@@ -204,8 +221,17 @@ def test_patches_become_tokens(grid, p):
 def test_causal_models_read_only_earlier_tokens(attention, pe):
     """model.causal (the thesis' `causal`): a token's output ignores every later token."""
     torch.manual_seed(0)
-    model = TransformerClassifier(grid=[3, 4], dim=16, heads=2, depth=2, dropout=0.0, input_dropout=0.0,
-                                  attention=attention, pe={"name": pe}, causal=True).eval()
+    model = TransformerClassifier(
+        grid=[3, 4],
+        dim=16,
+        heads=2,
+        depth=2,
+        dropout=0.0,
+        input_dropout=0.0,
+        attention=attention,
+        pe={"name": pe},
+        causal=True,
+    ).eval()
     assert all(block.attention.causal for block in model.blocks)
     x = torch.randn(1, 12, 16)
     y = x.clone()

@@ -1,4 +1,5 @@
 """Positional encoders: shapes, dtype/device, gradients, init, table indexing."""
+
 import math
 
 import pytest

@@ -1,15 +1,16 @@
 """FAVOR+ attention and the Performer family of Horn et al."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from nn_helpers import LargestTensor
+
 from posattn.nn import (
     ClippedRelativeAttention,
-    ClippedWindowAttention,
     ClippedRelativePerformer,
+    ClippedWindowAttention,
     FavorAttention,
     NoPosPerformer,
     Performer,
@@ -17,7 +18,13 @@ from posattn.nn import (
     RelativePerformer,
 )
 from posattn.nn.attention import split_heads
-from posattn.nn.favor import clipped_relative_attention, favor_features, linear_attention, manhattan_window, orthogonal_gaussian
+from posattn.nn.favor import (
+    clipped_relative_attention,
+    favor_features,
+    linear_attention,
+    manhattan_window,
+    orthogonal_gaussian,
+)
 
 
 def test_orthogonal_gaussian_blocks_are_orthogonal():
@@ -201,14 +208,23 @@ def clipped_rel_part(attn, x, grid, has_cls):
     attn(x, grid, has_cls=has_cls)
     handle.remove()
     B, T, _ = x.shape
-    return captured["merged"].view(B, T, attn.heads, attn.head_dim)[:, :, attn.content_heads:].transpose(1, 2)
+    return captured["merged"].view(B, T, attn.heads, attn.head_dim)[:, :, attn.content_heads :].transpose(1, 2)
 
 
 @pytest.mark.parametrize("kernel", ["favor", "softmax"])
-@pytest.mark.parametrize("grid,clip,heads,has_cls", [
-    ([13], 4, 4, False), ([5, 7], 4, 4, True), ([9, 1], 3, 3, False), ([1, 6], 2, 5, True),
-    ([3, 1, 4], 2, 4, True), ([4, 5, 3], 3, 2, False), ([6, 6], 1, 2, True), ([7], 9, 2, False),
-])
+@pytest.mark.parametrize(
+    "grid,clip,heads,has_cls",
+    [
+        ([13], 4, 4, False),
+        ([5, 7], 4, 4, True),
+        ([9, 1], 3, 3, False),
+        ([1, 6], 2, 5, True),
+        ([3, 1, 4], 2, 4, True),
+        ([4, 5, 3], 3, 2, False),
+        ([6, 6], 1, 2, True),
+        ([7], 9, 2, False),
+    ],
+)
 def test_clipped_relative_matches_dense_paper_formula(kernel, grid, clip, heads, has_cls):
     """The O(N) strategy 2 against the paper's formula with (T, T) scores, float64, forward and gradients:
     1-D/2-D/3-D, odd sizes, size-1 axes, windows larger and smaller than the grid, odd head counts."""
@@ -305,8 +321,11 @@ def test_favor_attentions_keep_memory_linear_in_n(module):
     torch.manual_seed(0)
     grid = [48, 48]
     N = 48 * 48
-    attn = {"favor": lambda: FavorAttention(16, 2), "relative_favor": lambda: RelativeFavorAttention(16, 2, 2, num_frequencies=4),
-            "clipped_relative": lambda: ClippedRelativeAttention(16, 2, 2, clip=4)}[module]()
+    attn = {
+        "favor": lambda: FavorAttention(16, 2),
+        "relative_favor": lambda: RelativeFavorAttention(16, 2, 2, num_frequencies=4),
+        "clipped_relative": lambda: ClippedRelativeAttention(16, 2, 2, clip=4),
+    }[module]()
     x = torch.randn(1, N, 16, requires_grad=True)
     with LargestTensor() as mode:
         attn(x, grid).sum().backward()

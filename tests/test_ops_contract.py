@@ -1,14 +1,15 @@
 """The operators' promises beyond the math: NaN and inf stay visible, a double
 backward is refused, arguments are never coerced, and the backward ops check
 what they are given (also their fake kernels)."""
+
 import pytest
 import torch
+from conftest import make_relpos_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from posattn import ops
 from posattn import reference as ref
 from posattn.nn import ModelConfig, TransformerClassifier
-from conftest import make_relpos_inputs
 
 CONFIGS = [
     pytest.param([7], {}, id="1d"),
@@ -49,8 +50,15 @@ def test_nan_and_inf_propagate_as_in_the_reference(grid, kw, where, dtype, kerne
         # Every query that keeps key j turns NaN. A masked key's value may reach a row
         # too (0 * NaN: the dense reference reads every value, the kernels every value
         # of a tile they visit), but no row beyond the reference's.
-        scores = ref.relpos_scores(x["q"], x["k"], x["q_pos"], x["rel"], grid,
-                                   x["sigma"] if kw.keys() & {"threshold", "span_mode"} else None, **kw)
+        scores = ref.relpos_scores(
+            x["q"],
+            x["k"],
+            x["q_pos"],
+            x["rel"],
+            grid,
+            x["sigma"] if kw.keys() & {"threshold", "span_mode"} else None,
+            **kw,
+        )
         keeps = torch.zeros_like(bad_rows)
         keeps[0, 1] = scores[0, 1, :, j] > float("-inf")
         mine = out.isnan().any(-1)
@@ -123,8 +131,9 @@ def test_nan_gradient_is_nan_where_the_reference_is():
 
 
 def test_model_with_one_nan_pixel_gives_nan_logits():
-    cfg = ModelConfig.from_dict(dict(grid=[6, 6], in_channels=1, num_classes=3, dim=16, depth=1, heads=2,
-                                     pe=dict(name="lookup")))
+    cfg = ModelConfig.from_dict(
+        dict(grid=[6, 6], in_channels=1, num_classes=3, dim=16, depth=1, heads=2, pe=dict(name="lookup"))
+    )
     model = TransformerClassifier(cfg).eval()
     x = torch.randn(2, 6, 6, 1)
     x[0, 2, 3, 0] = float("nan")
@@ -148,19 +157,22 @@ def test_double_backward_is_refused_with_a_clear_error():
     ops.relpos_attention(**{k: v.detach().requires_grad_() for k, v in x.items()}, grid=[4, 3]).sum().backward()
 
 
-@pytest.mark.parametrize("kw,exc,match", [
-    (dict(grid=[3.7, 4]), TypeError, "grid must be a sequence of ints"),
-    (dict(grid="34"), TypeError, "grid must be a sequence of ints"),
-    (dict(grid=[True, 12]), TypeError, "grid must be a sequence of ints"),
-    (dict(causal="no"), TypeError, "causal must be True or False"),
-    (dict(causal=1), TypeError, "causal must be True or False"),
-    (dict(return_lse="yes"), TypeError, "return_lse must be True or False"),
-    (dict(k=None), TypeError, "k must be a tensor"),
-    (dict(v=None), TypeError, "v must be a tensor"),
-    (dict(threshold=None), TypeError, "threshold must be a real number"),
-    (dict(scale=1j), TypeError, "scale must be a real number"),
-    (dict(scale="0.5"), TypeError, "scale must be a real number"),
-])
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        (dict(grid=[3.7, 4]), TypeError, "grid must be a sequence of ints"),
+        (dict(grid="34"), TypeError, "grid must be a sequence of ints"),
+        (dict(grid=[True, 12]), TypeError, "grid must be a sequence of ints"),
+        (dict(causal="no"), TypeError, "causal must be True or False"),
+        (dict(causal=1), TypeError, "causal must be True or False"),
+        (dict(return_lse="yes"), TypeError, "return_lse must be True or False"),
+        (dict(k=None), TypeError, "k must be a tensor"),
+        (dict(v=None), TypeError, "v must be a tensor"),
+        (dict(threshold=None), TypeError, "threshold must be a real number"),
+        (dict(scale=1j), TypeError, "scale must be a real number"),
+        (dict(scale="0.5"), TypeError, "scale must be a real number"),
+    ],
+)
 def test_arguments_are_never_coerced(kw, exc, match):
     x = make_relpos_inputs([3, 4])
     args = dict(x, grid=[3, 4])
@@ -182,11 +194,26 @@ def test_reference_handles_zero_heads_with_a_threshold():
 
 
 def _backward_args(x, grid):
-    out, lse = torch.ops.posattn.relpos_attention(x["q"], x["k"], x["v"], x["q_pos"], x["rel"], grid, None,
-                                                  0.0, "add", 0.5, False)
-    return dict(grad_out=torch.ones_like(out), grad_lse=None, q=x["q"], k=x["k"], v=x["v"], q_pos=x["q_pos"],
-                rel=x["rel"], grid=grid, sigma=None, threshold=0.0, span_mode="add", scale=0.5, causal=False,
-                out=out, lse=lse)
+    out, lse = torch.ops.posattn.relpos_attention(
+        x["q"], x["k"], x["v"], x["q_pos"], x["rel"], grid, None, 0.0, "add", 0.5, False
+    )
+    return dict(
+        grad_out=torch.ones_like(out),
+        grad_lse=None,
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        q_pos=x["q_pos"],
+        rel=x["rel"],
+        grid=grid,
+        sigma=None,
+        threshold=0.0,
+        span_mode="add",
+        scale=0.5,
+        causal=False,
+        out=out,
+        lse=lse,
+    )
 
 
 def _call_backward(a):
@@ -203,14 +230,17 @@ def test_raw_backward_refuses_a_meta_argument(name):
         _call_backward(a)
 
 
-@pytest.mark.parametrize("name,change,match", [
-    ("grad_out", lambda t: t[..., :-1], "grad_out must have shape"),
-    ("out", lambda t: t[:, :1], "out must have shape"),
-    ("lse", lambda t: t[..., :-1], "lse must have shape"),
-    ("k", lambda t: t[:, :, :-1], "k must have the shape of q"),
-    ("rel", lambda t: t[:, :-1], "rel must have shape"),
-    ("grad_out", lambda t: t.float(), "grad_out has dtype"),
-])
+@pytest.mark.parametrize(
+    "name,change,match",
+    [
+        ("grad_out", lambda t: t[..., :-1], "grad_out must have shape"),
+        ("out", lambda t: t[:, :1], "out must have shape"),
+        ("lse", lambda t: t[..., :-1], "lse must have shape"),
+        ("k", lambda t: t[:, :, :-1], "k must have the shape of q"),
+        ("rel", lambda t: t[:, :-1], "rel must have shape"),
+        ("grad_out", lambda t: t.float(), "grad_out has dtype"),
+    ],
+)
 def test_backward_fake_checks_like_the_forward_fake(name, change, match):
     a = _backward_args(make_relpos_inputs([3, 4]), [3, 4])
     a[name] = change(a[name])

@@ -1,21 +1,28 @@
 """One Performer recipe: cmd/main.py's -Dmodel.variant=<name> builds the model posattn.nn.<name>() builds."""
+
+import cli_helpers
 import pytest
 import torch
 import yaml
 
-import cli_helpers
 from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer
 from posattn.training import sweep as sweep_mod
 from posattn.training.data import Splits
 from posattn.training.train import apply_model_variant, build_model, upgrade_saved_config
 
-MODELS = {"Performer": Performer, "NoPosPerformer": NoPosPerformer, "RelativePerformer": RelativePerformer,
-          "ClippedRelativePerformer": ClippedRelativePerformer}
+MODELS = {
+    "Performer": Performer,
+    "NoPosPerformer": NoPosPerformer,
+    "RelativePerformer": RelativePerformer,
+    "ClippedRelativePerformer": ClippedRelativePerformer,
+}
 
 
 def splits(size=32):
     empty = (torch.zeros(0, size, size, 1), torch.zeros(0, dtype=torch.long))
-    return Splits(train=empty, val=empty, test=empty, grid=[size, size], channels=1, num_classes=10, mean=[0.0], std=[1.0])
+    return Splits(
+        train=empty, val=empty, test=empty, grid=[size, size], channels=1, num_classes=10, mean=[0.0], std=[1.0]
+    )
 
 
 def cli_model(overrides):
@@ -53,11 +60,19 @@ def test_a_contradicting_attention_is_an_error(capsys):
 def test_sweep_parameters_are_given_keys(tmp_path):
     """A sweep that sets model.variant applies the recipe to every key it does not set itself."""
     path = tmp_path / "s.yml"
-    path.write_text(yaml.safe_dump({
-        "name": "s", "method": "grid", "metric": {"name": "val/best_acc", "goal": "maximize"},
-        "parameters": {"model.variant": {"values": ["Performer", "ClippedRelativePerformer"]},
-                       "model.dim": {"value": 32}},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "method": "grid",
+                "metric": {"name": "val/best_acc", "goal": "maximize"},
+                "parameters": {
+                    "model.variant": {"values": ["Performer", "ClippedRelativePerformer"]},
+                    "model.dim": {"value": 32},
+                },
+            }
+        )
+    )
     seen = []
 
     def fake_train(cfg, epoch_callback=None):
@@ -90,8 +105,17 @@ def test_configs_saved_before_the_recipe_rebuild_their_models():
 
 
 def test_resume_cannot_change_the_variant(tmp_path, capsys):
-    tiny = ["-no_wandb=T", f"-Dout_dir={tmp_path}", "-Dname=r", "-Ddata.small_dataset=64", "-Dmodel.dim=16",
-            "-Dmodel.depth=1", "-Dmodel.ffn_dim=16", "-Dmodel.patch_size=4", "-Dtrain.epochs=1"]
+    tiny = [
+        "-no_wandb=T",
+        f"-Dout_dir={tmp_path}",
+        "-Dname=r",
+        "-Ddata.small_dataset=64",
+        "-Dmodel.dim=16",
+        "-Dmodel.depth=1",
+        "-Dmodel.ffn_dim=16",
+        "-Dmodel.patch_size=4",
+        "-Dtrain.epochs=1",
+    ]
     assert cli_helpers.main([*tiny, "-Dmodel.variant=NoPosPerformer"]) == 0
     assert cli_helpers.main([*tiny, "--resume", "-Dmodel.variant=Performer", "-Dtrain.epochs=2"]) == 2
     assert "model.variant cannot change in a resumed run" in capsys.readouterr().err

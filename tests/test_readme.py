@@ -1,4 +1,5 @@
 """The README's Python examples run as written (keeps the docs true)."""
+
 import pathlib
 import re
 

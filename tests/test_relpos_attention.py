@@ -1,12 +1,13 @@
 """posattn.ops.relpos_attention against posattn.reference on random inputs."""
+
 import itertools
 import math
 
 import pytest
 import torch
+from conftest import make_relpos_inputs
 
 from posattn import ops, reference
-from conftest import make_relpos_inputs
 
 
 @pytest.fixture(params=["tiled", "window"], autouse=True)
@@ -15,6 +16,7 @@ def cpu_kernel(request, monkeypatch):
     the tiled one or the windowed one (which the automatic rule keeps for small boxes)."""
     monkeypatch.setenv("POSATTN_CPU_KERNEL", request.param)
     return request.param
+
 
 # 1-D, 2-D, 3-D grids with odd sizes and size-1 axes.
 GRIDS = [[1], [7], [13], [1, 5], [3, 5], [5, 1], [4, 1, 3], [2, 3, 4], [3, 3, 1, 2]]
@@ -72,7 +74,13 @@ def test_float32_against_float64_reference(grid, pos, mode, thr, causal):
 
 @pytest.mark.parametrize(
     "grid,mode,thr",
-    [([1300], None, 0.0), ([1300], "add", 0.02), ([40, 45], None, 0.0), ([40, 45], "multiply", 0.1), ([3, 20, 25], "add", 0.0)],
+    [
+        ([1300], None, 0.0),
+        ([1300], "add", 0.02),
+        ([40, 45], None, 0.0),
+        ([40, 45], "multiply", 0.1),
+        ([3, 20, 25], "add", 0.0),
+    ],
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, list) else str(v),
 )
 def test_many_key_chunks(grid, mode, thr):

@@ -1,10 +1,11 @@
 """Bad input gets a clear error naming the argument, through the wrapper and the raw op."""
+
 import pytest
 import torch
+from conftest import make_relpos_inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from posattn import ops
-from conftest import make_relpos_inputs
 
 GRID = [3, 4]
 
@@ -36,29 +37,58 @@ BAD = [
     case("grid prod", lambda x: x, ValueError, r"prod\(grid\) = 15", grid=[3, 5]),
     case("grid zero", lambda x: x, ValueError, "grid axis .*must be >= 1", grid=[0, 12]),
     case("grid 9 axes", lambda x: x, ValueError, "grid may have at most 8 axes, got 9", grid=[1] * 7 + [3, 4]),
-    case("rel shape", _set("rel", lambda x: x["rel"][:, :-1]), ValueError, r"rel must have shape \(H, U, D\) = \(3, 35, 5\)"),
+    case(
+        "rel shape",
+        _set("rel", lambda x: x["rel"][:, :-1]),
+        ValueError,
+        r"rel must have shape \(H, U, D\) = \(3, 35, 5\)",
+    ),
     case("q_pos without rel", _set("rel", None), ValueError, "q_pos and rel must be given together"),
     case("q_pos shape", _set("q_pos", lambda x: x["q_pos"][..., :-1]), ValueError, "q_pos must have the shape of q"),
     case("sigma shape", _set("sigma", lambda x: x["sigma"][:, :1]), ValueError, r"sigma must have shape \(H, G\)"),
     case("sigma zero", _set("sigma", lambda x: x["sigma"] * 0), ValueError, "sigma must be positive and finite"),
     case("sigma negative", _set("sigma", lambda x: -x["sigma"]), ValueError, "sigma must be positive and finite"),
-    case("sigma nan", _set("sigma", lambda x: x["sigma"] * float("nan")), ValueError, "sigma must be positive and finite"),
-    case("sigma inf", _set("sigma", lambda x: x["sigma"] * float("inf")), ValueError, "sigma must be positive and finite"),
+    case(
+        "sigma nan", _set("sigma", lambda x: x["sigma"] * float("nan")), ValueError, "sigma must be positive and finite"
+    ),
+    case(
+        "sigma inf", _set("sigma", lambda x: x["sigma"] * float("inf")), ValueError, "sigma must be positive and finite"
+    ),
     case("threshold 1", lambda x: x, ValueError, r"threshold must be in \[0, 1\)", threshold=1.0),
     case("threshold negative", lambda x: x, ValueError, r"threshold must be in \[0, 1\)", threshold=-0.1),
     case("threshold without sigma", _set("sigma", None), ValueError, "threshold > 0 requires sigma", threshold=0.1),
     case("span mode", lambda x: x, ValueError, "span_mode must be", span_mode="gauss"),
-    case("dtype mix", _set("k", lambda x: x["k"].float()), TypeError, "k has dtype .*(float32|Float) but q has dtype .*(float64|Double)"),
+    case(
+        "dtype mix",
+        _set("k", lambda x: x["k"].float()),
+        TypeError,
+        "k has dtype .*(float32|Float) but q has dtype .*(float64|Double)",
+    ),
     case("sigma dtype", _set("sigma", lambda x: x["sigma"].float()), TypeError, "sigma has dtype"),
-    case("int tensors", lambda x: {k: (v * 10).long() for k, v in x.items()}, TypeError, "must be a floating-point tensor"),
+    case(
+        "int tensors",
+        lambda x: {k: (v * 10).long() for k, v in x.items()},
+        TypeError,
+        "must be a floating-point tensor",
+    ),
     case("scale nan", lambda x: x, ValueError, "scale must be finite", scale=float("nan")),
-    case("scale overflows float32", lambda x: {k: v.float() for k, v in x.items()}, ValueError,
-         "scale = 1e\\+300 overflows the tensors' dtype", scale=1e300),
+    case(
+        "scale overflows float32",
+        lambda x: {k: v.float() for k, v in x.items()},
+        ValueError,
+        "scale = 1e\\+300 overflows the tensors' dtype",
+        scale=1e300,
+    ),
     # The product wraps around int64 to N = 12: the overflow is caught, not read as N.
     case("grid product overflows int64", lambda x: x, ValueError, "too large", grid=[2**62 + 3, 4]),
     # prod(grid) = 2**56 fits, prod(2 n - 1) = 255**8 does not (empty tensors: B = 0).
-    case("offsets overflow int64", lambda x: dict(x, q=_huge(), k=_huge(), q_pos=_huge(), v=_huge(), sigma=None),
-         ValueError, "too large", grid=[128] * 8),
+    case(
+        "offsets overflow int64",
+        lambda x: dict(x, q=_huge(), k=_huge(), q_pos=_huge(), v=_huge(), sigma=None),
+        ValueError,
+        "too large",
+        grid=[128] * 8,
+    ),
 ]
 
 
@@ -79,8 +109,17 @@ def test_raw_op_rejects(change, exc, match, kw):
     args.update(kw)
     with pytest.raises(exc, match=match):
         torch.ops.posattn.relpos_attention(
-            x["q"], x["k"], x["v"], x.get("q_pos"), x.get("rel"), args["grid"], x.get("sigma"),
-            args["threshold"], args["span_mode"], args["scale"], False,
+            x["q"],
+            x["k"],
+            x["v"],
+            x.get("q_pos"),
+            x.get("rel"),
+            args["grid"],
+            x.get("sigma"),
+            args["threshold"],
+            args["span_mode"],
+            args["scale"],
+            False,
         )
 
 
@@ -98,8 +137,17 @@ def test_fake_kernel_rejects(change, exc, match, kw):
         f = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
         with pytest.raises(exc, match=match):
             torch.ops.posattn.relpos_attention(
-                f["q"], f["k"], f["v"], f.get("q_pos"), f.get("rel"), args["grid"], f.get("sigma"),
-                args["threshold"], args["span_mode"], args["scale"], False,
+                f["q"],
+                f["k"],
+                f["v"],
+                f.get("q_pos"),
+                f.get("rel"),
+                args["grid"],
+                f.get("sigma"),
+                args["threshold"],
+                args["span_mode"],
+                args["scale"],
+                False,
             )
 
 
@@ -124,7 +172,9 @@ def test_unsupported_cpu_dtype():
 
 def test_backward_checks_its_tensors():
     x = base()
-    out, lse = torch.ops.posattn.relpos_attention(x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False)
+    out, lse = torch.ops.posattn.relpos_attention(
+        x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False
+    )
     with pytest.raises(ValueError, match="grad_out must have shape"):
         torch.ops.posattn.relpos_attention_backward(
             out[:, :, :-1], None, x["q"], x["k"], x["v"], None, None, GRID, None, 0.0, "add", 1.0, False, out, lse

@@ -1,13 +1,14 @@
 """relpos_attention's learned bias (Swin / T5 style) and fixed windows (clipped, or
 shifted by NATTEN's border rule) against the reference, on both CPU kernels."""
+
 import itertools
 import math
 
 import pytest
 import torch
+from conftest import make_relpos_inputs
 
 from posattn import ops, reference
-from conftest import make_relpos_inputs
 
 
 @pytest.fixture(params=["tiled", "window"], autouse=True)
@@ -21,8 +22,10 @@ GRIDS = [[1], [7], [1, 5], [3, 5], [5, 1], [4, 1, 3], [2, 3, 4]]
 # (q_pos/rel, span mode or None, threshold, window half width or None, border, causal); every case has a bias
 # or a window, most have both.
 CASES = [
-    c for c in itertools.product(
-        [False, True], [None, "add", "multiply"], [0.0, 0.3], [None, 1, 2], ["clip", "shift"], [False, True])
+    c
+    for c in itertools.product(
+        [False, True], [None, "add", "multiply"], [0.0, 0.3], [None, 1, 2], ["clip", "shift"], [False, True]
+    )
     if not (c[2] > 0 and c[1] is None) and not (c[3] is None and c[4] == "shift")
 ]
 
@@ -63,8 +66,10 @@ def test_window_without_bias_float64(grid, win, border):
 
 
 @pytest.mark.parametrize("grid", [[9], [4, 7], [3, 2, 5]], ids=lambda g: "x".join(map(str, g)))
-@pytest.mark.parametrize("pos,mode,win,border", [(False, None, None, "clip"), (True, "add", 1, "clip"),
-                                                  (False, "multiply", 2, "shift"), (True, None, 1, "shift")])
+@pytest.mark.parametrize(
+    "pos,mode,win,border",
+    [(False, None, None, "clip"), (True, "add", 1, "clip"), (False, "multiply", 2, "shift"), (True, None, 1, "shift")],
+)
 def test_float32_against_float64_reference(grid, pos, mode, win, border):
     x64 = make_relpos_inputs(grid, pos=pos, sigma=mode is not None, bias=True, requires_grad=True)
     x32 = {k: v.detach().float().requires_grad_() for k, v in x64.items()}
@@ -77,19 +82,23 @@ def test_float32_against_float64_reference(grid, pos, mode, win, border):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("grid,win,border,thr", [
-    ([2, 3], [1, 1], "shift", 0.0),
-    ([5], [1], "clip", 0.3),
-    ([3, 1, 4], [1, 0, 1], "shift", 0.3),
-    ([4], None, "clip", 0.0),
-])
+@pytest.mark.parametrize(
+    "grid,win,border,thr",
+    [
+        ([2, 3], [1, 1], "shift", 0.0),
+        ([5], [1], "clip", 0.3),
+        ([3, 1, 4], [1, 0, 1], "shift", 0.3),
+        ([4], None, "clip", 0.0),
+    ],
+)
 def test_gradcheck_with_bias(grid, win, border, thr):
     x = make_relpos_inputs(grid, B=1, H=2, D=3, Dv=2, sigma=thr > 0, bias=True, requires_grad=True)
     names = list(x)
 
     def f(*tensors):
-        return ops.relpos_attention(**dict(zip(names, tensors)), grid=grid, threshold=thr, window=win,
-                                    window_border=border, return_lse=True)
+        return ops.relpos_attention(
+            **dict(zip(names, tensors)), grid=grid, threshold=thr, window=win, window_border=border, return_lse=True
+        )
 
     assert torch.autograd.gradcheck(f, tuple(x.values()), eps=1e-6, atol=1e-7, rtol=1e-5)
 
@@ -97,15 +106,18 @@ def test_gradcheck_with_bias(grid, win, border, thr):
 # Large enough for every loop of both kernels to run more than once: several key chunks
 # and query tiles (tiled), several runs per line, blocks of rows, feature blocks with
 # remainders and partial vectors (windowed).
-@pytest.mark.parametrize("grid,win,border,thr", [
-    ([300], [5], "clip", 0.0),
-    ([300], [5], "shift", 0.1),
-    ([3, 150], [1, 4], "shift", 0.0),
-    ([2, 5, 70], [1, 2, 3], "clip", 0.1),
-    ([40, 45], [3, 3], "shift", 0.0),
-    ([40, 45], None, "clip", 0.0),
-    ([23, 1], [2, 0], "shift", 0.0),
-])
+@pytest.mark.parametrize(
+    "grid,win,border,thr",
+    [
+        ([300], [5], "clip", 0.0),
+        ([300], [5], "shift", 0.1),
+        ([3, 150], [1, 4], "shift", 0.0),
+        ([2, 5, 70], [1, 2, 3], "clip", 0.1),
+        ([40, 45], [3, 3], "shift", 0.0),
+        ([40, 45], None, "clip", 0.0),
+        ([23, 1], [2, 0], "shift", 0.0),
+    ],
+)
 def test_large_grids(grid, win, border, thr):
     x = make_relpos_inputs(grid, B=2, H=2, D=9, Dv=6, sigma=thr > 0, bias=True, requires_grad=True)
     if thr > 0:
@@ -174,6 +186,7 @@ def test_bias_only_is_swin_style():
     grid = [4, 5]
     x = make_relpos_inputs(grid, pos=False, bias=True)
     from posattn._grid import grid_coords, offset_rows
+
     c = grid_coords(grid)
     rows = offset_rows(c[None] - c[:, None], grid)
     want = torch.nn.functional.scaled_dot_product_attention(x["q"], x["k"], x["v"], attn_mask=x["bias"][:, rows])
@@ -200,8 +213,9 @@ def test_window_half_width_larger_than_the_grid_keeps_every_key():
     x = make_relpos_inputs(grid, bias=True)
     full = ops.relpos_attention(**x, grid=grid)
     for border in ("clip", "shift"):
-        torch.testing.assert_close(ops.relpos_attention(**x, grid=grid, window=10**12, window_border=border), full,
-                                   rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            ops.relpos_attention(**x, grid=grid, window=10**12, window_border=border), full, rtol=1e-12, atol=1e-12
+        )
 
 
 def test_window_beyond_int64_is_the_whole_axis():

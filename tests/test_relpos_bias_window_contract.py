@@ -1,13 +1,13 @@
 """The checks and registration of relpos_attention's bias and window arguments
 (errors naming the argument, opcheck, torch.compile)."""
+
 import math
 
 import pytest
 import torch
-
-from posattn import ops
 from conftest import make_relpos_inputs
 
+from posattn import ops
 
 # --- bad input -------------------------------------------------------------
 
@@ -29,15 +29,18 @@ def test_bad_bias():
         ops.relpos_attention(**x, grid=[3, 4], bias=[[0.0] * U] * H)
 
 
-@pytest.mark.parametrize("window,err,match", [
-    ([1, -1], ValueError, r"window half widths must be >= 0, got \[1, -1\] \(axis 1\)"),
-    (-2, ValueError, "window half widths must be >= 0"),
-    ([1, 1, 1], ValueError, r"window must give one half width per grid axis \(2 for grid \[3, 4\]\), got 3"),
-    ([1], ValueError, "one half width per grid axis"),
-    ([1.5, 2], TypeError, "window must be an int or a sequence of ints"),
-    (True, TypeError, "window must be an int or a sequence of ints"),
-    ("2", TypeError, "window must be an int or a sequence of ints"),
-])
+@pytest.mark.parametrize(
+    "window,err,match",
+    [
+        ([1, -1], ValueError, r"window half widths must be >= 0, got \[1, -1\] \(axis 1\)"),
+        (-2, ValueError, "window half widths must be >= 0"),
+        ([1, 1, 1], ValueError, r"window must give one half width per grid axis \(2 for grid \[3, 4\]\), got 3"),
+        ([1], ValueError, "one half width per grid axis"),
+        ([1.5, 2], TypeError, "window must be an int or a sequence of ints"),
+        (True, TypeError, "window must be an int or a sequence of ints"),
+        ("2", TypeError, "window must be an int or a sequence of ints"),
+    ],
+)
 def test_bad_window(window, err, match):
     x = make_relpos_inputs([3, 4])
     with pytest.raises(err, match=match):
@@ -50,12 +53,15 @@ def test_bad_window_border():
         ops.relpos_attention(**x, grid=[3, 4], window=1, window_border="natten")
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(bias=torch.zeros(3, 36, dtype=torch.float64)), r"bias must have shape \(H, U\) = \(3, 35\)"),
-    (dict(window=[1, -1]), "window half widths must be >= 0"),
-    (dict(window=[1, 1, 1]), "one half width per grid axis"),
-    (dict(window=[1, 1], window_border="centre"), "window_border must be \"clip\" or \"shift\""),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(bias=torch.zeros(3, 36, dtype=torch.float64)), r"bias must have shape \(H, U\) = \(3, 35\)"),
+        (dict(window=[1, -1]), "window half widths must be >= 0"),
+        (dict(window=[1, 1, 1]), "one half width per grid axis"),
+        (dict(window=[1, 1], window_border="centre"), 'window_border must be "clip" or "shift"'),
+    ],
+)
 def test_kernel_checks_the_new_arguments_too(kw, match):
     """The C++ checks (callers of torch.ops.posattn.* skip the Python wrapper)."""
     x = make_relpos_inputs([3, 4])
@@ -68,8 +74,22 @@ def test_kernel_checks_the_new_arguments_too(kw, match):
 
 
 def op_args(x, grid, threshold=0.0, window=None, border="clip"):
-    return (x["q"], x["k"], x["v"], x.get("q_pos"), x.get("rel"), grid, x.get("sigma"), threshold, "add", 0.4, False,
-            x.get("bias"), window, border)
+    return (
+        x["q"],
+        x["k"],
+        x["v"],
+        x.get("q_pos"),
+        x.get("rel"),
+        grid,
+        x.get("sigma"),
+        threshold,
+        "add",
+        0.4,
+        False,
+        x.get("bias"),
+        window,
+        border,
+    )
 
 
 OPCHECK_CASES = [
@@ -87,8 +107,7 @@ def test_opcheck(grid, inputs, kw):
     out, lse = torch.ops.posattn.relpos_attention(*op_args(x, grid, **kw))
     go, gl = torch.randn_like(out), torch.randn_like(lse)
     a = op_args(x, grid, **kw)
-    torch.library.opcheck(torch.ops.posattn.relpos_attention_backward.default,
-                          (go, gl) + a[:11] + (out, lse) + a[11:])
+    torch.library.opcheck(torch.ops.posattn.relpos_attention_backward.default, (go, gl) + a[:11] + (out, lse) + a[11:])
 
 
 class BiasWindowModule(torch.nn.Module):

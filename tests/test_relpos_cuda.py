@@ -1,9 +1,10 @@
 """relpos_attention on CUDA against the float64 reference (run on a GPU machine;
 skipped cleanly without one)."""
+
 import pytest
 import torch
-
 from conftest import make_relpos_inputs
+
 from posattn import ops, reference
 
 pytestmark = pytest.mark.cuda
@@ -34,8 +35,15 @@ def run_both(grid, dtype, kw, seed=0):
     window_border = kw.pop("window_border", "clip")
     x = make_relpos_inputs(grid, pos=pos, seed=seed, requires_grad=True, **kw)
     xc = {k: t.detach().to("cuda", dtype).requires_grad_() for k, t in x.items()}
-    args = dict(grid=grid, threshold=threshold, span_mode=span_mode, causal=causal, return_lse=True, window=window,
-                window_border=window_border)
+    args = dict(
+        grid=grid,
+        threshold=threshold,
+        span_mode=span_mode,
+        causal=causal,
+        return_lse=True,
+        window=window,
+        window_border=window_border,
+    )
     out_ref, lse_ref = reference.relpos_attention(**x, **args)
     out, lse = ops.relpos_attention(**xc, **args)
     return x, xc, (out_ref, lse_ref), (out, lse)
@@ -76,8 +84,10 @@ def test_opcheck_and_compile():
     args = (x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [4, 5], x["sigma"], 0.2, "add", 0.5, False)
     torch.library.opcheck(torch.ops.posattn.relpos_attention.default, args)
     f = torch.compile(lambda *a: ops.relpos_attention(*a, grid=[4, 5], sigma=x["sigma"], threshold=0.2), fullgraph=True)
-    torch.testing.assert_close(f(x["q"], x["k"], x["v"], x["q_pos"], x["rel"]),
-                               ops.relpos_attention(x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [4, 5], x["sigma"], 0.2))
+    torch.testing.assert_close(
+        f(x["q"], x["k"], x["v"], x["q_pos"], x["rel"]),
+        ops.relpos_attention(x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [4, 5], x["sigma"], 0.2),
+    )
 
 
 def test_cuda_graph_capture():
@@ -109,9 +119,15 @@ BIG = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_large_shapes_match_reference_and_cpu(grid, kw, D, Dv, dtype):
     kw = dict(kw)
-    args = dict(grid=grid, threshold=kw.pop("threshold", 0.0), span_mode=kw.pop("span_mode", "add"),
-                causal=kw.pop("causal", False), window=kw.pop("window", None),
-                window_border=kw.pop("window_border", "clip"), return_lse=True)
+    args = dict(
+        grid=grid,
+        threshold=kw.pop("threshold", 0.0),
+        span_mode=kw.pop("span_mode", "add"),
+        causal=kw.pop("causal", False),
+        window=kw.pop("window", None),
+        window_border=kw.pop("window_border", "clip"),
+        return_lse=True,
+    )
     x = make_relpos_inputs(grid, B=2, H=2, D=D, Dv=Dv, requires_grad=True, **kw)
     xd = {k: t.detach().to(dtype).requires_grad_() for k, t in x.items()}
     xc = {k: t.detach().to("cuda", dtype).requires_grad_() for k, t in x.items()}
@@ -152,8 +168,10 @@ def test_half_inputs_keep_lse_in_float32():
     x = make_relpos_inputs(grid, B=2, H=2, D=16, Dv=16, sigma=True)
     x["q"] = x["q"] * 16
     x = {k: (t.to(torch.bfloat16) if k != "sigma" else t.float()).double().requires_grad_() for k, t in x.items()}
-    xc = {k: t.detach().to("cuda", torch.bfloat16 if k != "sigma" else torch.float32).requires_grad_()
-          for k, t in x.items()}
+    xc = {
+        k: t.detach().to("cuda", torch.bfloat16 if k != "sigma" else torch.float32).requires_grad_()
+        for k, t in x.items()
+    }
     out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True)
     out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True)
     assert lse.dtype == torch.float32 and out.dtype == torch.bfloat16
@@ -173,8 +191,10 @@ def test_float16_d_sigma_does_not_overflow_with_float32_sigma():
     x["sigma"] = torch.full((1, 2), 0.02, dtype=torch.float64, requires_grad=True)
     out_ref = reference.relpos_attention(**x, grid=grid, threshold=0.1)
     (want,) = torch.autograd.grad(out_ref.sum() * loss_scale, x["sigma"])
-    xc = {k: t.detach().to("cuda", torch.float16 if k != "sigma" else torch.float32).requires_grad_()
-          for k, t in x.items()}
+    xc = {
+        k: t.detach().to("cuda", torch.float16 if k != "sigma" else torch.float32).requires_grad_()
+        for k, t in x.items()
+    }
     out = ops.relpos_attention(**xc, grid=grid, threshold=0.1)
     (got,) = torch.autograd.grad(out.float().sum() * loss_scale, xc["sigma"])
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
@@ -215,15 +235,21 @@ print("NO ERROR", out.isnan().any().item())
     assert r.returncode != 0, r.stdout
     assert "sigma must be positive and finite" in r.stderr
     with pytest.raises(ValueError, match="sigma must be positive and finite"):
-        ops.relpos_attention(torch.randn(1, 2, 12, 4), torch.randn(1, 2, 12, 4), torch.randn(1, 2, 12, 4), grid=[3, 4],
-                             sigma=torch.tensor([[0.3, 0.3], [float(eval(value)), 0.3]]))
+        ops.relpos_attention(
+            torch.randn(1, 2, 12, 4),
+            torch.randn(1, 2, 12, 4),
+            torch.randn(1, 2, 12, 4),
+            grid=[3, 4],
+            sigma=torch.tensor([[0.3, 0.3], [float(eval(value)), 0.3]]),
+        )
 
 
 def test_backward_is_bitwise_deterministic():
     # defect 6: float atomics made every gradient vary in its last bits
     grid = [16, 16]
-    x = make_relpos_inputs(grid, B=4, H=4, D=32, Dv=32, sigma=True, bias=True, dtype=torch.float32, device="cuda",
-                           requires_grad=True)
+    x = make_relpos_inputs(
+        grid, B=4, H=4, D=32, Dv=32, sigma=True, bias=True, dtype=torch.float32, device="cuda", requires_grad=True
+    )
     out = ops.relpos_attention(**x, grid=grid, threshold=0.05)
     g = torch.randn_like(out)
     first = torch.autograd.grad(out, list(x.values()), g, retain_graph=True)
@@ -244,8 +270,14 @@ def test_backward_under_deterministic_algorithms():
     assert all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("kw", [dict(sigma=True, bias=True), dict(pos=False, sigma=True, causal=True),
-                                dict(bias=True, window=1, window_border="shift")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sigma=True, bias=True),
+        dict(pos=False, sigma=True, causal=True),
+        dict(bias=True, window=1, window_border="shift"),
+    ],
+)
 def test_gradcheck_is_reentrant_without_tolerance(kw):
     kw = dict(kw)
     causal, window = kw.pop("causal", False), kw.pop("window", None)
@@ -254,8 +286,15 @@ def test_gradcheck_is_reentrant_without_tolerance(kw):
     names = list(x)
 
     def f(*ts):
-        return ops.relpos_attention(**dict(zip(names, ts)), grid=[5, 3], threshold=0.3 if "sigma" in names else 0.0,
-                                    causal=causal, window=window, window_border=border, return_lse=True)
+        return ops.relpos_attention(
+            **dict(zip(names, ts)),
+            grid=[5, 3],
+            threshold=0.3 if "sigma" in names else 0.0,
+            causal=causal,
+            window=window,
+            window_border=border,
+            return_lse=True,
+        )
 
     assert torch.autograd.gradcheck(f, tuple(x.values()), nondet_tol=0.0)
 

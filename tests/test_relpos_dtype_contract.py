@@ -1,15 +1,23 @@
 """The dtype contract of relpos_attention that holds on every device: lse in the
 accumulation type (float32, or float64), sigma in q's dtype or float32 with
 half inputs; checked here on the meta (fake) kernels and the CPU."""
+
 import pytest
 import torch
-
-from posattn import ops, reference
 from conftest import make_relpos_inputs
 
+from posattn import ops, reference
 
-@pytest.mark.parametrize("dtype,lse", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
-                                       (torch.float32, torch.float32), (torch.float64, torch.float64)])
+
+@pytest.mark.parametrize(
+    "dtype,lse",
+    [
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
 def test_lse_is_in_the_accumulation_type(dtype, lse):
     x = make_relpos_inputs([3, 4], sigma=True, dtype=dtype, device="meta")
     out, got = ops.relpos_attention(**x, grid=[3, 4], return_lse=True)
@@ -23,10 +31,12 @@ def test_lse_is_in_the_accumulation_type(dtype, lse):
 def test_sigma_may_be_float32_with_half_inputs(dtype):
     x = make_relpos_inputs([3, 4], sigma=True, dtype=dtype, device="meta")
     x["sigma"] = x["sigma"].float()
-    out, lse = torch.ops.posattn.relpos_attention(x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4], x["sigma"],
-                                                  0.2, "add", 0.5, False)
-    grads = torch.ops.posattn.relpos_attention_backward(out, lse, x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4],
-                                                        x["sigma"], 0.2, "add", 0.5, False, out, lse)
+    out, lse = torch.ops.posattn.relpos_attention(
+        x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4], x["sigma"], 0.2, "add", 0.5, False
+    )
+    grads = torch.ops.posattn.relpos_attention_backward(
+        out, lse, x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4], x["sigma"], 0.2, "add", 0.5, False, out, lse
+    )
     assert grads[5].dtype == torch.float32 and grads[0].dtype == dtype
 
 
@@ -45,11 +55,27 @@ def test_other_sigma_dtypes_are_refused(device):
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_backward_refuses_an_lse_of_another_dtype(device):
     x = make_relpos_inputs([3, 4], dtype=torch.float64, device=device)
-    out, lse = torch.ops.posattn.relpos_attention(x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4], None, 0.0,
-                                                  "add", 0.5, False)
+    out, lse = torch.ops.posattn.relpos_attention(
+        x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4], None, 0.0, "add", 0.5, False
+    )
     with pytest.raises(TypeError, match="lse has dtype .*float32|lse has dtype .*Float"):
-        torch.ops.posattn.relpos_attention_backward(out, None, x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [3, 4],
-                                                    None, 0.0, "add", 0.5, False, out, lse.float())
+        torch.ops.posattn.relpos_attention_backward(
+            out,
+            None,
+            x["q"],
+            x["k"],
+            x["v"],
+            x["q_pos"],
+            x["rel"],
+            [3, 4],
+            None,
+            0.0,
+            "add",
+            0.5,
+            False,
+            out,
+            lse.float(),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -72,4 +98,3 @@ def test_positional_attention_with_half_inputs_on_the_cpu():
     x = torch.randn(2, 20, 16, dtype=torch.bfloat16)
     attn(x, [4, 5]).float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
-

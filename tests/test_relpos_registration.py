@@ -1,16 +1,26 @@
 """Operator registration: opcheck, fake kernels, torch.compile."""
+
 import pytest
 import torch
+from conftest import make_relpos_inputs
 
 import posattn
 from posattn import ops, reference
-from conftest import make_relpos_inputs
 
 
 def op_args(x, grid, threshold=0.0, span_mode="add", scale=0.4, causal=False):
     return (
-        x["q"], x["k"], x["v"], x.get("q_pos"), x.get("rel"), grid, x.get("sigma"),
-        threshold, span_mode, scale, causal,
+        x["q"],
+        x["k"],
+        x["v"],
+        x.get("q_pos"),
+        x.get("rel"),
+        grid,
+        x.get("sigma"),
+        threshold,
+        span_mode,
+        scale,
+        causal,
     )
 
 

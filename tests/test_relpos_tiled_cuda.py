@@ -2,10 +2,11 @@
 float32 through TF32, D == Dv in {32, 64, 128}): forward and backward against the
 float64 reference and the general CUDA path. Run on a GPU machine; skipped
 cleanly without one. POSATTN_CUDA_KERNEL picks the path."""
+
 import pytest
 import torch
-
 from conftest import make_relpos_inputs
+
 from posattn import ops, reference
 
 pytestmark = pytest.mark.cuda
@@ -37,9 +38,13 @@ def backward_bytes(D, dtype, grid):
 
 def split(kw):
     kw = dict(kw)
-    args = dict(threshold=kw.pop("threshold", 0.0), span_mode=kw.pop("span_mode", "add"),
-                causal=kw.pop("causal", False), window=kw.pop("window", None),
-                window_border=kw.pop("window_border", "clip"))
+    args = dict(
+        threshold=kw.pop("threshold", 0.0),
+        span_mode=kw.pop("span_mode", "add"),
+        causal=kw.pop("causal", False),
+        window=kw.pop("window", None),
+        window_border=kw.pop("window_border", "clip"),
+    )
     return kw, args
 
 
@@ -63,7 +68,11 @@ def test_tiled_forward_matches_reference_and_general_path(monkeypatch, grid, kw,
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
     out_g, lse_g = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
-    if dtype == torch.float32 and D == 128 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 200_000:
+    if (
+        dtype == torch.float32
+        and D == 128
+        and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 200_000
+    ):
         # float32 with D = 128 needs ~190 KiB of shared memory per block: refused there (auto: the general path)
         with pytest.raises(ValueError, match="bytes of shared memory per block"):
             ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
@@ -126,8 +135,9 @@ def test_nan_and_fully_masked_rows(monkeypatch):
 
 def test_tiled_backward_is_bitwise_deterministic(monkeypatch):
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
-    x = make_relpos_inputs([16, 16], B=2, H=2, D=64, Dv=64, sigma=True, bias=True, dtype=torch.bfloat16,
-                           device="cuda", requires_grad=True)
+    x = make_relpos_inputs(
+        [16, 16], B=2, H=2, D=64, Dv=64, sigma=True, bias=True, dtype=torch.bfloat16, device="cuda", requires_grad=True
+    )
     out = ops.relpos_attention(**x, grid=[16, 16], threshold=0.1, window=5)
     g = torch.randn_like(out)
     first = torch.autograd.grad(out, list(x.values()), g, retain_graph=True)

@@ -5,14 +5,15 @@ several runs), up to 4 rows of a key line per block, features in blocks of 4 plu
 remainder, vectors of 8 or 16 lanes with a partial last vector. The grids and head dims
 below make each loop run more than once and leave remainders.
 """
+
 import math
 
 import pytest
 import torch
+from conftest import make_relpos_inputs
 
 from posattn import ops, reference
 from posattn._grid import span_half_widths
-from conftest import make_relpos_inputs
 
 GRIDS = [[300], [3, 150], [2, 5, 70], [1, 9, 1, 41], [23, 1]]
 
@@ -70,7 +71,9 @@ def test_window_float32(grid, D):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("grid,causal,mode", [([13], False, "add"), ([3, 11], True, "multiply"), ([2, 3, 9], False, "add")])
+@pytest.mark.parametrize(
+    "grid,causal,mode", [([13], False, "add"), ([3, 11], True, "multiply"), ([2, 3, 9], False, "add")]
+)
 def test_window_gradcheck(grid, causal, mode):
     x = narrow_inputs(grid, 0.08, D=3, Dv=2, H=2)
     names = list(x)

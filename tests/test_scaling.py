@@ -1,6 +1,7 @@
 """The scaling study (posattn.training.scaling, experiments/scaling.py,
 cmd/main.py -mode=scaling): a smoke run on tiny sizes, plus its pieces.
 No timing thresholds: dense vs span-limited growth is asserted on counted work."""
+
 from __future__ import annotations
 
 import csv
@@ -10,15 +11,25 @@ import struct
 import subprocess
 import sys
 
+import cli_helpers
 import pytest
 import torch
 
-import cli_helpers
-from posattn.training.scaling import (
-    EXPONENT_COLUMNS, GRADIENT_COLUMNS, METHODS, QUICK, RUNTIME_COLUMNS, ScalingConfig, exponent_table, fit_exponent,
-    gradient_point, model_for, run_study, span_sigma_cells,
-)
 from posattn.nn import SDPAttention
+from posattn.training.scaling import (
+    EXPONENT_COLUMNS,
+    GRADIENT_COLUMNS,
+    METHODS,
+    QUICK,
+    RUNTIME_COLUMNS,
+    ScalingConfig,
+    exponent_table,
+    fit_exponent,
+    gradient_point,
+    model_for,
+    run_study,
+    span_sigma_cells,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -87,8 +98,11 @@ def test_smoke_run_writes_valid_pngs_and_summary(smoke):
 def kept_pairs_exponent(rows, study, method):
     """Growth exponent of the (query, key) pairs a method computes, counted from
     what the code decides (the span's kept-key fraction), not timed."""
-    points = sorted((r["tokens"], r["keep_fraction"] * r["tokens"] ** 2) for r in rows
-                    if r["study"] == study and r["method"] == method and r["status"] == "ok")
+    points = sorted(
+        (r["tokens"], r["keep_fraction"] * r["tokens"] ** 2)
+        for r in rows
+        if r["study"] == study and r["method"] == method and r["status"] == "ok"
+    )
     assert len(points) >= 3, (study, method, points)
     return fit_exponent(*zip(*points))
 
@@ -117,7 +131,9 @@ def test_exponent_table_fits_the_larger_half():
     sizes = [1, 2, 4, 8, 16, 32]
     # flat (overhead-bound) at small sizes, quadratic above
     secs = [1.0, 1.0, 1.0, 4.0, 16.0, 64.0]
-    rows = [dict(study="length", method="relpos", tokens=n, depth=2, seconds=t, status="ok") for n, t in zip(sizes, secs)]
+    rows = [
+        dict(study="length", method="relpos", tokens=n, depth=2, seconds=t, status="ok") for n, t in zip(sizes, secs)
+    ]
     rows.append(dict(study="length", method="relpos", tokens=64, depth=2, seconds=float("nan"), status="skipped: x"))
     (e,) = exponent_table(rows)
     assert e["points"] == 6 and e["expected"] == "2"
@@ -126,8 +142,18 @@ def test_exponent_table_fits_the_larger_half():
 
 
 def test_budgets_skip_points_with_a_reason(tmp_path):
-    cfg = ScalingConfig.from_dict(dict(QUICK, out=str(tmp_path), methods=["reference", "relpos"], studies=["length"],
-                                       max_memory_gib=1e-4, max_step_seconds=1e-9, repeats=1, warmup=0))
+    cfg = ScalingConfig.from_dict(
+        dict(
+            QUICK,
+            out=str(tmp_path),
+            methods=["reference", "relpos"],
+            studies=["length"],
+            max_memory_gib=1e-4,
+            max_step_seconds=1e-9,
+            repeats=1,
+            warmup=0,
+        )
+    )
     rows = run_study(cfg, progress=False, log=lambda s: None)["rows"]
     ref = [r for r in rows if r["method"] == "reference"]
     assert all("max_memory_gib" in r["status"] for r in ref[1:])
@@ -156,22 +182,33 @@ def test_gradients_vanish_without_residuals_and_layer_norm():
     assert math.isnan(fixed["positional_grad"]) and fixed["embedding_grad"] > 0
 
 
-@pytest.mark.parametrize("values, match", [
-    (dict(methods=["dense"]), "unknown method"),
-    (dict(studies=["width"]), "unknown"),
-    (dict(lengths=[]), "lengths"),
-    (dict(dim=18, heads=2), "multiple of 4"),
-    (dict(threshold=1.5), "threshold"),
-    (dict(batchsize=2), "unknown scaling setting"),
-])
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        (dict(methods=["dense"]), "unknown method"),
+        (dict(studies=["width"]), "unknown"),
+        (dict(lengths=[]), "lengths"),
+        (dict(dim=18, heads=2), "multiple of 4"),
+        (dict(threshold=1.5), "threshold"),
+        (dict(batchsize=2), "unknown scaling setting"),
+    ],
+)
 def test_config_errors_name_the_setting(values, match):
     with pytest.raises(ValueError, match=match):
         ScalingConfig.from_dict(values)
 
 
 def test_cli_mode_scaling(tmp_path, capsys):
-    rc = cli_helpers.main(["-mode=scaling", "-Dscaling.quick=true", f"-Dscaling.out={tmp_path}", "-Dscaling.studies=[grid]",
-                   "-Dscaling.methods=[relpos, sdpa]", "-Ddevice=cpu"])
+    rc = cli_helpers.main(
+        [
+            "-mode=scaling",
+            "-Dscaling.quick=true",
+            f"-Dscaling.out={tmp_path}",
+            "-Dscaling.studies=[grid]",
+            "-Dscaling.methods=[relpos, sdpa]",
+            "-Ddevice=cpu",
+        ]
+    )
     assert rc == 0
     _, rows = read_csv(os.path.join(tmp_path, "runtime.csv"))
     assert {r["method"] for r in rows} == {"relpos", "sdpa"} and len(rows) == 2 * len(QUICK["grid_sides"])
@@ -180,15 +217,33 @@ def test_cli_mode_scaling(tmp_path, capsys):
 
 
 def test_script_quick_run(tmp_path):
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "scaling.py"), "--quick", "--studies",
-                          "gradients", "--gradient-depths", "1", "2", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "scaling.py"),
+            "--quick",
+            "--studies",
+            "gradients",
+            "--gradient-depths",
+            "1",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     _, rows = read_csv(os.path.join(tmp_path, "gradients.csv"))
     assert sorted({int(r["depth"]) for r in rows}) == [1, 2]
     png_size(os.path.join(tmp_path, "gradients_vs_depth.png"))
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "scaling.py"), "--dim", "18"],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "scaling.py"), "--dim", "18"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "multiple of 4" in bad.stderr
 
 

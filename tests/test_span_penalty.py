@@ -1,4 +1,5 @@
 """span.penalty: the adaptive-span term that narrows learned spans."""
+
 import pytest
 import torch
 
@@ -6,9 +7,19 @@ from posattn.nn import ModelConfig, TransformerClassifier
 
 
 def model(penalty, learnable=True, enabled=True):
-    cfg = ModelConfig.from_dict(dict(grid=[6, 6], in_channels=1, num_classes=3, dim=16, depth=2, heads=2,
-                                     ffn_dim=16, pe=dict(name="lookup"),
-                                     span=dict(enabled=enabled, threshold=0.1, penalty=penalty, learnable=learnable)))
+    cfg = ModelConfig.from_dict(
+        dict(
+            grid=[6, 6],
+            in_channels=1,
+            num_classes=3,
+            dim=16,
+            depth=2,
+            heads=2,
+            ffn_dim=16,
+            pe=dict(name="lookup"),
+            span=dict(enabled=enabled, threshold=0.1, penalty=penalty, learnable=learnable),
+        )
+    )
     torch.manual_seed(0)
     return TransformerClassifier(cfg)
 

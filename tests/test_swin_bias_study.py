@@ -1,4 +1,5 @@
 """experiments/swin_bias_study.py: its eager model is the posattn model computed the eager way."""
+
 import importlib.util
 import os
 import sys
@@ -33,8 +34,17 @@ def test_eager_and_posattn_models_agree():
 
 def test_summary_and_plot(tmp_path):
     study = load_study()
-    rows = [dict(backend=b, seed=s, test_acc=0.8 + 0.01 * s, ms_per_step=10.0 * (1 + (b == "eager")),
-                 peak_step_mib=5.0 * (1 + 9 * (b == "eager"))) for s in (0, 1) for b in study.BACKENDS]
+    rows = [
+        dict(
+            backend=b,
+            seed=s,
+            test_acc=0.8 + 0.01 * s,
+            ms_per_step=10.0 * (1 + (b == "eager")),
+            peak_step_mib=5.0 * (1 + 9 * (b == "eager")),
+        )
+        for s in (0, 1)
+        for b in study.BACKENDS
+    ]
     study.write_csv(tmp_path / "runs.csv", rows)
     back = study.read_csv(tmp_path / "runs.csv")
     args = SimpleNamespace(train_images=100, epochs=1, dim=12, depth=2, heads=3, batch_size=64, patch=1)

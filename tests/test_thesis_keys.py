@@ -1,16 +1,17 @@
 """The thesis' configuration vocabulary: every key of its config.yaml and sweep
 files is accepted with its meaning, refused with a reason, or (when it configures
 nothing here) named once in a warning; its sweep format runs."""
+
 import csv
 import json
 import os
 import re
 
+import cli_helpers
 import pytest
 import yaml
-
-import cli_helpers
 from cli_helpers import ROOT, SWEEP_DIR, defaults_flat, load_config
+
 from posattn.training import thesis
 from posattn.training.config import ConfigError, flatten, mode_view
 from posattn.training.data import DEBIAN_FASHION
@@ -24,12 +25,39 @@ needs_fashion = pytest.mark.skipif(
 # Every key of the thesis' config.yaml (github.com/MeenaAlfons/posattn), with values of its own.
 THESIS_CONFIG = os.path.join(ROOT, "experiments", "thesis_config.yml")
 THESIS_SWEEP_KEYS = [  # the keys every thesis sweep file sets
-    "accumulation_steps", "batch_size", "positional_encoding", "apply_positional_mask", "positional_mask_threshold",
-    "random_state", "causal", "channels_last", "cls_token", "dataset", "device", "dim_feedforward", "dropout",
-    "include_position", "input_dim", "learning_rate", "model", "model_dim", "multiply_positional_mask_with",
-    "num_epochs", "num_heads", "num_layers", "pe.activation", "pe.activation_params.w0", "pe.final_activation",
-    "pe.hidden_dim", "pe.num_layers", "pe.num_positional_dims", "positional_attention_version",
-    "positional_logits_operation", "resolution_reduction", "same_positional_encoding", "sigma.default",
+    "accumulation_steps",
+    "batch_size",
+    "positional_encoding",
+    "apply_positional_mask",
+    "positional_mask_threshold",
+    "random_state",
+    "causal",
+    "channels_last",
+    "cls_token",
+    "dataset",
+    "device",
+    "dim_feedforward",
+    "dropout",
+    "include_position",
+    "input_dim",
+    "learning_rate",
+    "model",
+    "model_dim",
+    "multiply_positional_mask_with",
+    "num_epochs",
+    "num_heads",
+    "num_layers",
+    "pe.activation",
+    "pe.activation_params.w0",
+    "pe.final_activation",
+    "pe.hidden_dim",
+    "pe.num_layers",
+    "pe.num_positional_dims",
+    "positional_attention_version",
+    "positional_logits_operation",
+    "resolution_reduction",
+    "same_positional_encoding",
+    "sigma.default",
 ]
 
 
@@ -42,22 +70,56 @@ def get(cfg, key):
 def test_the_thesis_config_file_loads_with_its_meaning(capsys):
     cfg = load_config(config_file=THESIS_CONFIG)
     expected = {
-        "data.name": "cifar10", "data.sequential": False, "data.small_dataset": 0, "seed": 9188, "device": "cuda",
-        "train.epochs": 80, "train.batch_size": 20, "train.accumulation_steps": 2, "train.lr": 0.001,
-        "train.schedule": "constant", "train.warmup_steps": 0, "model.num_classes": 10, "model.in_channels": 3,
-        "model.depth": 6, "model.dim": 64, "model.heads": 8, "model.ffn_dim": 128, "model.dropout": 0.1,
-        "model.input_dropout": 0.1, "positional_encoding": "siren", "pe.shared": False, "model.causal": False,
-        "span.enabled": True, "span.threshold": 0.1, "span.mode": "multiply", "span.init": 0.3,
-        "span.learnable": True, "model.pooling": "last", "pe.hidden_layers": 2, "pe.hidden_dim": 64,
-        "model.positions": "grid", "pe.w0": 10.0,
+        "data.name": "cifar10",
+        "data.sequential": False,
+        "data.small_dataset": 0,
+        "seed": 9188,
+        "device": "cuda",
+        "train.epochs": 80,
+        "train.batch_size": 20,
+        "train.accumulation_steps": 2,
+        "train.lr": 0.001,
+        "train.schedule": "constant",
+        "train.warmup_steps": 0,
+        "model.num_classes": 10,
+        "model.in_channels": 3,
+        "model.depth": 6,
+        "model.dim": 64,
+        "model.heads": 8,
+        "model.ffn_dim": 128,
+        "model.dropout": 0.1,
+        "model.input_dropout": 0.1,
+        "positional_encoding": "siren",
+        "pe.shared": False,
+        "model.causal": False,
+        "span.enabled": True,
+        "span.threshold": 0.1,
+        "span.mode": "multiply",
+        "span.init": 0.3,
+        "span.learnable": True,
+        "model.pooling": "last",
+        "pe.hidden_layers": 2,
+        "pe.hidden_dim": 64,
+        "model.positions": "grid",
+        "pe.w0": 10.0,
     }
     for key, value in expected.items():
         assert get(cfg, key) == value, key
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "ignored thesis key" in line]
     assert len(warnings) == 1  # named once, in one line
-    for key in ("channels_last", "hooks", "save_onnx", "model_dir", "checkpoint_path", "log_times_per_epoch",
-                "positional_attention_version", "scheduler_params", "resolution_reduction_kernel_size", "profile"):
+    for key in (
+        "channels_last",
+        "hooks",
+        "save_onnx",
+        "model_dir",
+        "checkpoint_path",
+        "log_times_per_epoch",
+        "positional_attention_version",
+        "scheduler_params",
+        "resolution_reduction_kernel_size",
+        "profile",
+    ):
         assert key in warnings[0], key
 
 
@@ -129,7 +191,7 @@ def test_values_posattn_cannot_honour_exit_2_naming_the_key(tmp_path, capsys, ar
 
 def test_readme_documents_every_thesis_key():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## The thesis' configuration keys"):]
+    section = readme[readme.index("## The thesis' configuration keys") :]
     section = section[: section.index("\n## ", 4)]
     for entry in thesis.THESIS_KEYS:
         assert f"`{entry.key}`" in section, entry.key
@@ -154,8 +216,10 @@ def test_a_sweep_in_the_thesis_format_validates_and_warns_once(tmp_path, capsys)
     assert set(THESIS_SWEEP_KEYS) <= set(sweep["parameters"])  # every key a thesis sweep file sets
     assert capsys.readouterr().err.count("ignored thesis key") == 1
     bad = tmp_path / "bad.yml"
-    bad.write_text("method: grid\nmetric: {name: val/acc.max}\nparameters:\n"
-                   "  positional_logits_operation: {values: [add, multiply]}\n")
+    bad.write_text(
+        "method: grid\nmetric: {name: val/acc.max}\nparameters:\n"
+        "  positional_logits_operation: {values: [add, multiply]}\n"
+    )
     with pytest.raises(ConfigError, match="multiply"):
         load_sweep(str(bad), defaults_flat())
 
@@ -164,19 +228,29 @@ def test_a_sweep_in_the_thesis_format_validates_and_warns_once(tmp_path, capsys)
 def test_the_thesis_sweep_format_runs_locally(tmp_path):
     """thesis_keys_quick.yml (thesis keys, metric val/acc.max) through -mode=local_sweep, made tinier."""
     sweep = yaml.safe_load(open(os.path.join(SWEEP_DIR, "thesis_keys_quick.yml")))
-    sweep["parameters"].update({"num_epochs": {"value": 2}, "small_dataset": {"value": 120}, "num_layers": {"value": 1},
-                                "model_dim": {"value": 16}})
+    sweep["parameters"].update(
+        {
+            "num_epochs": {"value": 2},
+            "small_dataset": {"value": 120},
+            "num_layers": {"value": 1},
+            "model_dim": {"value": 16},
+        }
+    )
     path = tmp_path / "thesis_sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-no_wandb=T", "-mode=local_sweep",
-                             f"--sweep_config={path}"]) == 0
+    assert (
+        cli_helpers.main([f"-Dout_dir={tmp_path}", "-no_wandb=T", "-mode=local_sweep", f"--sweep_config={path}"]) == 0
+    )
     with open(tmp_path / "thesis_keys_quick" / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["apply_positional_mask"] for r in rows] == ["False", "True"]
     for r in rows:
         run_dir = tmp_path / "thesis_keys_quick" / r["run"]
-        accs = [m["val/acc"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-                if "val/acc" in m]
+        accs = [
+            m["val/acc"]
+            for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "val/acc" in m
+        ]
         assert float(r["val/acc.max"]) == pytest.approx(max(accs))
         used = yaml.safe_load((run_dir / "config.yml").read_text())
         assert used["span"]["enabled"] == (r["apply_positional_mask"] == "True")
@@ -187,12 +261,16 @@ def test_the_thesis_sweep_format_runs_locally(tmp_path):
 def test_a_thesis_sweep_on_missing_data_or_device_says_so(tmp_path, capsys):
     """The thesis' own sweeps name CIFAR-10 on CUDA: where neither exists, a clear error."""
     sweep = yaml.safe_load(open(os.path.join(SWEEP_DIR, "thesis_keys_quick.yml")))
-    sweep["parameters"].update({"dataset": {"value": "cifar10"}, "input_dim": {"value": 3},
-                                "device": {"value": "cpu"}})
+    sweep["parameters"].update({"dataset": {"value": "cifar10"}, "input_dim": {"value": 3}, "device": {"value": "cpu"}})
     path = tmp_path / "cifar.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    args = [f"-Dout_dir={tmp_path}", "-no_wandb=T", "-mode=local_sweep", f"--sweep_config={path}",
-            f"-Ddata.root={tmp_path / 'nodata'}"]
+    args = [
+        f"-Dout_dir={tmp_path}",
+        "-no_wandb=T",
+        "-mode=local_sweep",
+        f"--sweep_config={path}",
+        f"-Ddata.root={tmp_path / 'nodata'}",
+    ]
     assert cli_helpers.main(args) == 1
     assert "dataset 'cifar10' (train) not found" in capsys.readouterr().err
     import torch
@@ -206,15 +284,38 @@ def test_a_thesis_sweep_on_missing_data_or_device_says_so(tmp_path, capsys):
 
 @needs_fashion
 def test_thesis_keys_on_the_command_line_train(tmp_path):
-    args = [f"-Dout_dir={tmp_path}", "-no_wandb=T", "-Dname=t", "-Dlearning_rate=0.05", "-Dnum_epochs=1",
-            "-Dsmall_dataset=100", "-Dnum_layers=1", "-Dmodel_dim=16", "-Dnum_heads=2", "-Drandom_state=null",
-            "-Dapply_positional_mask=true", "-Dpositional_mask_threshold=0.1", "-Dinput_dim=1"]
+    args = [
+        f"-Dout_dir={tmp_path}",
+        "-no_wandb=T",
+        "-Dname=t",
+        "-Dlearning_rate=0.05",
+        "-Dnum_epochs=1",
+        "-Dsmall_dataset=100",
+        "-Dnum_layers=1",
+        "-Dmodel_dim=16",
+        "-Dnum_heads=2",
+        "-Drandom_state=null",
+        "-Dapply_positional_mask=true",
+        "-Dpositional_mask_threshold=0.1",
+        "-Dinput_dim=1",
+    ]
     assert cli_helpers.main(args) == 0
     used = yaml.safe_load((tmp_path / "t" / "config.yml").read_text())
     assert used["train"]["lr"] == 0.05 and used["model"]["depth"] == 1 and used["span"]["enabled"] is True
     assert isinstance(used["seed"], int)  # random_state null: a seed was drawn and saved
-    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-no_wandb=T", "-Dname=u", "-Dinput_dim=3",
-                             "-Dsmall_dataset=100", "-Dnum_epochs=1"]) == 2
+    assert (
+        cli_helpers.main(
+            [
+                f"-Dout_dir={tmp_path}",
+                "-no_wandb=T",
+                "-Dname=u",
+                "-Dinput_dim=3",
+                "-Dsmall_dataset=100",
+                "-Dnum_epochs=1",
+            ]
+        )
+        == 2
+    )
 
 
 def test_printed_config_shows_the_sections_of_the_mode():

@@ -15,8 +15,8 @@ MapsShape check_apply_maps_inputs(const at::Tensor& x, const at::Tensor& maps, c
                    " but x has dtype ", x.scalar_type(), "; they must match");
   TORCH_CHECK_TYPE(index.scalar_type() == at::kLong, "apply_maps: index must be int64, got ",
                    index.scalar_type());
-  TORCH_CHECK_VALUE(maps.device() == x.device() && index.device() == x.device(),
-                    "apply_maps: x (", x.device(), "), maps (", maps.device(), ") and index (", index.device(),
+  TORCH_CHECK_VALUE(maps.device() == x.device() && index.device() == x.device(), "apply_maps: x (",
+                    x.device(), "), maps (", maps.device(), ") and index (", index.device(),
                     ") must be on one device");
   MapsShape s;
   s.B = x.size(0);
@@ -35,12 +35,12 @@ MapsShape check_apply_maps_inputs(const at::Tensor& x, const at::Tensor& maps, c
   TORCH_CHECK_VALUE(s.A * s.m == s.D, "apply_maps: A * m = ", s.A, " * ", s.m, " = ", s.A * s.m,
                     " must equal the head dim D = ", s.D, " of x");
   if (index.dim() == 2) {
-    TORCH_CHECK_VALUE(index.size(0) == s.N && index.size(1) == s.A, "apply_maps: index must be (N, A) = (", s.N,
-                      ", ", s.A, ") or (B, N, A), got ", shape_str(index.sizes()));
+    TORCH_CHECK_VALUE(index.size(0) == s.N && index.size(1) == s.A, "apply_maps: index must be (N, A) = (",
+                      s.N, ", ", s.A, ") or (B, N, A), got ", shape_str(index.sizes()));
   } else if (index.dim() == 3) {
     TORCH_CHECK_VALUE(index.size(0) == s.B && index.size(1) == s.N && index.size(2) == s.A,
-                      "apply_maps: index must be (N, A) or (B, N, A) = (", s.B, ", ", s.N, ", ", s.A, "), got ",
-                      shape_str(index.sizes()));
+                      "apply_maps: index must be (N, A) or (B, N, A) = (", s.B, ", ", s.N, ", ", s.A,
+                      "), got ", shape_str(index.sizes()));
     s.batched_index = true;
   } else {
     TORCH_CHECK_VALUE(false, "apply_maps: index must be (N, A) or (B, N, A), got ", shape_str(index.sizes()));

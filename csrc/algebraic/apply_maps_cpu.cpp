@@ -23,15 +23,17 @@ at::Tensor apply_maps_cpu(const at::Tensor& x_in, const at::Tensor& maps_in, con
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "apply_maps_cpu", [&] {
-    cpu::typed<scalar_t>(cpu::kernels()).maps_forward(s, x.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(), index.data_ptr<int64_t>(),
-                             y.data_ptr<scalar_t>());
+    cpu::typed<scalar_t>(cpu::kernels())
+        .maps_forward(s, x.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(), index.data_ptr<int64_t>(),
+                      y.data_ptr<scalar_t>());
   });
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cpu(const at::Tensor& grad_y_in, const at::Tensor& x_in,
-                                                           const at::Tensor& maps_in, const at::Tensor& index_in,
-                                                           bool need_x, bool need_maps) {
+std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cpu(const at::Tensor& grad_y_in,
+                                                           const at::Tensor& x_in, const at::Tensor& maps_in,
+                                                           const at::Tensor& index_in, bool need_x,
+                                                           bool need_maps) {
   const MapsShape s = check_apply_maps_inputs(x_in, maps_in, index_in);
   check_grad_y(grad_y_in, x_in);
   check_cpu(x_in);
@@ -44,11 +46,11 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cpu(const at::Tensor& gra
   const cpu::Kernels& kernels = cpu::kernels();  // of this CPU's capability
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "apply_maps_backward_cpu", [&] {
     if (need_x)
-      cpu::typed<scalar_t>(kernels).maps_grad_x(s, gy.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(), index.data_ptr<int64_t>(),
-                              gx.data_ptr<scalar_t>());
+      cpu::typed<scalar_t>(kernels).maps_grad_x(s, gy.data_ptr<scalar_t>(), maps.data_ptr<scalar_t>(),
+                                                index.data_ptr<int64_t>(), gx.data_ptr<scalar_t>());
     if (need_maps)
-      cpu::typed<scalar_t>(kernels).maps_grad_maps(s, gy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), index.data_ptr<int64_t>(),
-                                 gmaps.data_ptr<scalar_t>());
+      cpu::typed<scalar_t>(kernels).maps_grad_maps(s, gy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                                   index.data_ptr<int64_t>(), gmaps.data_ptr<scalar_t>());
   });
   return {gx, gmaps};
 }

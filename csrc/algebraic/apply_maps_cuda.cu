@@ -84,9 +84,10 @@ at::Tensor apply_maps_cuda(const at::Tensor& x_in, const at::Tensor& maps_in, co
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& grad_y_in, const at::Tensor& x_in,
-                                                            const at::Tensor& maps_in, const at::Tensor& index_in,
-                                                            bool need_x, bool need_maps) {
+std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& grad_y_in,
+                                                            const at::Tensor& x_in, const at::Tensor& maps_in,
+                                                            const at::Tensor& index_in, bool need_x,
+                                                            bool need_maps) {
   const MapsShape s = check_apply_maps_inputs(x_in, maps_in, index_in);
   check_grad_y(grad_y_in, x_in);
   check_cuda(x_in);
@@ -96,7 +97,8 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& gr
   at::Tensor gx = need_x ? at::empty(x.sizes(), x.options()) : at::empty({0}, x.options());
   if (x.numel() == 0) {
     assert_index_range_async(index, s.P);
-    return {need_x ? gx.zero_() : gx, need_maps ? at::zeros(maps.sizes(), maps.options()) : at::empty({0}, x.options())};
+    return {need_x ? gx.zero_() : gx,
+            need_maps ? at::zeros(maps.sizes(), maps.options()) : at::empty({0}, x.options())};
   }
   at::Tensor gmaps = at::empty({0}, x.options());
   const bool deterministic = at::globalContext().deterministicAlgorithms();
@@ -106,16 +108,16 @@ std::tuple<at::Tensor, at::Tensor> apply_maps_backward_cuda(const at::Tensor& gr
     using Acc = acc_t<T>;
     if (need_x || (need_maps && !deterministic)) checked_blocks(s);  // the launches below
     if (need_x)
-      check_launch(launch_apply<T>(s, cuda_ptr<const T>(gy), cuda_ptr<const T>(maps), index.data_ptr<int64_t>(),
-                                   cuda_ptr<T>(gx), /*transpose=*/true, stream));
+      check_launch(launch_apply<T>(s, cuda_ptr<const T>(gy), cuda_ptr<const T>(maps),
+                                   index.data_ptr<int64_t>(), cuda_ptr<T>(gx), /*transpose=*/true, stream));
     if (need_maps && deterministic) {
       if (!need_x) assert_index_range_async(index, s.P);  // index_put_ would wrap negative values
       gmaps = grad_maps_deterministic(s, gy, x, index, maps);
     } else if (need_maps) {
       // float32 / float64 accumulate in place; half types through one buffer of the accumulation type
       at::Tensor acc = at::zeros(maps.sizes(), maps.options().dtype(c10::CppTypeToScalarType<Acc>::value));
-      check_launch(launch_grad_maps<T>(s, cuda_ptr<const T>(gy), cuda_ptr<const T>(x), index.data_ptr<int64_t>(),
-                                       cuda_ptr<Acc>(acc), stream));
+      check_launch(launch_grad_maps<T>(s, cuda_ptr<const T>(gy), cuda_ptr<const T>(x),
+                                       index.data_ptr<int64_t>(), cuda_ptr<Acc>(acc), stream));
       gmaps = acc.scalar_type() == maps.scalar_type() ? acc : acc.to(maps.scalar_type());
     }
   });

@@ -17,8 +17,8 @@ void sgemm_(const char* transa, const char* transb, const int* m, const int* n, 
             const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
             const float* beta, float* c, const int* ldc) __attribute__((weak));
 void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const double* alpha, const double* a, const int* lda, const double* b,
-            const int* ldb, const double* beta, double* c, const int* ldc) __attribute__((weak));
+            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
+            const double* beta, double* c, const int* ldc) __attribute__((weak));
 }
 
 namespace posattn {
@@ -27,8 +27,8 @@ namespace cpu {
 // Portable row-major GEMM. Loops are ordered so that the innermost one runs
 // over contiguous memory of C and B when possible (auto-vectorised at -O3).
 template <typename T>
-void gemm_portable(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                   const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_portable(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i) {
     T* __restrict crow = c + i * ldc;
     if (beta == T(0)) {
@@ -58,29 +58,35 @@ void gemm_portable(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   }
 }
 
-inline bool fits_int(int64_t x) { return x <= std::numeric_limits<int>::max(); }
+inline bool fits_int(int64_t x) {
+  return x <= std::numeric_limits<int>::max();
+}
 
 // True when the fast BLAS path is available for T.
 template <typename T>
 inline bool have_blas();
 template <>
-inline bool have_blas<float>() { return sgemm_ != nullptr; }
+inline bool have_blas<float>() {
+  return sgemm_ != nullptr;
+}
 template <>
-inline bool have_blas<double>() { return dgemm_ != nullptr; }
+inline bool have_blas<double>() {
+  return dgemm_ != nullptr;
+}
 
 // Row-major C(m x n) = alpha * op(A) op(B) + beta * C, op(A) is m x k, op(B) is k x n.
 // A row-major matrix is the transpose of the same memory read column-major, so
 // we ask the column-major BLAS for C^T = op(B)^T op(A)^T.
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     gemm_portable<T>(trans_a, trans_b, m, n, 0, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const bool small_enough = fits_int(m) && fits_int(n) && fits_int(k) && fits_int(lda) &&
-                            fits_int(ldb) && fits_int(ldc);
+  const bool small_enough =
+      fits_int(m) && fits_int(n) && fits_int(k) && fits_int(lda) && fits_int(ldb) && fits_int(ldc);
   if (have_blas<T>() && small_enough) {
     const char ta = trans_a ? 'T' : 'N';
     const char tb = trans_b ? 'T' : 'N';

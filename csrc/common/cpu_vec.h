@@ -227,8 +227,12 @@ inline typename Vec<T>::I lanes_in(int64_t i, int64_t lo, int64_t hi) {
   return (idx >= static_cast<lane_t>(lo)) & (idx < static_cast<lane_t>(hi));
 }
 
-inline float exp1(float x) { return Vec<float>::exp(vsplat<float>(x))[0]; }
-inline double exp1(double x) { return std::exp(x); }
+inline float exp1(float x) {
+  return Vec<float>::exp(vsplat<float>(x))[0];
+}
+inline double exp1(double x) {
+  return std::exp(x);
+}
 
 // Row primitives, float in vectors of Vec<float>::W lanes; double scalar (the
 // gradcheck dtype, where std::exp keeps full accuracy).
@@ -326,8 +330,8 @@ inline double sum(const double* a, int64_t n) {
 
 // One pass of the softmax backward over a line with an additive span:
 //   ds = p (dp - rd);  dp <- scale ds;  returns sum ds and sum ds x.
-inline void softmax_backward_line(const float* p, float* dp, const float* x, float rd, float scale,
-                                  int64_t n, float& sum_ds, float& sum_ds_x) {
+inline void softmax_backward_line(const float* p, float* dp, const float* x, float rd, float scale, int64_t n,
+                                  float& sum_ds, float& sum_ds_x) {
   VF acc = {}, accx = {};
   const VF rv = vsplat<float>(rd), sv = vsplat<float>(scale);
   int64_t i = 0;

@@ -36,12 +36,15 @@ template <typename T>
 T* cuda_ptr(const at::Tensor& t) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "an element type");
   if (!t.defined()) return nullptr;
-  TORCH_INTERNAL_ASSERT(static_cast<size_t>(t.element_size()) == sizeof(T), "cuda_ptr: element size mismatch");
+  TORCH_INTERNAL_ASSERT(static_cast<size_t>(t.element_size()) == sizeof(T),
+                        "cuda_ptr: element size mismatch");
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
 // A launcher's error as an exception (and a CUDA error on the device as one too).
-inline void check_launch(cudaError_t err) { C10_CUDA_CHECK(err); }
+inline void check_launch(cudaError_t err) {
+  C10_CUDA_CHECK(err);
+}
 
 // Refuses (ValueError) a launch whose dynamic shared memory exceeds the
 // current device's opt-in limit; `what` names the call and its sizes.

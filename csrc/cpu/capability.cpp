@@ -52,15 +52,19 @@ Capability active_capability() {
   } else if (want == "avx512") {
     c = Capability::avx512;
   } else {
-    TORCH_CHECK_VALUE(false, "POSATTN_CPU_CAPABILITY must be 'base', 'avx2' or 'avx512' (or unset: the widest "
-                      "this CPU runs, here '", capability_name(best), "'), got '", want, "'");
+    TORCH_CHECK_VALUE(false,
+                      "POSATTN_CPU_CAPABILITY must be 'base', 'avx2' or 'avx512' (or unset: the widest "
+                      "this CPU runs, here '",
+                      capability_name(best), "'), got '", want, "'");
   }
   TORCH_CHECK_VALUE(static_cast<int>(c) <= static_cast<int>(best), "POSATTN_CPU_CAPABILITY='", want,
                     "': this CPU (or this build) runs at most '", capability_name(best), "'");
   return c;
 }
 
-std::string active_capability_name() { return capability_name(active_capability()); }
+std::string active_capability_name() {
+  return capability_name(active_capability());
+}
 
 }  // namespace cpu
 }  // namespace posattn

@@ -22,7 +22,8 @@ struct TypedKernels {
   // apply_maps: y = maps[index] x; gx += maps[index]^T gy; gmaps += gy x^T.
   void (*maps_forward)(const algebraic::MapsShape&, const T* x, const T* maps, const int64_t* index, T* y);
   void (*maps_grad_x)(const algebraic::MapsShape&, const T* gy, const T* maps, const int64_t* index, T* gx);
-  void (*maps_grad_maps)(const algebraic::MapsShape&, const T* gy, const T* x, const int64_t* index, T* gmaps);
+  void (*maps_grad_maps)(const algebraic::MapsShape&, const T* gy, const T* x, const int64_t* index,
+                         T* gmaps);
 };
 
 struct Kernels {
@@ -46,9 +47,13 @@ const Kernels& kernels();
 template <typename T>
 const TypedKernels<T>& typed(const Kernels& k);
 template <>
-inline const TypedKernels<float>& typed<float>(const Kernels& k) { return k.f32; }
+inline const TypedKernels<float>& typed<float>(const Kernels& k) {
+  return k.f32;
+}
 template <>
-inline const TypedKernels<double>& typed<double>(const Kernels& k) { return k.f64; }
+inline const TypedKernels<double>& typed<double>(const Kernels& k) {
+  return k.f64;
+}
 
 }  // namespace cpu
 

@@ -6,7 +6,8 @@
 #include "kernels_prelude.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe,xsave,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,prefer-vector-width=256")
+#pragma GCC target( \
+    "avx,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe,xsave,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,prefer-vector-width=256")
 #define POSATTN_CPU_CAPABILITY avx512
 #define POSATTN_CPU_VEC_BYTES 64
 #include "kernels.inc"

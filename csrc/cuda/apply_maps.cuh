@@ -35,14 +35,17 @@ constexpr size_t kStageBytes = 48 * 1024;
 
 // Staged maps have rows of m + 1 values, so that lanes reading one column of
 // consecutive rows hit different banks.
-inline int64_t staged_values(const MapsShape& s) { return s.A * s.m * (s.m + 1); }
+inline int64_t staged_values(const MapsShape& s) {
+  return s.A * s.m * (s.m + 1);
+}
 
 // Whether a block's A maps are staged in shared memory: only when the block
 // applies them to several rows (a shared index, B > 1) and they fit.
 template <typename T>
 bool stage_maps(const MapsShape& s, int64_t inner_b) {
   return inner_b > 1 &&
-         static_cast<size_t>(staged_values(s)) * sizeof(T) + static_cast<size_t>(s.A) * sizeof(int64_t) <= kStageBytes;
+         static_cast<size_t>(staged_values(s)) * sizeof(T) + static_cast<size_t>(s.A) * sizeof(int64_t) <=
+             kStageBytes;
 }
 
 template <typename T>
@@ -55,9 +58,9 @@ size_t smem_bytes(const MapsShape& s, int64_t inner_b) {
 // when staged, else maps itself) and ld its row stride (m + 1 when staged, else
 // m). Checks the index values on the device.
 template <typename T>
-__device__ const T* load_block_maps(const MapsShape& s, const T* __restrict__ maps, const int64_t* __restrict__ index,
-                                    int64_t b0, int64_t n, int64_t h, bool staged, unsigned char* smem,
-                                    int64_t*& moff, int64_t& ld) {
+__device__ const T* load_block_maps(const MapsShape& s, const T* __restrict__ maps,
+                                    const int64_t* __restrict__ index, int64_t b0, int64_t n, int64_t h,
+                                    bool staged, unsigned char* smem, int64_t*& moff, int64_t& ld) {
   moff = reinterpret_cast<int64_t*>(smem);
   T* maps_s = reinterpret_cast<T*>(moff + s.A);
   const int64_t mm = s.m * s.m;
@@ -72,7 +75,8 @@ __device__ const T* load_block_maps(const MapsShape& s, const T* __restrict__ ma
   for (int64_t e = threadIdx.x; e < s.A * mm; e += blockDim.x) {  // rows of consecutive maps: coalesced
     const int64_t a = e / mm, i = (e % mm) / s.m, j = e % s.m;
     const int64_t p = index[index_offset(s, b0, n, a)];
-    maps_s[moff[a] + i * (s.m + 1) + j] = (p >= 0 && p < s.P) ? maps[map_offset(s, p, h, a) + e % mm] : from_acc<T>(0.f);
+    maps_s[moff[a] + i * (s.m + 1) + j] =
+        (p >= 0 && p < s.P) ? maps[map_offset(s, p, h, a) + e % mm] : from_acc<T>(0.f);
   }
   __syncthreads();
   return maps_s;
@@ -81,8 +85,8 @@ __device__ const T* load_block_maps(const MapsShape& s, const T* __restrict__ ma
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
     apply_maps_forward_kernel(MapsShape s, const T* __restrict__ x, const T* __restrict__ maps,
-                              const int64_t* __restrict__ index, T* __restrict__ y, int64_t inner_b, bool transpose,
-                              bool staged) {
+                              const int64_t* __restrict__ index, T* __restrict__ y, int64_t inner_b,
+                              bool transpose, bool staged) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int64_t t = blockIdx.x;
   const int64_t n = t % s.N, h = (t / s.N) % s.H, b0 = t / (s.N * s.H);
@@ -127,28 +131,34 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Rows each block applies its maps to: the batch with a shared index, else 1.
-inline int64_t rows_per_block(const MapsShape& s) { return s.batched_index ? 1 : s.B; }
+inline int64_t rows_per_block(const MapsShape& s) {
+  return s.batched_index ? 1 : s.B;
+}
 
 // Thread blocks of both kernels (the caller checks the launch's limit).
-inline int64_t num_blocks(const MapsShape& s) { return (s.batched_index ? s.B : 1) * s.H * s.N; }
+inline int64_t num_blocks(const MapsShape& s) {
+  return (s.batched_index ? s.B : 1) * s.H * s.N;
+}
 
 // y = maps[index] x per block (transpose: maps^T, the gradient of x). x, y: (B, H, N, D);
 // maps: (P, H, A, m, m); index: (N, A) or (B, N, A), int64.
 template <typename T>
-cudaError_t launch_apply(const MapsShape& s, const T* x, const T* maps, const int64_t* index, T* y, bool transpose,
-                         cudaStream_t stream) {
+cudaError_t launch_apply(const MapsShape& s, const T* x, const T* maps, const int64_t* index, T* y,
+                         bool transpose, cudaStream_t stream) {
   const int64_t inner_b = rows_per_block(s);
-  return cuda::launch(apply_maps_forward_kernel<T, acc_t<T>>, num_blocks(s), kThreads, smem_bytes<T>(s, inner_b),
-                      stream, s, x, maps, index, y, inner_b, transpose, stage_maps<T>(s, inner_b));
+  return cuda::launch(apply_maps_forward_kernel<T, acc_t<T>>, num_blocks(s), kThreads,
+                      smem_bytes<T>(s, inner_b), stream, s, x, maps, index, y, inner_b, transpose,
+                      stage_maps<T>(s, inner_b));
 }
 
 // gmaps (P, H, A, m, m) in the accumulation type, zeroed by the caller, += the
 // outer products gy x^T of every token (atomics).
 template <typename T>
-cudaError_t launch_grad_maps(const MapsShape& s, const T* gy, const T* x, const int64_t* index, acc_t<T>* gmaps,
-                             cudaStream_t stream) {
+cudaError_t launch_grad_maps(const MapsShape& s, const T* gy, const T* x, const int64_t* index,
+                             acc_t<T>* gmaps, cudaStream_t stream) {
   return cuda::launch(apply_maps_grad_maps_kernel<T, acc_t<T>>, num_blocks(s), kThreads,
-                      static_cast<size_t>(s.A) * sizeof(int64_t), stream, s, gy, x, index, gmaps, rows_per_block(s));
+                      static_cast<size_t>(s.A) * sizeof(int64_t), stream, s, gy, x, index, gmaps,
+                      rows_per_block(s));
 }
 
 }  // namespace algebraic

@@ -73,7 +73,8 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
 // Launches kernel<<<blocks, threads, smem, stream>>>(args...) after opting it into its
 // shared memory; the launch's error (the kernel's own errors arrive at the next sync).
 template <typename Kernel, typename... Args>
-cudaError_t launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cudaStream_t stream, Args... args) {
+cudaError_t launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cudaStream_t stream,
+                   Args... args) {
   cudaError_t err = allow_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(args...);
@@ -91,9 +92,9 @@ cudaError_t launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cuda
 // lets the kernel go on: `msg` is a string literal without '%'.
 #if defined(POSATTN_DEVICE_ASSERT_PRINTS)
 #include <cstdio>
-#define POSATTN_DEVICE_ASSERT(cond, msg)                                 \
-  do {                                                                   \
-    if (!(cond)) printf("posattn device assertion failed: " msg "\n");  \
+#define POSATTN_DEVICE_ASSERT(cond, msg)                               \
+  do {                                                                 \
+    if (!(cond)) printf("posattn device assertion failed: " msg "\n"); \
   } while (0)
 #else
 #define POSATTN_DEVICE_ASSERT(cond, msg)                                                      \

@@ -54,15 +54,17 @@ using Head = SpanHead<Acc>;
 
 // The kept keys of the query at `ci`, per axis: [lo_d, hi_d].
 template <typename Acc>
-__device__ void query_limits(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, int64_t* lo, int64_t* hi) {
+__device__ void query_limits(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, int64_t* lo,
+                             int64_t* hi) {
   for (int d = 0; d < p.g.ndim; ++d) axis_key_range(hd.lim[d], ci[d], lo[d], hi[d]);
 }
 
 // Whether key `cj` is kept by the query at `ci` (limits lo/hi), its row in the
 // offset table and the span's quadratic term.
 template <typename Acc>
-__device__ bool pair_geometry(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci, const int64_t* cj,
-                              const int64_t* lo, const int64_t* hi, Acc& quad, int64_t& row) {
+__device__ bool pair_geometry(const RelposParams& p, const Head<Acc>& hd, const int64_t* ci,
+                              const int64_t* cj, const int64_t* lo, const int64_t* hi, Acc& quad,
+                              int64_t& row) {
   row = 0;
   quad = 0;
   for (int d = 0; d < p.g.ndim; ++d) {
@@ -112,7 +114,8 @@ __device__ Acc block_reduce(Acc v, Acc* buf, bool is_max) {
     if (threadIdx.x < stride) {
       const Acc o = buf[threadIdx.x + stride];
       // The max lets a NaN through (o != o), so that a NaN logit reaches the output.
-      buf[threadIdx.x] = is_max ? ((o > buf[threadIdx.x] || o != o) ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
+      buf[threadIdx.x] =
+          is_max ? ((o > buf[threadIdx.x] || o != o) ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
     }
     __syncthreads();
   }
@@ -162,16 +165,17 @@ __device__ inline int64_t box_token(const RelposParams& p, const TokenBox& b, in
 
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    relpos_forward_kernel(RelposParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                          const T* __restrict__ qpos, const T* __restrict__ rel, const double* __restrict__ sigma,
-                          const T* __restrict__ bias, T* __restrict__ out, Acc* __restrict__ lse) {
+    relpos_forward_kernel(RelposParams p, const T* __restrict__ q, const T* __restrict__ k,
+                          const T* __restrict__ v, const T* __restrict__ qpos, const T* __restrict__ rel,
+                          const double* __restrict__ sigma, const T* __restrict__ bias, T* __restrict__ out,
+                          Acc* __restrict__ lse) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: keys of a chunk
   Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
   Acc* qpos_s = q_s + p.D;                                // D
-  Acc* out_s = qpos_s + p.D;                    // Dv
-  Acc* red = out_s + p.Dv;                      // blockDim
-  Acc* w_s = red + blockDim.x;                  // blockDim: weights of a chunk of keys
+  Acc* out_s = qpos_s + p.D;                              // Dv
+  Acc* red = out_s + p.Dv;                                // blockDim
+  Acc* w_s = red + blockDim.x;                            // blockDim: weights of a chunk of keys
   const int64_t t = blockIdx.x;
   const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
@@ -220,7 +224,8 @@ __global__ void __launch_bounds__(kThreads)
       l = l * exp(m - s) + Acc(1);
       m = s;
     } else {
-      l += s == m ? Acc(1) : exp(s - m);  // s == m == +inf: one more key at the maximum (exp(inf - inf) is NaN)
+      l += s == m ? Acc(1)
+                  : exp(s - m);  // s == m == +inf: one more key at the maximum (exp(inf - inf) is NaN)
     }
   }
   // A +inf logit gives M = +inf and lse = +inf (as in the reference), not exp(inf - inf) = NaN.
@@ -240,11 +245,13 @@ __global__ void __launch_bounds__(kThreads)
       w_s[threadIdx.x] = w;
       tok_s[threadIdx.x] = j;
       __syncthreads();
-      accumulate_rows<T, Acc>(out_s, w_s, tok_s, vh, p.Dv, min(kb.count - e0, static_cast<int64_t>(blockDim.x)));
+      accumulate_rows<T, Acc>(out_s, w_s, tok_s, vh, p.Dv,
+                              min(kb.count - e0, static_cast<int64_t>(blockDim.x)));
       __syncthreads();
     }
   }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out[(bh * p.N + i) * p.Dv + c] = from_acc<T>(out_s[c]);
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
+    out[(bh * p.N + i) * p.Dv + c] = from_acc<T>(out_s[c]);
   if (threadIdx.x == 0) lse[bh * p.N + i] = lse_i;
 }
 
@@ -305,7 +312,8 @@ __global__ void __launch_bounds__(kThreads)
     dq_s[c] = 0;
     dqpos_s[c] = 0;
   }
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) go_s[c] = to_acc<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
+    go_s[c] = to_acc<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
   Head<Acc> hd;
   load_span_head<Acc>(p, h, sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
@@ -365,10 +373,10 @@ __global__ void __launch_bounds__(kThreads)
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: queries of a chunk
   Acc* k_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
   Acc* v_s = k_s + p.D;                                   // Dv
-  Acc* dk_s = v_s + p.Dv;                       // D
-  Acc* dv_s = dk_s + p.D;                       // Dv
-  Acc* wp_s = dv_s + p.Dv;                      // blockDim: probabilities of a chunk (for dv)
-  Acc* wa_s = wp_s + blockDim.x;                // blockDim: dA * scale of a chunk (for dk)
+  Acc* dk_s = v_s + p.Dv;                                 // D
+  Acc* dv_s = dk_s + p.D;                                 // Dv
+  Acc* wp_s = dv_s + p.Dv;                                // blockDim: probabilities of a chunk (for dv)
+  Acc* wa_s = wp_s + blockDim.x;                          // blockDim: dA * scale of a chunk (for dk)
   const int64_t t = blockIdx.x;
   const int64_t j = t % p.N, bh = t / p.N, h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
@@ -433,7 +441,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) dk[(bh * p.N + j) * p.D + c] = from_acc<T>(dk_s[c]);
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
+  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
+    dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
 }
 
 // d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
@@ -444,8 +453,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
     relpos_backward_offset_kernel(RelposParams p, int64_t per_head, const T* __restrict__ gout,
-                                  const Acc* __restrict__ rowd, const T* __restrict__ q, const T* __restrict__ k,
-                                  const T* __restrict__ v, const T* __restrict__ qpos, const T* __restrict__ rel,
+                                  const Acc* __restrict__ rowd, const T* __restrict__ q,
+                                  const T* __restrict__ k, const T* __restrict__ v,
+                                  const T* __restrict__ qpos, const T* __restrict__ rel,
                                   const double* __restrict__ sigma, const T* __restrict__ bias,
                                   const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
                                   double* __restrict__ dsig_part) {
@@ -507,9 +517,9 @@ __global__ void __launch_bounds__(kThreads)
           int64_t lo[kMaxGridDims], hi[kMaxGridDims];
           query_limits<Acc>(p, hd, ci, lo, hi);
           const PairGrad<T, Acc> g = pair_grad<T, Acc>(
-              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D, p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr,
-              gout + (bh * p.N + i) * p.Dv, k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash,
-              lse_i, rowd[bh * p.N + i]);
+              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D,
+              p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr, gout + (bh * p.N + i) * p.Dv,
+              k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash, lse_i, rowd[bh * p.N + i]);
           if (g.kept) {
             w = g.dA * scale;
             qrow = bh * p.N + i;
@@ -522,7 +532,8 @@ __global__ void __launch_bounds__(kThreads)
       qrow_s[threadIdx.x] = qrow;
       __syncthreads();
       if (p.has_pos)
-        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D, min(items - e0, static_cast<int64_t>(blockDim.x)));
+        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D,
+                                min(items - e0, static_cast<int64_t>(blockDim.x)));
       __syncthreads();
     }
     if (p.has_pos)
@@ -557,20 +568,26 @@ template <typename T>
 struct Tensors {
   const T *q = nullptr, *k = nullptr, *v = nullptr, *qpos = nullptr, *rel = nullptr, *bias = nullptr;
   const double* sigma = nullptr;
-  T* out = nullptr;          // (B, H, N, Dv), written by the forward
-  acc_t<T>* lse = nullptr;   // (B, H, N), written by the forward, read by the backward
-  const T* gout = nullptr;   // (B, H, N, Dv), backward
+  T* out = nullptr;                // (B, H, N, Dv), written by the forward
+  acc_t<T>* lse = nullptr;         // (B, H, N), written by the forward, read by the backward
+  const T* gout = nullptr;         // (B, H, N, Dv), backward
   const acc_t<T>* rowd = nullptr;  // (B, H, N): dO . out - d lse, backward
   T *dq = nullptr, *dk = nullptr, *dv = nullptr, *dqpos = nullptr, *drel = nullptr, *dbias = nullptr;
-  double* dsig_part = nullptr;                         // (H, offset_blocks_per_head(p), G_in), zeroed
+  double* dsig_part = nullptr;  // (H, offset_blocks_per_head(p), G_in), zeroed
 };
 
 // Blocks per head of the offset kernel: every offset once, at most kOffsetBlocks.
-inline int64_t offset_blocks_per_head(const RelposParams& p) { return std::min<int64_t>(p.U, kOffsetBlocks); }
+inline int64_t offset_blocks_per_head(const RelposParams& p) {
+  return std::min<int64_t>(p.U, kOffsetBlocks);
+}
 
 // Thread blocks of the per-token kernels (forward, dq, dkv) and of the offset kernel.
-inline int64_t token_blocks(const RelposParams& p) { return p.B * p.H * p.N; }
-inline int64_t offset_blocks(const RelposParams& p) { return p.H * offset_blocks_per_head(p); }
+inline int64_t token_blocks(const RelposParams& p) {
+  return p.B * p.H * p.N;
+}
+inline int64_t offset_blocks(const RelposParams& p) {
+  return p.H * offset_blocks_per_head(p);
+}
 
 // Dynamic shared memory of each kernel (the caller checks it against the device).
 template <typename T>
@@ -593,24 +610,24 @@ size_t backward_offset_smem(const RelposParams& p) {
 // out and lse. The caller has checked token_blocks(p) <= INT_MAX and the shared memory.
 template <typename T>
 cudaError_t launch_forward(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_forward_kernel<T, acc_t<T>>, token_blocks(p), kThreads, forward_smem<T>(p), stream, p,
-                      t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
+  return cuda::launch(relpos_forward_kernel<T, acc_t<T>>, token_blocks(p), kThreads, forward_smem<T>(p),
+                      stream, p, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
 }
 
 // dq and d q_pos (query-major).
 template <typename T>
 cudaError_t launch_backward_dq(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_backward_dq_kernel<T, acc_t<T>>, token_blocks(p), kThreads, backward_dq_smem<T>(p),
-                      stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias,
-                      static_cast<const acc_t<T>*>(t.lse), t.dq, t.dqpos);
+  return cuda::launch(relpos_backward_dq_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
+                      backward_dq_smem<T>(p), stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel,
+                      t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.dq, t.dqpos);
 }
 
 // dk and dv (key-major).
 template <typename T>
 cudaError_t launch_backward_dkv(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_backward_dkv_kernel<T, acc_t<T>>, token_blocks(p), kThreads, backward_dkv_smem<T>(p),
-                      stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias,
-                      static_cast<const acc_t<T>*>(t.lse), t.dk, t.dv);
+  return cuda::launch(relpos_backward_dkv_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
+                      backward_dkv_smem<T>(p), stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel,
+                      t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.dk, t.dv);
 }
 
 // d rel, d bias and the d sigma partials (nothing to do without q_pos, bias and sigma).
@@ -618,9 +635,9 @@ template <typename T>
 cudaError_t launch_backward_offset(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
   if (!(p.has_pos || p.has_bias || p.has_sigma)) return cudaSuccess;
   return cuda::launch(relpos_backward_offset_kernel<T, acc_t<T>>, offset_blocks(p), kThreads,
-                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t.gout, t.rowd, t.q, t.k,
-                      t.v, t.qpos, t.rel, t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.drel, t.dbias,
-                      t.dsig_part);
+                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t.gout, t.rowd, t.q,
+                      t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.drel,
+                      t.dbias, t.dsig_part);
 }
 
 }  // namespace general

@@ -28,12 +28,14 @@ __device__ inline void check_head_sigma(const RelposParams& p, int64_t h, const 
   if (!p.has_sigma) return;
   for (int64_t a = 0; a < p.G_in; ++a) {
     const double sg = sigma[h * p.G_in + a];
-    POSATTN_DEVICE_ASSERT(sg > 0.0 && isfinite(sg), "relpos_attention: sigma must be positive and finite everywhere");
+    POSATTN_DEVICE_ASSERT(sg > 0.0 && isfinite(sg),
+                          "relpos_attention: sigma must be positive and finite everywhere");
   }
 }
 
 template <typename Acc>
-__device__ void load_span_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma, SpanHead<Acc>& hd) {
+__device__ void load_span_head(const RelposParams& p, int64_t h, const double* __restrict__ sigma,
+                               SpanHead<Acc>& hd) {
   check_head_sigma(p, h, sigma);
   for (int d = 0; d < p.g.ndim; ++d) {
     AxisLimit& lim = hd.lim[d];
@@ -46,7 +48,8 @@ __device__ void load_span_head(const RelposParams& p, int64_t h, const double* _
     if (p.has_sigma) {
       const double sg = sigma[h * p.G_in + p.g.axis[d]];
       // clamped: 1 / a subnormal sigma overflows Acc, and 0 * inf would make a query's own logit NaN
-      hd.inv_sigma[d] = static_cast<Acc>(fmin(1.0 / sg, sizeof(Acc) == sizeof(float) ? double(FLT_MAX) : DBL_MAX));
+      hd.inv_sigma[d] =
+          static_cast<Acc>(fmin(1.0 / sg, sizeof(Acc) == sizeof(float) ? double(FLT_MAX) : DBL_MAX));
       if (p.threshold > 0.0 && sg > 0.0) lim.span = span_half_width(sg, p.threshold, p.g.n[d]);
     }
     hd.reach[d] = axis_max_offset(lim);

@@ -29,10 +29,10 @@ struct BwdLayout {
   static_assert(2 * LP >= LD, "a piece of rel must fit the P / dA tiles");
   static constexpr size_t bytes(int G) {
     return (size_t(5) * 64 * LD + size_t(2) * 64 * LP) * sizeof(CT) + size_t(64) * LS * 4 +
-           size_t(64) * 4 * 2                  // lse, rowd of the query slots
-           + size_t(64) * 8 * 3                // qrel, krel, row_off
-           + size_t(64) * 4 * 4                // qtok, ktok, qbox, kbox
-           + size_t(64) * G * 4 * 4;           // qc, klo, khi, kc
+           size_t(64) * 4 * 2         // lse, rowd of the query slots
+           + size_t(64) * 8 * 3       // qrel, krel, row_off
+           + size_t(64) * 4 * 4       // qtok, ktok, qbox, kbox
+           + size_t(64) * G * 4 * 4;  // qc, klo, khi, kc
   }
 };
 
@@ -77,11 +77,10 @@ __device__ BwdSmem<CT> carve(unsigned char* smem, int G) {
 // both kernels; each writes two of the four gradients).
 template <typename CT>
 struct BwdTensors {
-  const CT *__restrict__ gout, *__restrict__ q, *__restrict__ k, *__restrict__ v, *__restrict__ qpos,
-      *__restrict__ rel, *__restrict__ bias;
-  const float *__restrict__ rowd, *__restrict__ lse;  // D_i = dO_i . out_i - d lse_i; the forward's lse
+  const CT* __restrict__ gout, * __restrict__ q, * __restrict__ k, * __restrict__ v, * __restrict__ qpos, * __restrict__ rel, * __restrict__ bias;
+  const float* __restrict__ rowd, * __restrict__ lse;  // D_i = dO_i . out_i - d lse_i; the forward's lse
   const double* __restrict__ sigma;
-  CT *__restrict__ dq, *__restrict__ dk, *__restrict__ dv, *__restrict__ dqpos;
+  CT* __restrict__ dq, * __restrict__ dk, * __restrict__ dv, * __restrict__ dqpos;
 };
 
 // Query slot r of a backward kernel: fill_query_slot, plus the row's lse, rowd
@@ -159,8 +158,8 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
 // and slot r's row belongs to the thread's own warp, so a warp barrier suffices.
 // The caller has made sure that no warp still reads S.
 template <typename CT, int D>
-__device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S, const int* tok,
-                           int64_t base, int warp, int r, int half) {
+__device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S,
+                                           const int* tok, int64_t base, int warp, int r, int half) {
   constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
   acc.store(S + warp * 16 * LS, LS);
   __syncwarp();
@@ -174,7 +173,8 @@ __device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<C
 // dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
 // of the tile's shape over the queries that may keep its keys (tiling::query_region).
 template <typename CT, int D>
-__device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
+__device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m,
+                          const TileHead& hd) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LP = L::LP;
   const RelposParams& p = a.p;
@@ -188,14 +188,16 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
   const tiling::Box kb = tiling::tile_box(p.g, a.tile, tile_index);
   if (threadIdx.x < kBK) fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
   __syncthreads();
-  if (threadIdx.x < kBK) m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
+  if (threadIdx.x < kBK)
+    m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
   __syncthreads();
   load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
   load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
   const int64_t first_key = ravel_index(kb.lo, p.g.n, G);
   // The queries that may keep these keys (exactly, per axis: for shifted windows the
   // head's reach would be twice too wide), cut into boxes of the tile's shape.
-  const BoxChunks chunks = make_box_chunks(a, tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal));
+  const BoxChunks chunks =
+      make_box_chunks(a, tiling::query_region(p.g, kb, p.has_box ? hd.lim : nullptr, p.causal));
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
     const tiling::Box qb = region_chunk(a, chunks, chunk);
     // a query box wholly before the first key keeps none of them (uniform)
@@ -228,7 +230,8 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
 
 // dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
 template <typename CT, int D>
-__device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m, const TileHead& hd) {
+__device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m,
+                         const TileHead& hd) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LP = L::LP;
   const RelposParams& p = a.p;
@@ -247,7 +250,8 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
   if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
   load_rows<CT, D, LD>(m.dO, t.gout, m.row_off, kBQ);
   const int64_t last_query = box_last_token(p, qb);
-  const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal));
+  const BoxChunks chunks =
+      make_box_chunks(a, tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal));
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
     const tiling::Box kb = region_chunk(a, chunks, chunk);
     if (p.causal && ravel_index(kb.lo, p.g.n, G) > last_query) continue;  // uniform
@@ -271,7 +275,8 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
     pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
     // dQ += (scale dA) K
     warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc);
-    // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it holds them)
+    // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it
+    // holds them)
     if (p.has_pos) {
       CT* Rs = m.V;
       for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
@@ -306,8 +311,10 @@ __global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledAr
   const BwdSmem<CT> m = carve<CT, D>(smem, a.p.g.ndim);
   TileHead hd;
   load_span_head<float>(a.p, (blockIdx.x / a.tiles) % a.p.H, t.sigma, hd);
-  if constexpr (KEY_MAJOR) dkv_block<CT, D>(a, t, m, hd);
-  else dq_block<CT, D>(a, t, m, hd);
+  if constexpr (KEY_MAJOR)
+    dkv_block<CT, D>(a, t, m, hd);
+  else
+    dq_block<CT, D>(a, t, m, hd);
 #endif
 }
 
@@ -323,7 +330,8 @@ cudaError_t backward_attributes(bool key_major, cudaFuncAttributes* attr) {
 template <typename CT, int D>
 cudaError_t launch_backward(const TiledArgs& a, const BwdTensors<CT>& t, cudaStream_t stream) {
   const size_t smem = BwdLayout<CT, D>::bytes(a.p.g.ndim);
-  cudaError_t err = cuda::launch(relpos_tiled_backward_kernel<CT, D, true>, a.blocks, kThreads, smem, stream, a, t);
+  cudaError_t err =
+      cuda::launch(relpos_tiled_backward_kernel<CT, D, true>, a.blocks, kThreads, smem, stream, a, t);
   if (err != cudaSuccess) return err;
   return cuda::launch(relpos_tiled_backward_kernel<CT, D, false>, a.blocks, kThreads, smem, stream, a, t);
 }

@@ -22,11 +22,11 @@
 namespace posattn {
 namespace tiled {
 
-constexpr int kBQ = 64;       // query slots of a tile
-constexpr int kBK = 64;       // key slots of a chunk
+constexpr int kBQ = 64;        // query slots of a tile
+constexpr int kBK = 64;        // key slots of a chunk
 constexpr int kThreads = 128;  // 4 warps, 16 query rows each
 static_assert(kThreads == kBQ + kBK, "the slot fills give one thread to each query slot and each key slot");
-constexpr int kPad = 8;       // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
+constexpr int kPad = 8;  // elements of padding per row (wmma needs ldm % 8 == 0 for 16-bit, % 4 for 32-bit)
 
 using cuda::from_acc;
 using cuda::to_acc;
@@ -65,15 +65,15 @@ inline TiledArgs make_tiled_args(const RelposParams& p) {
 
 template <typename CT, int D>
 struct Layout {
-  static constexpr int LD = D + kPad;                      // row stride of the input tiles
-  static constexpr int LS = (D > kBK ? D : kBK) + 4;       // row stride of the float scratch
-  static constexpr int LP = kBK + kPad;                    // row stride of P
+  static constexpr int LD = D + kPad;                                      // row stride of the input tiles
+  static constexpr int LS = (D > kBK ? D : kBK) + 4;                       // row stride of the float scratch
+  static constexpr int LP = kBK + kPad;                                    // row stride of P
   static constexpr size_t tiles = size_t(4) * 64 * LD + size_t(kBQ) * LP;  // Q, Qpos, K (and Rel), V, P
   static constexpr size_t bytes(int G) {
-    return tiles * sizeof(CT) + size_t(kBQ) * LS * 4           // S / T / O scratch
-           + size_t(kBQ + kBK + kBK) * 8                       // qrel, krel, row_off (int64)
-           + size_t(kBQ + kBK) * 4 * 2                         // qtok, ktok, qbox, kbox
-           + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;   // qc, klo, khi; kc
+    return tiles * sizeof(CT) + size_t(kBQ) * LS * 4         // S / T / O scratch
+           + size_t(kBQ + kBK + kBK) * 8                     // qrel, krel, row_off (int64)
+           + size_t(kBQ + kBK) * 4 * 2                       // qtok, ktok, qbox, kbox
+           + size_t(kBQ) * G * 4 * 3 + size_t(kBK) * G * 4;  // qc, klo, khi; kc
   }
 };
 
@@ -119,8 +119,9 @@ __device__ void warp_mma(const CT* A, int lda, const CT* B, int ldb, float* C, i
 }
 
 // max that lets a NaN through, so that a NaN logit reaches the row's output
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
-
+__device__ __forceinline__ float nan_max(float a, float b) {
+  return (a > b || a != a) ? a : b;
+}
 
 // A warp's 16 x 16 NT float accumulator, held in tensor-core fragments
 // (registers) across a kernel's loop instead of in shared memory (its users are
@@ -136,7 +137,8 @@ struct WarpAcc {
   // to C (16 rows x 16 NT cols, row stride ldc)
   __device__ __forceinline__ void store(float* C, int ldc) const {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::store_matrix_sync(C + nt * 16, f[nt], ldc, nvcuda::wmma::mem_row_major);
+    for (int nt = 0; nt < NT; ++nt)
+      nvcuda::wmma::store_matrix_sync(C + nt * 16, f[nt], ldc, nvcuda::wmma::mem_row_major);
   }
 };
 
@@ -144,7 +146,8 @@ struct WarpAcc {
 // (element (m, k) at A[m + k * lda]: the transpose of a row-major K x 16 block),
 // and B as in warp_mma. A's fragment is loaded once per K step for all NT columns.
 template <typename CT, int K, int NT, bool A_COLS, bool B_ROWS>
-__device__ __forceinline__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb, WarpAcc<CT, NT>& acc) {
+__device__ __forceinline__ void warp_mma_acc(const CT* A, int lda, const CT* B, int ldb,
+                                             WarpAcc<CT, NT>& acc) {
   using namespace nvcuda;
   using ALayout = typename std::conditional<A_COLS, wmma::col_major, wmma::row_major>::type;
   using BLayout = typename std::conditional<B_ROWS, wmma::col_major, wmma::row_major>::type;
@@ -244,7 +247,8 @@ __device__ inline OffsetBox make_offset_box(const RelposParams& p, const TileHea
 }
 
 // The rel row (offset from the table's start, h * U + row) of offset-box entry e, or -1 past R.
-__device__ inline int64_t offset_box_rel_row(const RelposParams& p, const OffsetBox& o, int64_t h, int64_t e) {
+__device__ inline int64_t offset_box_rel_row(const RelposParams& p, const OffsetBox& o, int64_t h,
+                                             int64_t e) {
   if (e >= o.R) return -1;
   int64_t row = 0, rest = e;
   for (int d = p.g.ndim - 1; d >= 0; --d) {
@@ -296,16 +300,16 @@ __device__ inline int64_t box_last_token(const RelposParams& p, const tiling::Bo
 
 // The query part (qbox) and key part (kbox) of a pair's offset-box entry, from
 // the slot's coordinates (row r of qc / kc); 0 for an empty slot.
-__device__ inline int query_box_index(const RelposParams& p, const OffsetBox& ob, const int* qc, const int* qtok,
-                                      int r) {
+__device__ inline int query_box_index(const RelposParams& p, const OffsetBox& ob, const int* qc,
+                                      const int* qtok, int r) {
   int64_t qb = 0;
   if (qtok[r] >= 0)
     for (int d = 0; d < p.g.ndim; ++d) qb -= (qc[r * p.g.ndim + d] + ob.olo[d]) * ob.Wstride[d];
   return static_cast<int>(qb);
 }
 
-__device__ inline int key_box_index(const RelposParams& p, const OffsetBox& ob, const int* kc, const int* ktok,
-                                    int c) {
+__device__ inline int key_box_index(const RelposParams& p, const OffsetBox& ob, const int* kc,
+                                    const int* ktok, int c) {
   int64_t kb = 0;
   if (ktok[c] >= 0)
     for (int d = 0; d < p.g.ndim; ++d) kb += static_cast<int64_t>(kc[c * p.g.ndim + d]) * ob.Wstride[d];
@@ -316,10 +320,10 @@ __device__ inline int key_box_index(const RelposParams& p, const OffsetBox& ob, 
 // bias, span and masks (-inf where masked); `raw` holds q.k + q_pos.rel on entry.
 // gauss[j] = exp(-quad) (the multiply span's factor, for its backward).
 template <typename CT>
-__device__ void finish_logits(const RelposParams& p, const TileHead& hd, int64_t h, const CT* __restrict__ bias,
-                              int r, int half, const int* qtok, const int* ktok, const int* qc, const int* kc,
-                              const int* klo, const int* khi, const int64_t* qrel, const int64_t* krel, float* s,
-                              float* gauss) {
+__device__ void finish_logits(const RelposParams& p, const TileHead& hd, int64_t h,
+                              const CT* __restrict__ bias, int r, int half, const int* qtok, const int* ktok,
+                              const int* qc, const int* kc, const int* klo, const int* khi,
+                              const int64_t* qrel, const int64_t* krel, float* s, float* gauss) {
   const int G = p.g.ndim;
   const int qt = qtok[r];
   const float scale = static_cast<float>(p.scale);

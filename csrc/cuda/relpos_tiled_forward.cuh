@@ -31,9 +31,9 @@ namespace tiled {
 template <typename CT, int D>
 __global__ void __launch_bounds__(kThreads)
     relpos_tiled_forward_kernel(TiledArgs a, const CT* __restrict__ q, const CT* __restrict__ k,
-                                const CT* __restrict__ v, const CT* __restrict__ qpos, const CT* __restrict__ rel,
-                                const double* __restrict__ sigma, const CT* __restrict__ bias, CT* __restrict__ out,
-                                float* __restrict__ lse) {
+                                const CT* __restrict__ v, const CT* __restrict__ qpos,
+                                const CT* __restrict__ rel, const double* __restrict__ sigma,
+                                const CT* __restrict__ bias, CT* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
 #else
@@ -51,18 +51,19 @@ __global__ void __launch_bounds__(kThreads)
   CT* Vs = Ks + kBK * LD;
   CT* Rs = Ks;  // the rel rows of an offset-box piece reuse K's tile: K is dead once S = Q K^T is read
   CT* Ps = Vs + kBK * LD;
-  float* Ss = reinterpret_cast<float*>(Ps + kBQ * LP);  // 32-byte aligned: every tile above is 64 rows of 16-byte multiples
+  float* Ss = reinterpret_cast<float*>(
+      Ps + kBQ * LP);  // 32-byte aligned: every tile above is 64 rows of 16-byte multiples
   int64_t* qrel = reinterpret_cast<int64_t*>(Ss + kBQ * LS);  // sum_d q_d rel_stride_d
-  int64_t* krel = qrel + kBQ;                                  // sum_d (k_d + n_d - 1) rel_stride_d
-  int64_t* row_off = krel + kBK;                               // the rows of a load
-  int* qtok = reinterpret_cast<int*>(row_off + kBK);           // token of each query slot (-1: none)
+  int64_t* krel = qrel + kBQ;                                 // sum_d (k_d + n_d - 1) rel_stride_d
+  int64_t* row_off = krel + kBK;                              // the rows of a load
+  int* qtok = reinterpret_cast<int*>(row_off + kBK);          // token of each query slot (-1: none)
   int* ktok = qtok + kBQ;
-  int* qbox = ktok + kBK;  // query part of the offset-box index
-  int* kbox = qbox + kBQ;  // key part
-  int* qc = kbox + kBK;    // (kBQ, G) coordinates
-  int* klo = qc + kBQ * G; // (kBQ, G) kept keys per axis
+  int* qbox = ktok + kBK;   // query part of the offset-box index
+  int* kbox = qbox + kBQ;   // key part
+  int* qc = kbox + kBK;     // (kBQ, G) coordinates
+  int* klo = qc + kBQ * G;  // (kBQ, G) kept keys per axis
   int* khi = klo + kBQ * G;
-  int* kc = khi + kBQ * G; // (kBK, G)
+  int* kc = khi + kBQ * G;  // (kBK, G)
 
   TileHead hd;
   load_span_head<float>(p, h, sigma, hd);
@@ -79,7 +80,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tile_last_tok = box_last_token(p, tb);
 
   // The keys the tile may keep, cut into chunks of the tile's shape.
-  const BoxChunks chunks = make_box_chunks(a, tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal));
+  const BoxChunks chunks =
+      make_box_chunks(a, tiling::key_region(p.g, tb, p.has_box ? hd.lim : nullptr, p.causal));
 
   // Each thread owns half a query row: row r = tid / 2, the key slots 2 j + half
   // (interleaved: fewer shared-memory bank conflicts) and the output columns
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     if (p.causal && ravel_index(cb.lo, p.g.n, G) > tile_last_tok) continue;  // uniform across the block
     const OffsetBox ob = make_offset_box(p, hd, tb, cb);
     if (ob.R == 0) continue;  // no offset of this chunk is within the head's reach: every pair is masked
-    __syncthreads();  // the previous chunk is done with the key slots and the scratch
+    __syncthreads();          // the previous chunk is done with the key slots and the scratch
     if (threadIdx.x < kBK) {
       const int c = threadIdx.x;
       fill_key_slot(p, cb, c, ktok, kc, krel);
@@ -200,8 +202,9 @@ cudaError_t forward_attributes(cudaFuncAttributes* attr) {
 // that a.blocks fits a launch.
 template <typename CT, int D>
 cudaError_t launch_forward(const TiledArgs& a, const FwdTensors<CT>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_tiled_forward_kernel<CT, D>, a.blocks, kThreads, Layout<CT, D>::bytes(a.p.g.ndim),
-                      stream, a, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
+  return cuda::launch(relpos_tiled_forward_kernel<CT, D>, a.blocks, kThreads,
+                      Layout<CT, D>::bytes(a.p.g.ndim), stream, a, t.q, t.k, t.v, t.qpos, t.rel, t.sigma,
+                      t.bias, t.out, t.lse);
 }
 
 }  // namespace tiled

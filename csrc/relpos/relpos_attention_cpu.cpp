@@ -27,19 +27,18 @@ using namespace relpos_cpu;
 void check_cpu(const at::Tensor& q) {
   TORCH_CHECK_VALUE(q.device().is_cpu(), "relpos_attention: the CPU kernel got q on ", q.device());
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-                   "relpos_attention (CPU): dtype must be float32 or float64, got ",
-                   q.scalar_type());
+                   "relpos_attention (CPU): dtype must be float32 or float64, got ", q.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-    const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
-    at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
-    c10::string_view span_mode, double scale, bool causal, const c10::optional<at::Tensor>& bias,
-    at::OptionalIntArrayRef window, c10::string_view window_border) {
+    const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
+    const c10::optional<at::Tensor>& sigma, double threshold, c10::string_view span_mode, double scale,
+    bool causal, const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+    c10::string_view window_border) {
   const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode),
-                          scale, bias, window, std::string(window_border));
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
+                          bias, window, std::string(window_border));
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -52,37 +51,33 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relpos_attention_cpu", [&] {
     SpanTables<scalar_t> st;
     if (p.has_sigma) st = make_span_tables<scalar_t>(p, *sigma);
-    const ForwardPtrs<scalar_t> a{q.data_ptr<scalar_t>(),      k.data_ptr<scalar_t>(),
-                                  v.data_ptr<scalar_t>(),      ptr_or_null<scalar_t>(qp),
-                                  ptr_or_null<scalar_t>(rl),   ptr_or_null<scalar_t>(bs),
-                                  out.data_ptr<scalar_t>(),    lse.data_ptr<scalar_t>()};
+    const ForwardPtrs<scalar_t> a{q.data_ptr<scalar_t>(),    k.data_ptr<scalar_t>(),
+                                  v.data_ptr<scalar_t>(),    ptr_or_null<scalar_t>(qp),
+                                  ptr_or_null<scalar_t>(rl), ptr_or_null<scalar_t>(bs),
+                                  out.data_ptr<scalar_t>(),  lse.data_ptr<scalar_t>()};
     cpu::typed<scalar_t>(kernels).relpos_forward(p, p.has_sigma ? &st : nullptr, a, kernels.use_window(p));
   });
   return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
-                              const c10::optional<at::Tensor>& grad_lse, const at::Tensor& q_in,
-                              const at::Tensor& k_in, const at::Tensor& v_in,
-                              const c10::optional<at::Tensor>& q_pos,
-                              const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
-                              const c10::optional<at::Tensor>& sigma, double threshold,
-                              c10::string_view span_mode, double scale, bool causal,
-                              const at::Tensor& out_in, const at::Tensor& lse_in,
-                              const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-                              c10::string_view window_border) {
+relpos_attention_backward_cpu(const at::Tensor& grad_out_in, const c10::optional<at::Tensor>& grad_lse,
+                              const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                              const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
+                              at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
+                              c10::string_view span_mode, double scale, bool causal, const at::Tensor& out_in,
+                              const at::Tensor& lse_in, const c10::optional<at::Tensor>& bias,
+                              at::OptionalIntArrayRef window, c10::string_view window_border) {
   const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode),
-                          scale, bias, window, std::string(window_border));
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
+                          bias, window, std::string(window_border));
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const at::Tensor qp = opt_contig(q_pos), rl = opt_contig(rel), gl = opt_contig(grad_lse),
                    bs = opt_contig(bias);
-  const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(),
-                   lse = lse_in.contiguous();
+  const at::Tensor gout = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
   at::Tensor dq = at::empty_like(q);
   at::Tensor dk = at::zeros_like(k);
   at::Tensor dv = at::zeros_like(v);
@@ -95,8 +90,8 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
   // Enough tasks to keep every thread busy (see BackwardSplit).
   const cpu::Kernels& kernels = cpu::kernels();  // of this CPU's capability
   const bool window_kernel = kernels.use_window(p);
-  const BackwardSplit split = choose_split(shape.B, shape.H, window_kernel ? kernels.window_units(p) : p.ntiles,
-                                           at::get_num_threads());
+  const BackwardSplit split = choose_split(
+      shape.B, shape.H, window_kernel ? kernels.window_units(p) : p.ntiles, at::get_num_threads());
   const int64_t ntasks = split.tasks(shape.H);
   const int64_t G = p.g.ndim;
   // One task per head (the usual split): its d rel / d bias go straight into
@@ -143,8 +138,7 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in,
     dk.copy_(dk_acc.sum(2));
     dv.copy_(dv_acc.sum(2));
   }
-  if (shape.has_pos && !direct)
-    drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
+  if (shape.has_pos && !direct) drel.copy_(drel_part.view({shape.H, ntasks / shape.H, p.U, shape.D}).sum(1));
   if (shape.has_bias && !direct) dbias.copy_(dbias_part.view({shape.H, ntasks / shape.H, p.U}).sum(1));
   if (shape.has_sigma) {
     // d sigma_{h,d} = sum_pairs dquad * d quad / d sigma = -(sum dquad x_d^2) / sigma^3.

@@ -32,13 +32,15 @@ void check_blocks(int64_t blocks, const char* what, const char* remedy = "split 
 }
 
 void check_smem(size_t bytes, const RelposShape& s) {
-  check_smem_fits(bytes, "relpos_attention (CUDA): head dims D = " + std::to_string(s.D) + ", Dv = " + std::to_string(s.Dv));
+  check_smem_fits(bytes, "relpos_attention (CUDA): head dims D = " + std::to_string(s.D) +
+                             ", Dv = " + std::to_string(s.Dv));
 }
 
 // The inputs of a call as the general kernels take them (the outputs are filled by the caller).
 template <typename T>
-general::Tensors<T> input_ptrs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qp,
-                               const at::Tensor& rl, const at::Tensor& bs, const at::Tensor& sg) {
+general::Tensors<T> input_ptrs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& qp, const at::Tensor& rl, const at::Tensor& bs,
+                               const at::Tensor& sg) {
   general::Tensors<T> t;
   t.q = cuda_ptr<const T>(q);
   t.k = cuda_ptr<const T>(k);
@@ -55,17 +57,15 @@ at::Tensor sigma_double(const at::Tensor& sg) {
   return sg.defined() ? sg.to(at::kDouble).contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                         const at::Tensor& v_in,
-                                                         const c10::optional<at::Tensor>& q_pos,
-                                                         const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
-                                                         const c10::optional<at::Tensor>& sigma, double threshold,
-                                                         c10::string_view span_mode, double scale, bool causal,
-                                                         const c10::optional<at::Tensor>& bias,
-                                                         at::OptionalIntArrayRef window,
-                                                         c10::string_view window_border) {
-  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold,
-                                                std::string(span_mode), scale, bias, window, std::string(window_border));
+std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
+    const c10::optional<at::Tensor>& sigma, double threshold, c10::string_view span_mode, double scale,
+    bool causal, const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+    c10::string_view window_border) {
+  const RelposShape shape =
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
+                          bias, window, std::string(window_border));
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -97,11 +97,13 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
                                const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
                                at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
-                               c10::string_view span_mode, double scale, bool causal, const at::Tensor& out_in,
-                               const at::Tensor& lse_in, const c10::optional<at::Tensor>& bias,
-                               at::OptionalIntArrayRef window, c10::string_view window_border) {
-  const RelposShape shape = check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold,
-                                                std::string(span_mode), scale, bias, window, std::string(window_border));
+                               c10::string_view span_mode, double scale, bool causal,
+                               const at::Tensor& out_in, const at::Tensor& lse_in,
+                               const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+                               c10::string_view window_border) {
+  const RelposShape shape =
+      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
+                          bias, window, std::string(window_border));
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
@@ -131,33 +133,34 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
       check_blocks(general::offset_blocks(p), "the backward (d rel, d bias, d sigma)", "use fewer heads");
     auto stream = c10::cuda::getCurrentCUDAStream();
     // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward)
-    const bool tiled =
-        choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout}, /*backward=*/true) == CudaKernel::kTiled;
+    const bool tiled = choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout}, /*backward=*/true) ==
+                       CudaKernel::kTiled;
     if (tiled) relpos_tiled_backward(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, dq, dk, dv, dqpos);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "relpos_attention_backward_cuda", [&] {
-      using T = typename CudaType<scalar_t>::type;
-      general::Tensors<T> t = input_ptrs<T>(q, k, v, qp, rl, bs, sg);
-      t.gout = cuda_ptr<const T>(gout);
-      t.rowd = cuda_ptr<const cuda::acc_t<T>>(rowd);
-      t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
-      t.dq = cuda_ptr<T>(dq);
-      t.dk = cuda_ptr<T>(dk);
-      t.dv = cuda_ptr<T>(dv);
-      t.dqpos = shape.has_pos ? cuda_ptr<T>(dqpos) : nullptr;
-      t.drel = shape.has_pos ? cuda_ptr<T>(drel) : nullptr;
-      t.dbias = shape.has_bias ? cuda_ptr<T>(dbias) : nullptr;
-      t.dsig_part = shape.has_sigma ? cuda_ptr<double>(dsig_part) : nullptr;
-      if (!tiled) {
-        check_smem(general::backward_dq_smem<T>(p), shape);
-        check_smem(general::backward_dkv_smem<T>(p), shape);
-        check_launch(general::launch_backward_dq<T>(p, t, stream));
-        check_launch(general::launch_backward_dkv<T>(p, t, stream));
-      }
-      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
-        check_smem(general::backward_offset_smem<T>(p), shape);
-        check_launch(general::launch_backward_offset<T>(p, t, stream));
-      }
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(),
+                                    "relpos_attention_backward_cuda", [&] {
+                                      using T = typename CudaType<scalar_t>::type;
+                                      general::Tensors<T> t = input_ptrs<T>(q, k, v, qp, rl, bs, sg);
+                                      t.gout = cuda_ptr<const T>(gout);
+                                      t.rowd = cuda_ptr<const cuda::acc_t<T>>(rowd);
+                                      t.lse = cuda_ptr<cuda::acc_t<T>>(lse);
+                                      t.dq = cuda_ptr<T>(dq);
+                                      t.dk = cuda_ptr<T>(dk);
+                                      t.dv = cuda_ptr<T>(dv);
+                                      t.dqpos = shape.has_pos ? cuda_ptr<T>(dqpos) : nullptr;
+                                      t.drel = shape.has_pos ? cuda_ptr<T>(drel) : nullptr;
+                                      t.dbias = shape.has_bias ? cuda_ptr<T>(dbias) : nullptr;
+                                      t.dsig_part = shape.has_sigma ? cuda_ptr<double>(dsig_part) : nullptr;
+                                      if (!tiled) {
+                                        check_smem(general::backward_dq_smem<T>(p), shape);
+                                        check_smem(general::backward_dkv_smem<T>(p), shape);
+                                        check_launch(general::launch_backward_dq<T>(p, t, stream));
+                                        check_launch(general::launch_backward_dkv<T>(p, t, stream));
+                                      }
+                                      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
+                                        check_smem(general::backward_offset_smem<T>(p), shape);
+                                        check_launch(general::launch_backward_offset<T>(p, t, stream));
+                                      }
+                                    });
   } else {
     dq.zero_();
     dk.zero_();
@@ -170,7 +173,8 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
   }
   // d sigma in sigma's own dtype (float32 is allowed with half inputs: it is a
   // sum over every pair of terms in 1 / sigma^3, which overflows float16).
-  at::Tensor dsigma = shape.has_sigma ? dsig_part.sum(1).to(sigma->scalar_type()) : at::empty({0}, q.options());
+  at::Tensor dsigma =
+      shape.has_sigma ? dsig_part.sum(1).to(sigma->scalar_type()) : at::empty({0}, q.options());
   return {dq, dk, dv, dqpos, drel, dsigma, dbias};
 }
 

@@ -11,20 +11,21 @@
 namespace posattn {
 namespace {
 
-bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+bool is_half(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16;
+}
 
 // A floating tensor of q's dtype and device. `float32_with_half`: float32 is
 // accepted too when q is float16 / bfloat16 (sigma, whose gradient overflows
 // float16).
 void check_float_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
                         bool float32_with_half = false) {
-  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()),
-                   "relpos_attention: ", name, " must be a floating-point tensor, got ",
-                   t.scalar_type());
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "relpos_attention: ", name,
+                   " must be a floating-point tensor, got ", t.scalar_type());
   const bool ok = t.scalar_type() == q.scalar_type() ||
                   (float32_with_half && is_half(q.scalar_type()) && t.scalar_type() == at::kFloat);
-  TORCH_CHECK_TYPE(ok, "relpos_attention: ", name, " has dtype ", t.scalar_type(),
-                   " but q has dtype ", q.scalar_type(),
+  TORCH_CHECK_TYPE(ok, "relpos_attention: ", name, " has dtype ", t.scalar_type(), " but q has dtype ",
+                   q.scalar_type(),
                    float32_with_half ? "; it must have q's dtype (or float32 when q is float16 or bfloat16)"
                                      : "; all tensor arguments must share one dtype");
   TORCH_CHECK_VALUE(t.device() == q.device(), "relpos_attention: ", name, " is on ", t.device(),
@@ -43,9 +44,8 @@ void check_lse_tensor(const at::Tensor& t, const char* name, const at::Tensor& q
 // The largest finite value of a floating dtype.
 double dtype_max_value(at::ScalarType dtype) {
   double value = 0.0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dtype_max_value", [&] {
-    value = static_cast<double>(std::numeric_limits<scalar_t>::max());
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dtype_max_value",
+                                  [&] { value = static_cast<double>(std::numeric_limits<scalar_t>::max()); });
   return value;
 }
 
@@ -54,17 +54,16 @@ double dtype_max_value(at::ScalarType dtype) {
 SpanMode parse_span_mode(const std::string& span_mode) {
   if (span_mode == "add") return SpanMode::kAdd;
   if (span_mode == "multiply") return SpanMode::kMultiply;
-  TORCH_CHECK_VALUE(false, "relpos_attention: span_mode must be \"add\" or \"multiply\", got \"",
-                    span_mode, "\"");
+  TORCH_CHECK_VALUE(false, "relpos_attention: span_mode must be \"add\" or \"multiply\", got \"", span_mode,
+                    "\"");
 }
 
 RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const c10::optional<at::Tensor>& q_pos,
-                                const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
-                                const c10::optional<at::Tensor>& sigma, double threshold,
-                                const std::string& span_mode, double scale,
-                                const c10::optional<at::Tensor>& bias,
-                                at::OptionalIntArrayRef window, const std::string& window_border) {
+                                const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
+                                at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
+                                double threshold, const std::string& span_mode, double scale,
+                                const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+                                const std::string& window_border) {
   RelposShape s;
   TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()),
                    "relpos_attention: q must be a floating-point tensor, got ", q.scalar_type());
@@ -81,23 +80,21 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "relpos_attention: k must have the shape of q ",
                     shape_str(q.sizes()), ", got ", shape_str(k.sizes()));
   TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == s.B && v.size(1) == s.H && v.size(2) == s.N,
-                    "relpos_attention: v must have shape (B, H, N, Dv) = (", s.B, ", ", s.H, ", ",
-                    s.N, ", Dv), got ", shape_str(v.sizes()));
+                    "relpos_attention: v must have shape (B, H, N, Dv) = (", s.B, ", ", s.H, ", ", s.N,
+                    ", Dv), got ", shape_str(v.sizes()));
   s.Dv = v.size(3);
   TORCH_CHECK_VALUE(s.Dv >= 1, "relpos_attention: v must have value dim Dv >= 1");
 
   // Grid.
   TORCH_CHECK_VALUE(!grid.empty(), "relpos_attention: grid must list at least one axis");
   TORCH_CHECK_VALUE(static_cast<int64_t>(grid.size()) <= kMaxGridDims,
-                    "relpos_attention: grid may have at most ", kMaxGridDims, " axes, got ",
-                    grid.size());
+                    "relpos_attention: grid may have at most ", kMaxGridDims, " axes, got ", grid.size());
   // Products are overflow-checked: a product that wrapped around could pass
   // prod == N and send the kernels out of bounds.
   int64_t prod = 1, U = 1;
   bool overflow = false;
   for (size_t d = 0; d < grid.size(); ++d) {
-    TORCH_CHECK_VALUE(grid[d] >= 1, "relpos_attention: grid axis ", d, " must be >= 1, got ",
-                      grid[d]);
+    TORCH_CHECK_VALUE(grid[d] >= 1, "relpos_attention: grid axis ", d, " must be >= 1, got ", grid[d]);
     overflow |= __builtin_mul_overflow(prod, grid[d], &prod);
     int64_t width = 0;  // 2 n_d - 1
     overflow |= __builtin_mul_overflow(grid[d], int64_t{2}, &width);
@@ -107,8 +104,7 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                     " is too large: prod(grid) or the number of offsets prod(2 n_d - 1) "
                     "overflows int64");
   TORCH_CHECK_VALUE(prod == s.N, "relpos_attention: prod(grid) = ", prod,
-                    " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid),
-                    ")");
+                    " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid), ")");
   s.grid = grid.vec();
 
   // Learned bias per head and offset.
@@ -123,9 +119,9 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
 
   // Fixed window.
   if (window.has_value()) {
-    TORCH_CHECK_VALUE(window->size() == grid.size(), "relpos_attention: window must give one half width per grid axis (",
-                      grid.size(), " for grid ", shape_str(grid), "), got ", window->size(), ": ",
-                      shape_str(*window));
+    TORCH_CHECK_VALUE(window->size() == grid.size(),
+                      "relpos_attention: window must give one half width per grid axis (", grid.size(),
+                      " for grid ", shape_str(grid), "), got ", window->size(), ": ", shape_str(*window));
     for (size_t d = 0; d < window->size(); ++d)
       TORCH_CHECK_VALUE((*window)[d] >= 0, "relpos_attention: window half widths must be >= 0, got ",
                         shape_str(*window), " (axis ", d, ")");
@@ -139,19 +135,16 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   // Positional query and table.
   TORCH_CHECK_VALUE(q_pos.has_value() == rel.has_value(),
                     "relpos_attention: q_pos and rel must be given together (got q_pos ",
-                    q_pos.has_value() ? "set" : "None", ", rel ", rel.has_value() ? "set" : "None",
-                    ")");
+                    q_pos.has_value() ? "set" : "None", ", rel ", rel.has_value() ? "set" : "None", ")");
   if (q_pos.has_value()) {
     s.has_pos = true;
     check_float_tensor(*q_pos, "q_pos", q);
     check_float_tensor(*rel, "rel", q);
-    TORCH_CHECK_VALUE(q_pos->sizes() == q.sizes(),
-                      "relpos_attention: q_pos must have the shape of q ", shape_str(q.sizes()),
-                      ", got ", shape_str(q_pos->sizes()));
-    TORCH_CHECK_VALUE(rel->dim() == 3 && rel->size(0) == s.H && rel->size(1) == U &&
-                          rel->size(2) == s.D,
-                      "relpos_attention: rel must have shape (H, U, D) = (", s.H, ", ", U, ", ",
-                      s.D, ") with U = prod(2 n_d - 1) for grid ", shape_str(grid), ", got ",
+    TORCH_CHECK_VALUE(q_pos->sizes() == q.sizes(), "relpos_attention: q_pos must have the shape of q ",
+                      shape_str(q.sizes()), ", got ", shape_str(q_pos->sizes()));
+    TORCH_CHECK_VALUE(rel->dim() == 3 && rel->size(0) == s.H && rel->size(1) == U && rel->size(2) == s.D,
+                      "relpos_attention: rel must have shape (H, U, D) = (", s.H, ", ", U, ", ", s.D,
+                      ") with U = prod(2 n_d - 1) for grid ", shape_str(grid), ", got ",
                       shape_str(rel->sizes()));
   }
 
@@ -160,10 +153,10 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   if (sigma.has_value()) {
     s.has_sigma = true;
     check_float_tensor(*sigma, "sigma", q, /*float32_with_half=*/true);
-    TORCH_CHECK_VALUE(sigma->dim() == 2 && sigma->size(0) == s.H &&
-                          sigma->size(1) == static_cast<int64_t>(grid.size()),
-                      "relpos_attention: sigma must have shape (H, G) = (", s.H, ", ",
-                      grid.size(), "), got ", shape_str(sigma->sizes()));
+    TORCH_CHECK_VALUE(
+        sigma->dim() == 2 && sigma->size(0) == s.H && sigma->size(1) == static_cast<int64_t>(grid.size()),
+        "relpos_attention: sigma must have shape (H, G) = (", s.H, ", ", grid.size(), "), got ",
+        shape_str(sigma->sizes()));
   }
   TORCH_CHECK_VALUE(std::isfinite(threshold) && threshold >= 0.0 && threshold < 1.0,
                     "relpos_attention: threshold must be in [0, 1), got ", threshold);
@@ -172,41 +165,40 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK_VALUE(std::isfinite(scale), "relpos_attention: scale must be finite, got ", scale);
   const double dtype_max = dtype_max_value(q.scalar_type());
   TORCH_CHECK_VALUE(std::abs(scale) <= dtype_max, "relpos_attention: scale = ", scale,
-                    " overflows the tensors' dtype ", q.scalar_type(), " (largest finite value ",
-                    dtype_max, ")");
+                    " overflows the tensors' dtype ", q.scalar_type(), " (largest finite value ", dtype_max,
+                    ")");
   return s;
 }
 
 void check_sigma_values_cpu(const at::Tensor& sigma) {
   const at::Tensor s = sigma.to(at::kDouble);
   const bool ok = (s > 0).logical_and(s.isfinite()).all().item<bool>();
-  TORCH_CHECK_VALUE(ok, "relpos_attention: sigma must be positive and finite everywhere, got ",
-                    "min ", s.min().item<double>(), " and max ", s.max().item<double>());
+  TORCH_CHECK_VALUE(ok, "relpos_attention: sigma must be positive and finite everywhere, got ", "min ",
+                    s.min().item<double>(), " and max ", s.max().item<double>());
 }
 
-void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
-                                  const at::Tensor& grad_out,
-                                  const c10::optional<at::Tensor>& grad_lse,
-                                  const at::Tensor& out, const at::Tensor& lse) {
+void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q, const at::Tensor& grad_out,
+                                  const c10::optional<at::Tensor>& grad_lse, const at::Tensor& out,
+                                  const at::Tensor& lse) {
   const std::vector<int64_t> out_shape{s.B, s.H, s.N, s.Dv};
   const std::vector<int64_t> lse_shape{s.B, s.H, s.N};
   check_float_tensor(grad_out, "grad_out", q);
   check_float_tensor(out, "out", q);
   check_lse_tensor(lse, "lse", q);
   TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(out_shape),
-                    "relpos_attention_backward: grad_out must have shape ", shape_str(out_shape),
-                    ", got ", shape_str(grad_out.sizes()));
+                    "relpos_attention_backward: grad_out must have shape ", shape_str(out_shape), ", got ",
+                    shape_str(grad_out.sizes()));
   TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(out_shape),
-                    "relpos_attention_backward: out must have shape ", shape_str(out_shape),
-                    ", got ", shape_str(out.sizes()));
+                    "relpos_attention_backward: out must have shape ", shape_str(out_shape), ", got ",
+                    shape_str(out.sizes()));
   TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape),
-                    "relpos_attention_backward: lse must have shape ", shape_str(lse_shape),
-                    ", got ", shape_str(lse.sizes()));
+                    "relpos_attention_backward: lse must have shape ", shape_str(lse_shape), ", got ",
+                    shape_str(lse.sizes()));
   if (grad_lse.has_value()) {
     check_lse_tensor(*grad_lse, "grad_lse", q);
     TORCH_CHECK_VALUE(grad_lse->sizes() == at::IntArrayRef(lse_shape),
-                      "relpos_attention_backward: grad_lse must have shape ",
-                      shape_str(lse_shape), ", got ", shape_str(grad_lse->sizes()));
+                      "relpos_attention_backward: grad_lse must have shape ", shape_str(lse_shape), ", got ",
+                      shape_str(grad_lse->sizes()));
   }
 }
 

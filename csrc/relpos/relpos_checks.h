@@ -23,20 +23,18 @@ inline at::ScalarType lse_dtype(at::ScalarType q) {
 // check_sigma_values_cpu, or the CUDA kernels' device-side check, for that), so it
 // is safe for every device.
 RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const c10::optional<at::Tensor>& q_pos,
-                                const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
-                                const c10::optional<at::Tensor>& sigma, double threshold,
-                                const std::string& span_mode, double scale,
-                                const c10::optional<at::Tensor>& bias,
-                                at::OptionalIntArrayRef window, const std::string& window_border);
+                                const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
+                                at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
+                                double threshold, const std::string& span_mode, double scale,
+                                const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
+                                const std::string& window_border);
 
 // Checks that a CPU sigma tensor holds only positive finite values.
 void check_sigma_values_cpu(const at::Tensor& sigma);
 
 // Extra checks for the backward's own tensors (grad_out, grad_lse, out, lse).
-void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q,
-                                  const at::Tensor& grad_out,
-                                  const c10::optional<at::Tensor>& grad_lse,
-                                  const at::Tensor& out, const at::Tensor& lse);
+void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q, const at::Tensor& grad_out,
+                                  const c10::optional<at::Tensor>& grad_lse, const at::Tensor& out,
+                                  const at::Tensor& lse);
 
 }  // namespace posattn

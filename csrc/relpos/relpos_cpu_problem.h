@@ -77,8 +77,8 @@ struct SpanTables {
   const T* xsq_at(int d) const { return xsq.data() + center[d]; }
 };
 
-inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma,
-                            double threshold, double scale, bool causal) {
+inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor>& sigma, double threshold,
+                            double scale, bool causal) {
   Problem p;
   static_cast<RelposParams&>(p) = make_relpos_params(s, threshold, scale, causal);
   const int G = p.g.ndim;

@@ -19,7 +19,7 @@ struct RelposParams {
   int64_t rel_stride[kMaxGridDims] = {};  // row stride of each kept axis in rel / bias
   int64_t win[kMaxGridDims] = {};         // window half width per kept axis (n_d - 1 without a window)
   bool has_pos = false, has_sigma = false, has_bias = false;
-  bool has_box = false;                   // a span threshold and/or a window masks keys
+  bool has_box = false;  // a span threshold and/or a window masks keys
   bool causal = false, window_shift = false;
   SpanMode mode = SpanMode::kAdd;
   double threshold = 0.0, scale = 1.0;

@@ -27,13 +27,19 @@ namespace {
 template <typename Fn>
 void by_type_and_dim(c10::ScalarType dtype, int64_t D, Fn fn) {
   auto by_dim = [&](auto ct_tag) {
-    if (D == 32) fn(ct_tag, std::integral_constant<int, 32>{});
-    else if (D == 64) fn(ct_tag, std::integral_constant<int, 64>{});
-    else fn(ct_tag, std::integral_constant<int, 128>{});
+    if (D == 32)
+      fn(ct_tag, std::integral_constant<int, 32>{});
+    else if (D == 64)
+      fn(ct_tag, std::integral_constant<int, 64>{});
+    else
+      fn(ct_tag, std::integral_constant<int, 128>{});
   };
-  if (dtype == c10::kHalf) by_dim(__half{});
-  else if (dtype == c10::kFloat) by_dim(float{});
-  else by_dim(__nv_bfloat16{});
+  if (dtype == c10::kHalf)
+    by_dim(__half{});
+  else if (dtype == c10::kFloat)
+    by_dim(float{});
+  else
+    by_dim(__nv_bfloat16{});
 }
 
 // The tiling of a call, with a launch's block limit checked.
@@ -55,8 +61,9 @@ std::string device_refusal(const cudaFuncAttributes& attr, size_t need, int D, c
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   if (need > static_cast<size_t>(optin))
-    return std::string(what) + " needs " + std::to_string(need) + " bytes of shared memory per block for D = " +
-           std::to_string(D) + ", more than the device's " + std::to_string(optin);
+    return std::string(what) + " needs " + std::to_string(need) +
+           " bytes of shared memory per block for D = " + std::to_string(D) + ", more than the device's " +
+           std::to_string(optin);
   return "";
 }
 
@@ -83,7 +90,8 @@ std::string backward_refusal(int G) {
 }
 
 // Why the tiled kernel cannot take a call, or empty if it can.
-std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors) {
+std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype,
+                          std::initializer_list<at::Tensor> tensors) {
   if (dtype == at::kFloat && !at::globalContext().allowTF32CuBLAS())
     return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
   if (dtype != at::kHalf && dtype != at::kBFloat16 && dtype != at::kFloat)
@@ -104,8 +112,8 @@ std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype, std::init
 
 using namespace tiled;
 
-CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors,
-                              bool backward) {
+CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype,
+                              std::initializer_list<at::Tensor> tensors, bool backward) {
   const char* env = std::getenv("POSATTN_CUDA_KERNEL");
   const std::string want = env == nullptr ? "auto" : env;
   TORCH_CHECK_VALUE(want == "auto" || want == "general" || want == "tiled",
@@ -113,8 +121,9 @@ CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::
   if (want == "general") return CudaKernel::kGeneral;
   std::string why = tiled_refusal(p, dtype, tensors);
   if (why.empty() && backward) why = tiled_backward_refusal(p, dtype);
-  TORCH_CHECK_VALUE(want != "tiled" || why.empty(),
-                    "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: ", why);
+  TORCH_CHECK_VALUE(
+      want != "tiled" || why.empty(),
+      "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: ", why);
   return why.empty() ? CudaKernel::kTiled : CudaKernel::kGeneral;
 }
 
@@ -126,9 +135,9 @@ std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype) 
   return why;
 }
 
-void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
-                          const at::Tensor& bias, at::Tensor& out, at::Tensor& lse) {
+void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
+                          const at::Tensor& sigma, const at::Tensor& bias, at::Tensor& out, at::Tensor& lse) {
   const TiledArgs a = checked_tiled_args(p);
   auto stream = c10::cuda::getCurrentCUDAStream();
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
@@ -147,10 +156,11 @@ void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::
   });
 }
 
-void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
-                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
-                           const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
-                           at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos) {
+void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd,
+                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
+                           const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
+                           at::Tensor& dv, at::Tensor& dqpos) {
   const TiledArgs a = checked_tiled_args(p);
   auto stream = c10::cuda::getCurrentCUDAStream();
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {

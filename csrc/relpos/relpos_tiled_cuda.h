@@ -15,30 +15,31 @@
 
 namespace posattn {
 
-// Which CUDA kernels run a call (forward, and d q, d k, d v, d q_pos of the backward): POSATTN_CUDA_KERNEL=auto (default: the tiled
-// kernel where it applies), general, or tiled (a ValueError naming the reason if
-// it does not apply). Any other value is a ValueError.
+// Which CUDA kernels run a call (forward, and d q, d k, d v, d q_pos of the backward):
+// POSATTN_CUDA_KERNEL=auto (default: the tiled kernel where it applies), general, or tiled (a ValueError
+// naming the reason if it does not apply). Any other value is a ValueError.
 enum class CudaKernel { kGeneral, kTiled };
 
 // `tensors` are the call's contiguous q, k, v, q_pos, rel (and grad_out for the
 // backward; undefined when not given). `backward`: the choice for the backward,
 // which also needs the tiled backward kernels to fit the device.
-CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype, std::initializer_list<at::Tensor> tensors,
-                              bool backward = false);
+CudaKernel choose_cuda_kernel(const RelposParams& p, at::ScalarType dtype,
+                              std::initializer_list<at::Tensor> tensors, bool backward = false);
 
 // Why the tiled backward kernels cannot run on this device (empty: they can).
 std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype);
 
 // d q, d k, d v, d q_pos (q's dtype, preallocated; dqpos empty without q_pos) from the
 // tiled forward's float32 lse and rowd = dO . out - d lse (float32).
-void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
-                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
-                           const at::Tensor& sigma, const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq,
-                           at::Tensor& dk, at::Tensor& dv, at::Tensor& dqpos);
+void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd,
+                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
+                           const at::Tensor& bias, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
+                           at::Tensor& dv, at::Tensor& dqpos);
 
 // out (B, H, N, Dv) in q's dtype, lse (B, H, N) float32; sigma as float64 (or undefined).
-void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
-                          const at::Tensor& bias, at::Tensor& out, at::Tensor& lse);
+void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& q_pos, const at::Tensor& rel,
+                          const at::Tensor& sigma, const at::Tensor& bias, at::Tensor& out, at::Tensor& lse);
 
 }  // namespace posattn

@@ -137,7 +137,10 @@ POSATTN_HD Box query_region(const Grid& g, const Box& keys, const AxisLimit* lim
       const int64_t mid = a + (b - a) / 2;
       int64_t lo, hi;
       axis_key_range(limits[d], mid, lo, hi);
-      if (hi >= keys.lo[d]) b = mid; else a = mid + 1;
+      if (hi >= keys.lo[d])
+        b = mid;
+      else
+        a = mid + 1;
     }
     r.lo[d] = a;
     a = 0;
@@ -146,7 +149,10 @@ POSATTN_HD Box query_region(const Grid& g, const Box& keys, const AxisLimit* lim
       const int64_t mid = a + (b - a) / 2;
       int64_t lo, hi;
       axis_key_range(limits[d], mid, lo, hi);
-      if (lo >= keys.hi[d]) b = mid; else a = mid + 1;
+      if (lo >= keys.hi[d])
+        b = mid;
+      else
+        a = mid + 1;
     }
     r.hi[d] = a > r.lo[d] ? a : r.lo[d];
   }

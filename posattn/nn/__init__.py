@@ -15,10 +15,11 @@
   Performer family (:class:`Performer`, :class:`NoPosPerformer`, :class:`RelativePerformer`,
   :class:`ClippedRelativePerformer`); :class:`TreeTransformer` over the nodes of trees.
 """
-from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
+
 from .absolute import AbsoluteEncoding, LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
-from .bias import RelativePositionBias
+from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .attention import MultiHeadSelfAttention, PositionalSelfAttention, SDPAttention
+from .bias import RelativePositionBias
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
 from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
 from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
@@ -28,12 +29,39 @@ from .span import DifferentiableSpan
 from .transformer import EncoderBlock, TransformerClassifier, TreeTransformer
 
 __all__ = [
-    "AbsoluteEncoding", "LearnableSinusoidEncoding", "LearnedAbsoluteEncoding", "SinusoidalAbsoluteEncoding",
-    "PositionalSelfAttention", "SDPAttention", "ModelConfig", "PerformerConfig", "PositionalEncodingConfig", "SpanConfig",
-    "ClippedRelativeAttention", "ClippedWindowAttention", "FavorAttention", "RelativeFavorAttention",
-    "ClippedRelativePerformer", "NoPosPerformer", "Performer", "RelativePerformer", "performer_config",
-    "POSITIONAL_ENCODINGS", "build_absolute_encoding", "build_relative_encoder", "encoding_kind",
-    "LookupRelativeEncoder", "RelativeEncoder", "SinusoidalRelativeEncoder", "SirenRelativeEncoder",
-    "DifferentiableSpan", "EncoderBlock", "TransformerClassifier", "TreeTransformer", "AlgebraicEncoder",
-    "AlgebraicSelfAttention", "MultiHeadSelfAttention", "RelativePositionBias",
+    "AbsoluteEncoding",
+    "LearnableSinusoidEncoding",
+    "LearnedAbsoluteEncoding",
+    "SinusoidalAbsoluteEncoding",
+    "PositionalSelfAttention",
+    "SDPAttention",
+    "ModelConfig",
+    "PerformerConfig",
+    "PositionalEncodingConfig",
+    "SpanConfig",
+    "ClippedRelativeAttention",
+    "ClippedWindowAttention",
+    "FavorAttention",
+    "RelativeFavorAttention",
+    "ClippedRelativePerformer",
+    "NoPosPerformer",
+    "Performer",
+    "RelativePerformer",
+    "performer_config",
+    "POSITIONAL_ENCODINGS",
+    "build_absolute_encoding",
+    "build_relative_encoder",
+    "encoding_kind",
+    "LookupRelativeEncoder",
+    "RelativeEncoder",
+    "SinusoidalRelativeEncoder",
+    "SirenRelativeEncoder",
+    "DifferentiableSpan",
+    "EncoderBlock",
+    "TransformerClassifier",
+    "TreeTransformer",
+    "AlgebraicEncoder",
+    "AlgebraicSelfAttention",
+    "MultiHeadSelfAttention",
+    "RelativePositionBias",
 ]

@@ -5,6 +5,7 @@ grid in row-major order; ``forward(x, grid)`` returns ``x + encode(grid)`` for
 x of shape (B, N, dim). Encodings are computed per forward on the device and
 in the dtype of ``x``.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -26,9 +27,7 @@ __all__ = [
 def _check_rank(module: nn.Module, grid: Sequence[int], ndim: int) -> list[int]:
     grid = [int(n) for n in grid]
     if len(grid) != ndim:
-        raise ValueError(
-            f"{type(module).__name__} was built for {ndim}-D grids but got grid {grid} ({len(grid)} axes)"
-        )
+        raise ValueError(f"{type(module).__name__} was built for {ndim}-D grids but got grid {grid} ({len(grid)} axes)")
     return grid
 
 

@@ -6,6 +6,7 @@ queries and keys with them (``q' = W^p q``, ``k' = W^p k`` through
 ``apply_maps``) and then runs ordinary scaled dot-product attention, so the
 scores are ``q^T W^(p_k - p_q) k`` (Kogkalidis et al., NeurIPS 2024).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,18 @@ class AlgebraicEncoder(nn.Module):
         learnable: learn S; ``learnable=False`` with ``init="rope"`` is plain RoPE.
     """
 
-    def __init__(self, head_dim: int, heads: int, kind: str = "sequence", ndim: int = 1, kappa: int = 2,
-                 max_depth: int = 8, init: str = "rope", learnable: bool = True, base: float = 10000.0):
+    def __init__(
+        self,
+        head_dim: int,
+        heads: int,
+        kind: str = "sequence",
+        ndim: int = 1,
+        kappa: int = 2,
+        max_depth: int = 8,
+        init: str = "rope",
+        learnable: bool = True,
+        base: float = 10000.0,
+    ):
         super().__init__()
         if kind not in ALGEBRAIC_KINDS:
             raise ValueError(f"AlgebraicEncoder: kind must be one of {ALGEBRAIC_KINDS}, got {kind!r}")
@@ -57,7 +68,9 @@ class AlgebraicEncoder(nn.Module):
             raise ValueError(f"AlgebraicEncoder: init must be one of {INITS}, got {init!r}")
         blocks = ndim if kind == "grid" else 1
         if ndim < 1 or head_dim % blocks:
-            raise ValueError(f"AlgebraicEncoder: head_dim ({head_dim}) must split into {blocks} equal blocks (one per axis)")
+            raise ValueError(
+                f"AlgebraicEncoder: head_dim ({head_dim}) must split into {blocks} equal blocks (one per axis)"
+            )
         m = head_dim // blocks
         if init == "rope" and m % 2:
             raise ValueError(f"AlgebraicEncoder: init='rope' needs an even block size, got m = {m}")

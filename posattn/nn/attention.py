@@ -1,4 +1,5 @@
 """Positional self-attention on the fused ``relpos_attention`` operator."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -13,8 +14,15 @@ from .bias import RelativePositionBias
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan
 
-__all__ = ["MultiHeadSelfAttention", "PositionalSelfAttention", "SDPAttention", "BACKENDS", "split_heads", "merge_heads",
-           "class_token_attention"]
+__all__ = [
+    "MultiHeadSelfAttention",
+    "PositionalSelfAttention",
+    "SDPAttention",
+    "BACKENDS",
+    "split_heads",
+    "merge_heads",
+    "class_token_attention",
+]
 
 BACKENDS = ("auto", "fused", "reference")
 
@@ -60,8 +68,9 @@ class MultiHeadSelfAttention(nn.Module):
         super().__init__()
         if heads < self.min_heads or dim < 1 or dim % heads:
             at_least = f" with heads >= {self.min_heads}" if self.min_heads > 1 else ""
-            raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of heads ({heads})"
-                             f"{at_least}")
+            raise ValueError(
+                f"{type(self).__name__}: dim ({dim}) must be a positive multiple of heads ({heads}){at_least}"
+            )
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
@@ -134,11 +143,13 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         if span is not None and span.heads != heads:
             raise ValueError(f"PositionalSelfAttention: span has {span.heads} heads, attention has {heads}")
         if position_bias is not None and position_bias.heads != heads:
-            raise ValueError(f"PositionalSelfAttention: position_bias has {position_bias.heads} heads, "
-                             f"attention has {heads}")
+            raise ValueError(
+                f"PositionalSelfAttention: position_bias has {position_bias.heads} heads, attention has {heads}"
+            )
         if window_border not in WINDOW_BORDERS:
-            raise ValueError(f"PositionalSelfAttention: window_border must be one of {WINDOW_BORDERS}, "
-                             f"got {window_border!r}")
+            raise ValueError(
+                f"PositionalSelfAttention: window_border must be one of {WINDOW_BORDERS}, got {window_border!r}"
+            )
         self.position_bias = position_bias
         self.window = list(window) if isinstance(window, (list, tuple)) else window
         self.window_border = window_border
@@ -160,16 +171,19 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         if self.relative:
             if rel is None:
                 if self.encoder is None:
-                    raise ValueError("PositionalSelfAttention(relative=True) without an encoder needs shared= "
-                                     "(the (H, U, D) table) in forward")
+                    raise ValueError(
+                        "PositionalSelfAttention(relative=True) without an encoder needs shared= "
+                        "(the (H, U, D) table) in forward"
+                    )
                 rel = self.encoder(grid)
             args["q_pos"] = q[:, :, start:] + self.v_bias[:, None, :]
             args["rel"] = rel.to(q.dtype)
         if self.span is not None:
             # float32 with half inputs: d sigma sums terms in 1 / sigma^3 over every pair and overflows float16
             sigma_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-            args.update(sigma=self.span.sigma(grid).to(sigma_dtype), threshold=self.span.threshold,
-                        span_mode=self.span.mode)
+            args.update(
+                sigma=self.span.sigma(grid).to(sigma_dtype), threshold=self.span.threshold, span_mode=self.span.mode
+            )
         if self.position_bias is not None:
             args["bias"] = self.position_bias(grid).to(q.dtype)
         if self.window is not None:
@@ -202,8 +216,10 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
 
     def extra_repr(self) -> str:
         window = f", window={self.window}, window_border={self.window_border!r}" if self.window is not None else ""
-        return (f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, "
-                f"backend={self.backend!r}{window}")
+        return (
+            f"dim={self.dim}, heads={self.heads}, relative={self.relative}, causal={self.causal}, "
+            f"backend={self.backend!r}{window}"
+        )
 
 
 class SDPAttention(MultiHeadSelfAttention):

@@ -16,6 +16,7 @@ A scalar per head and offset ``delta = pos(j) - pos(i)``, added to the logits
 
 The bias is computed in every forward from the grid in use (nothing cached).
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,15 @@ class RelativePositionBias(nn.Module):
     and device.
     """
 
-    def __init__(self, heads: int, ndim: int, kind: str = "table",
-                 max_distance: Optional[Union[int, Sequence[int]]] = None, num_buckets: int = 32, hidden: int = 512):
+    def __init__(
+        self,
+        heads: int,
+        ndim: int,
+        kind: str = "table",
+        max_distance: Optional[Union[int, Sequence[int]]] = None,
+        num_buckets: int = 32,
+        hidden: int = 512,
+    ):
         super().__init__()
         if kind not in BIAS_KINDS:
             raise ValueError(f"RelativePositionBias: kind must be one of {BIAS_KINDS}, got {kind!r}")
@@ -82,11 +90,13 @@ class RelativePositionBias(nn.Module):
             if num_buckets < 2 or num_buckets % 2:
                 raise ValueError(f"RelativePositionBias: num_buckets must be even and >= 2, got {num_buckets}")
             self.num_buckets = int(num_buckets)
-            self.table = nn.Parameter(torch.randn(heads, num_buckets ** ndim) * 0.02)
+            self.table = nn.Parameter(torch.randn(heads, num_buckets**ndim) * 0.02)
         else:
             if hidden < 1:
                 raise ValueError(f"RelativePositionBias: hidden must be >= 1, got {hidden}")
-            self.mlp = nn.Sequential(nn.Linear(ndim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, heads, bias=False))
+            self.mlp = nn.Sequential(
+                nn.Linear(ndim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, heads, bias=False)
+            )
 
     def _per_axis(self, value) -> Optional[list[int]]:
         if value is None:
@@ -95,8 +105,9 @@ class RelativePositionBias(nn.Module):
         if len(values) != self.ndim or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise ValueError(f"RelativePositionBias: max_distance must be an int or {self.ndim} ints, got {value!r}")
         if any(v < (1 if self.kind != "table" else 0) for v in values):
-            raise ValueError(f"RelativePositionBias: max_distance must be >= {1 if self.kind != 'table' else 0}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"RelativePositionBias: max_distance must be >= {1 if self.kind != 'table' else 0}, got {value!r}"
+            )
         return values
 
     def _param(self) -> torch.Tensor:

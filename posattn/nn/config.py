@@ -6,6 +6,7 @@ Values are never coerced: :meth:`ModelConfig.validate` checks every field agains
 its annotation (a bool must be a bool, an int an int, a float a finite number)
 and its range, and names the field by its dotted path (``span.enabled``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..ops import SPAN_MODES
 from .._grid import WINDOW_BORDERS
+from ..ops import SPAN_MODES
 from .attention import BACKENDS
 from .bias import BIAS_KINDS
 from .registry import POSITIONAL_ENCODINGS, encoding_kind
@@ -69,10 +70,25 @@ _KINDS = {
 
 # ranges, checked once the types are right (None, where a field is Optional, is always valid)
 _AT_LEAST = {  # int fields -> smallest valid value
-    "in_channels": 1, "num_classes": 1, "patch_size": 1, "dim": 1, "depth": 1, "heads": 1, "ffn_dim": 1,
-    "pe.hidden_dim": 1, "pe.hidden_layers": 1, "pe.num_features": 2, "pe.max_distance": 0,
-    "performer.num_features": 1, "performer.feature_redraw_interval": 0, "performer.num_frequencies": 1,
-    "performer.clip": 1, "pe.bias_buckets": 2, "pe.bias_hidden": 1, "pe.bias_max_distance": 0, "window": 1,
+    "in_channels": 1,
+    "num_classes": 1,
+    "patch_size": 1,
+    "dim": 1,
+    "depth": 1,
+    "heads": 1,
+    "ffn_dim": 1,
+    "pe.hidden_dim": 1,
+    "pe.hidden_layers": 1,
+    "pe.num_features": 2,
+    "pe.max_distance": 0,
+    "performer.num_features": 1,
+    "performer.feature_redraw_interval": 0,
+    "performer.num_frequencies": 1,
+    "performer.clip": 1,
+    "pe.bias_buckets": 2,
+    "pe.bias_hidden": 1,
+    "pe.bias_max_distance": 0,
+    "window": 1,
 }
 _UNIT = ("dropout", "input_dropout", "span.threshold")  # floats in [0, 1)
 _POSITIVE = ("pe.w0", "span.init", "span.min_sigma")  # floats > 0
@@ -273,26 +289,36 @@ class ModelConfig:
         _choice("pe.init", self.pe.init, ("rope", "random"))
         if kind == "algebraic":
             if self.attention != "relpos":
-                raise ValueError(f"pe.name={self.pe.name!r} (algebraic) needs attention='relpos', got {self.attention!r}")
+                raise ValueError(
+                    f"pe.name={self.pe.name!r} (algebraic) needs attention='relpos', got {self.attention!r}"
+                )
             if self.span.enabled:
                 raise ValueError(f"span.enabled is not available with the algebraic encoding {self.pe.name!r}")
             blocks = self.attention_grid_rank if self.pe.name != "algebraic_seq" else 1
             head_dim = self.dim // self.heads
             if head_dim % blocks or (head_dim // blocks) % 2 and (self.pe.init == "rope" or self.pe.name == "rope"):
-                raise ValueError(f"pe.name={self.pe.name!r}: the head dim ({head_dim}) must split into {blocks} "
-                                 "even blocks (one per axis)")
+                raise ValueError(
+                    f"pe.name={self.pe.name!r}: the head dim ({head_dim}) must split into {blocks} "
+                    "even blocks (one per axis)"
+                )
         if self.span.enabled:
             if self.attention != "relpos":
                 raise ValueError(f"span.enabled needs attention='relpos', got attention={self.attention!r}")
             if not self.span.init > self.span.min_sigma:
-                raise ValueError(f"span.init (initial sigma) must be > span.min_sigma = {self.span.min_sigma}, got {self.span.init}")
+                raise ValueError(
+                    f"span.init (initial sigma) must be > span.min_sigma = {self.span.min_sigma}, got {self.span.init}"
+                )
         if self.causal:
             if self.attention not in CAUSAL_ATTENTIONS:
-                raise ValueError(f"causal=True needs attention in {CAUSAL_ATTENTIONS}, got attention={self.attention!r} "
-                                 "(the FAVOR+ attentions here are bidirectional)")
+                raise ValueError(
+                    f"causal=True needs attention in {CAUSAL_ATTENTIONS}, got attention={self.attention!r} "
+                    "(the FAVOR+ attentions here are bidirectional)"
+                )
             if self.pooling == "cls":
-                raise ValueError("causal=True does not go with pooling='cls' (the class token comes first, so it "
-                                 "would see only itself); use pooling 'last', as the thesis does")
+                raise ValueError(
+                    "causal=True does not go with pooling='cls' (the class token comes first, so it "
+                    "would see only itself); use pooling 'last', as the thesis does"
+                )
         _choice("pe.bias", self.pe.bias, ("none",) + BIAS_KINDS)
         _choice("window_border", self.window_border, WINDOW_BORDERS)
         if self.pe.bias != "none" and self.attention != "relpos":

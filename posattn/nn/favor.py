@@ -6,6 +6,7 @@ FAVOR+ replaces ``exp(q . k / sqrt(D))`` by ``phi(q) . phi(k)`` with positive
 orthogonal random features, so attention costs O(N m D) time and O(N m) memory
 (no N x N matrix).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,7 +38,9 @@ __all__ = [
 KERNELS = ("favor", "softmax")
 
 
-def orthogonal_gaussian(num_features: int, dim: int, *, dtype=torch.float32, device=None, generator=None) -> torch.Tensor:
+def orthogonal_gaussian(
+    num_features: int, dim: int, *, dtype=torch.float32, device=None, generator=None
+) -> torch.Tensor:
     """(num_features, dim) random features: stacked blocks of orthogonal rows (QR of
     Gaussian matrices), each row rescaled to the norm of a Gaussian vector so the
     rows are marginally N(0, I) (Choromanski et al., 'positive orthogonal random features')."""
@@ -143,8 +146,14 @@ class FavorAttention(MultiHeadSelfAttention):
     ``forward(x, grid, has_cls=False)``: x (B, T, dim); all T tokens attend to all.
     """
 
-    def __init__(self, dim: int, heads: int, num_features: Optional[int] = None,
-                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        num_features: Optional[int] = None,
+        feature_redraw_interval: int = 1000,
+        kernel: str = "favor",
+    ):
         super().__init__(dim, heads)
         self.attend = _FavorKernel(self._feature_dim(), num_features, feature_redraw_interval, kernel)
 
@@ -173,11 +182,22 @@ class RelativeFavorAttention(FavorAttention):
     (64 for its 32 x 32 images), a and b drawn from N(0, 1).
     """
 
-    def __init__(self, dim: int, heads: int, ndim: int, num_frequencies: int = 4, num_features: Optional[int] = None,
-                 feature_redraw_interval: int = 1000, kernel: str = "favor", base: float = 64.0):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ndim: int,
+        num_frequencies: int = 4,
+        num_features: Optional[int] = None,
+        feature_redraw_interval: int = 1000,
+        kernel: str = "favor",
+        base: float = 64.0,
+    ):
         if ndim < 1 or num_frequencies < 1 or not base > 1:
-            raise ValueError(f"RelativeFavorAttention: ndim and num_frequencies must be >= 1 and base > 1, "
-                             f"got {ndim}, {num_frequencies}, {base}")
+            raise ValueError(
+                f"RelativeFavorAttention: ndim and num_frequencies must be >= 1 and base > 1, "
+                f"got {ndim}, {num_frequencies}, {base}"
+            )
         self.ndim, self.num_frequencies = ndim, num_frequencies
         super().__init__(dim, heads, num_features, feature_redraw_interval, kernel)
         self.positions = LearnableSinusoidEncoding(2 * ndim * num_frequencies, ndim, base=base)
@@ -219,7 +239,9 @@ def manhattan_window(ndim: int, clip: int) -> list[tuple[int, ...]]:
     return [o for o in itertools.product(span, repeat=ndim) if sum(abs(d) for d in o) < clip]
 
 
-def clipped_relative_attention(scores: torch.Tensor, v: torch.Tensor, grid: Sequence[int], has_cls: bool = False) -> torch.Tensor:
+def clipped_relative_attention(
+    scores: torch.Tensor, v: torch.Tensor, grid: Sequence[int], has_cls: bool = False
+) -> torch.Tensor:
     """The relative heads of strategy 2 in O(N) memory.
 
     Args:
@@ -306,8 +328,16 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
 
     min_heads = 2  # at least one content and one relative head
 
-    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
-                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ndim: int,
+        clip: int = 4,
+        num_features: Optional[int] = None,
+        feature_redraw_interval: int = 1000,
+        kernel: str = "favor",
+    ):
         if clip < 1 or ndim < 1:
             raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
         super().__init__(dim, heads)
@@ -329,7 +359,7 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
         """(B, Hr, T, D) queries of the relative heads -> (B, Hr, T, clip + 1) positive scores."""
         r = self.rel.to(q.dtype)
         if self.attend_rel.kernel == "softmax":
-            logits = q @ r.T * self.head_dim ** -0.5
+            logits = q @ r.T * self.head_dim**-0.5
             return torch.exp(logits - logits.amax(dim=-1, keepdim=True))  # the shift cancels in the ratio
         proj = self.attend_rel.step_projection(q.dtype)
         return favor_features(q, proj, True) @ favor_features(r, proj, False).T
@@ -363,8 +393,16 @@ class ClippedWindowAttention(MultiHeadSelfAttention):
 
     min_heads = 2  # at least one relative and one FAVOR+ head
 
-    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, num_features: Optional[int] = None,
-                 feature_redraw_interval: int = 1000, kernel: str = "favor"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ndim: int,
+        clip: int = 4,
+        num_features: Optional[int] = None,
+        feature_redraw_interval: int = 1000,
+        kernel: str = "favor",
+    ):
         if clip < 1 or ndim < 1:
             raise ValueError(f"ClippedWindowAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
         super().__init__(dim, heads)

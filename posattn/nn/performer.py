@@ -6,6 +6,7 @@ one Linear layer, FAVOR+ with features redrawn every 1000 steps. Any ModelConfig
 field can be overridden. ``cmd/main.py -Dmodel.variant=<name>`` builds the same
 model (see ``posattn.training.train.apply_model_variant``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,17 @@ __all__ = ["Performer", "NoPosPerformer", "RelativePerformer", "ClippedRelativeP
 # the defaults of the paper's train.py (lucidrains' Performer, no dropout), a token per pixel; its published
 # runs used dim 256, depth 6, heads 8, dropout 0.1 and lr 5e-5 (results CSVs of its repository)
 PERFORMER_DEFAULTS = dict(
-    dim=128, depth=4, heads=4, ffn_dim=512, dropout=0.0, input_dropout=0.0,
-    norm="pre", activation="gelu", pooling="cls", head="linear", patch_size=1,
+    dim=128,
+    depth=4,
+    heads=4,
+    ffn_dim=512,
+    dropout=0.0,
+    input_dropout=0.0,
+    norm="pre",
+    activation="gelu",
+    pooling="cls",
+    head="linear",
+    patch_size=1,
 )
 
 PERFORMER_VARIANTS = {
@@ -48,8 +58,11 @@ class _PerformerModel(TransformerClassifier):
     VARIANT = ""
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, grid: Sequence[int] = (32, 32), **overrides):
-        super().__init__(performer_config(self.VARIANT, in_channels=in_channels, num_classes=num_classes,
-                                          grid=list(grid), **overrides))
+        super().__init__(
+            performer_config(
+                self.VARIANT, in_channels=in_channels, num_classes=num_classes, grid=list(grid), **overrides
+            )
+        )
 
 
 class Performer(_PerformerModel):

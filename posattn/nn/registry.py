@@ -4,14 +4,15 @@ Every name has a kind: ``relative`` (an encoder producing the (H, U, D) table
 of ``relpos_attention``), ``absolute`` (added to the token embeddings),
 ``algebraic`` (orthogonal powers rotating queries and keys) or ``none``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from torch import nn
 
-from .algebraic import AlgebraicEncoder
 from .absolute import LearnableSinusoidEncoding, LearnedAbsoluteEncoding, SinusoidalAbsoluteEncoding
+from .algebraic import AlgebraicEncoder
 from .relative import LookupRelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
 
 if TYPE_CHECKING:  # annotations only: config.py imports this module
@@ -30,7 +31,9 @@ __all__ = [
 
 # name -> builder(dim, heads, ndim, pe_config)
 RELATIVE_ENCODERS: dict[str, Callable[..., nn.Module]] = {
-    "siren": lambda dim, heads, ndim, pe: SirenRelativeEncoder(dim, heads, ndim, pe.hidden_dim, pe.hidden_layers, pe.w0),
+    "siren": lambda dim, heads, ndim, pe: SirenRelativeEncoder(
+        dim, heads, ndim, pe.hidden_dim, pe.hidden_layers, pe.w0
+    ),
     "sinusoidal": lambda dim, heads, ndim, pe: SinusoidalRelativeEncoder(dim, heads, ndim, pe.num_features),
     "lookup": lambda dim, heads, ndim, pe: LookupRelativeEncoder(dim, heads, ndim, pe.max_distance),
 }
@@ -79,5 +82,7 @@ def build_algebraic_encoder(pe: PositionalEncodingConfig, head_dim: int, heads: 
 
 def build_absolute_encoding(pe: PositionalEncodingConfig, dim: int, grid: Sequence[int]) -> nn.Module:
     if encoding_kind(pe.name) != "absolute":
-        raise ValueError(f"{pe.name!r} is not an absolute encoding; absolute encodings: {', '.join(ABSOLUTE_ENCODINGS)}")
+        raise ValueError(
+            f"{pe.name!r} is not an absolute encoding; absolute encodings: {', '.join(ABSOLUTE_ENCODINGS)}"
+        )
     return ABSOLUTE_ENCODINGS[pe.name](dim, list(grid), pe)

@@ -9,6 +9,7 @@ Tables are computed in every forward from the grid in use, on the device and
 in the dtype of the encoder's parameters: nothing is cached, so nothing goes
 stale after ``.to()`` and checkpoints hold parameters only.
 """
+
 from __future__ import annotations
 
 import math
@@ -96,7 +97,9 @@ class SirenRelativeEncoder(RelativeEncoder):
     def __init__(self, dim: int, heads: int, ndim: int, hidden_dim: int = 64, hidden_layers: int = 2, w0: float = 10.0):
         super().__init__(dim, heads, ndim)
         if hidden_layers < 1 or hidden_dim < 1:
-            raise ValueError(f"SirenRelativeEncoder: hidden_layers and hidden_dim must be >= 1, got {hidden_layers}, {hidden_dim}")
+            raise ValueError(
+                f"SirenRelativeEncoder: hidden_layers and hidden_dim must be >= 1, got {hidden_layers}, {hidden_dim}"
+            )
         if not w0 > 0:
             raise ValueError(f"SirenRelativeEncoder: w0 must be > 0, got {w0}")
         self.w0 = float(w0)

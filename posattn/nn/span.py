@@ -1,4 +1,5 @@
 """The learned Gaussian differentiable span of the thesis, kept positive."""
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,9 @@ class DifferentiableSpan(nn.Module):
         if not min_sigma > 0:
             raise ValueError(f"DifferentiableSpan: min_sigma must be > 0, got {min_sigma}")
         if not (math.isfinite(init) and init > min_sigma):
-            raise ValueError(f"DifferentiableSpan: init (sigma) must be a finite number > min_sigma = {min_sigma}, got {init}")
+            raise ValueError(
+                f"DifferentiableSpan: init (sigma) must be a finite number > min_sigma = {min_sigma}, got {init}"
+            )
         if mode not in SPAN_MODES:
             raise ValueError(f"DifferentiableSpan: mode must be one of {SPAN_MODES}, got {mode!r}")
         if units not in SPAN_UNITS:

@@ -1,5 +1,6 @@
 """Transformer encoder block, the classifier for grid-shaped inputs, and a
 small encoder over the nodes of trees."""
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,10 @@ from torch import nn
 
 from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .attention import PositionalSelfAttention, SDPAttention
+from .bias import RelativePositionBias
 from .config import ModelConfig
 from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
 from .registry import build_absolute_encoding, build_algebraic_encoder, build_relative_encoder, encoding_kind
-from .bias import RelativePositionBias
 from .span import DifferentiableSpan
 
 __all__ = ["EncoderBlock", "TransformerClassifier", "TreeTransformer", "build_attention"]
@@ -29,8 +30,16 @@ class EncoderBlock(nn.Module):
     passed on to the attention (see :class:`MultiHeadSelfAttention`).
     """
 
-    def __init__(self, dim: int, attention: nn.Module, ffn_dim: int, dropout: float = 0.1,
-                 norm: str = "post", residual: bool = True, activation: str = "relu"):
+    def __init__(
+        self,
+        dim: int,
+        attention: nn.Module,
+        ffn_dim: int,
+        dropout: float = 0.1,
+        norm: str = "post",
+        residual: bool = True,
+        activation: str = "relu",
+    ):
         super().__init__()
         self.attention, self.norm, self.residual = attention, norm, residual
         act = nn.ReLU() if activation == "relu" else nn.GELU()
@@ -58,15 +67,23 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
         span = None
         if cfg.span.enabled:
             s = cfg.span
-            span = DifferentiableSpan(ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma, s.units)
+            span = DifferentiableSpan(
+                ndim, cfg.heads, s.per_head, s.init, s.learnable, s.mode, s.threshold, s.min_sigma, s.units
+            )
         bias = None
         if cfg.pe.bias != "none":
             pe = cfg.pe
             bias = RelativePositionBias(cfg.heads, ndim, pe.bias, pe.bias_max_distance, pe.bias_buckets, pe.bias_hidden)
         return PositionalSelfAttention(
-            cfg.dim, cfg.heads, encoder=relative_encoder, span=span,
-            relative=relative_encoder is not None or shared_table, causal=cfg.causal, backend=cfg.backend,
-            position_bias=bias, window=None if cfg.window is None else (cfg.window - 1) // 2,
+            cfg.dim,
+            cfg.heads,
+            encoder=relative_encoder,
+            span=span,
+            relative=relative_encoder is not None or shared_table,
+            causal=cfg.causal,
+            backend=cfg.backend,
+            position_bias=bias,
+            window=None if cfg.window is None else (cfg.window - 1) // 2,
             window_border=cfg.window_border,
         )
     if cfg.attention == "sdpa":
@@ -129,16 +146,25 @@ class TransformerClassifier(nn.Module):
             if relative and not cfg.pe.shared:
                 encoder = build_relative_encoder(cfg.pe, cfg.dim, cfg.heads, len(attn_grid))
             if algebraic:
-                own = None if cfg.pe.algebraic_shared else build_algebraic_encoder(cfg.pe, head_dim, cfg.heads, len(attn_grid))
+                own = (
+                    None
+                    if cfg.pe.algebraic_shared
+                    else build_algebraic_encoder(cfg.pe, head_dim, cfg.heads, len(attn_grid))
+                )
                 attention = AlgebraicSelfAttention(cfg.dim, cfg.heads, own, causal=cfg.causal)
             else:
                 attention = build_attention(cfg, encoder, shared_table=self.shared_encoder is not None)
-            blocks.append(EncoderBlock(cfg.dim, attention, cfg.ffn_dim, cfg.dropout, cfg.norm, cfg.residual, cfg.activation))
+            blocks.append(
+                EncoderBlock(cfg.dim, attention, cfg.ffn_dim, cfg.dropout, cfg.norm, cfg.residual, cfg.activation)
+            )
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = nn.LayerNorm(cfg.dim) if cfg.norm == "pre" else nn.Identity()
         if cfg.head == "mlp":
             self.head = nn.Sequential(
-                nn.Linear(cfg.dim, cfg.dim), nn.LayerNorm(cfg.dim), nn.ReLU(), nn.Dropout(cfg.dropout),
+                nn.Linear(cfg.dim, cfg.dim),
+                nn.LayerNorm(cfg.dim),
+                nn.ReLU(),
+                nn.Dropout(cfg.dropout),
                 nn.Linear(cfg.dim, cfg.num_classes),
             )
         else:
@@ -236,8 +262,18 @@ class TreeTransformer(nn.Module):
     breadth-first, as a sequence) or ``"none"``.
     """
 
-    def __init__(self, vocab: int, num_classes: int, dim: int = 32, depth: int = 2, heads: int = 2,
-                 encoding: str = "tree", kappa: int = 2, max_depth: int = 6, init: str = "random"):
+    def __init__(
+        self,
+        vocab: int,
+        num_classes: int,
+        dim: int = 32,
+        depth: int = 2,
+        heads: int = 2,
+        encoding: str = "tree",
+        kappa: int = 2,
+        max_depth: int = 6,
+        init: str = "random",
+    ):
         super().__init__()
         if encoding not in ("tree", "sequence", "none"):
             raise ValueError(f"TreeTransformer: encoding must be tree, sequence or none, got {encoding!r}")
@@ -249,8 +285,9 @@ class TreeTransformer(nn.Module):
             self.encoder = AlgebraicEncoder(dim // heads, heads, kind=kind, kappa=kappa, max_depth=max_depth, init=init)
         # every attention first, then the blocks: the order in which parameters are drawn
         attentions = [AlgebraicSelfAttention(dim, heads) for _ in range(depth)]
-        self.blocks = nn.ModuleList(EncoderBlock(dim, a, 2 * dim, dropout=0.0, norm="pre", activation="gelu")
-                                    for a in attentions)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(dim, a, 2 * dim, dropout=0.0, norm="pre", activation="gelu") for a in attentions
+        )
         self.out = nn.Linear(dim, num_classes)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

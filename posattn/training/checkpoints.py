@@ -15,6 +15,7 @@ A damaged checkpoint (truncated, flipped bytes, not a checkpoint at all) raises
 :class:`CheckpointError` with what is wrong; :meth:`load_resumable` then falls
 back to the newest intact one.
 """
+
 from __future__ import annotations
 
 import glob
@@ -86,8 +87,10 @@ def _parse(data: bytes, path: str) -> dict:
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as e:  # truncated, random or foreign bytes: torch/pickle raise many types
-        raise CheckpointError(f"{path} is not a readable posattn checkpoint ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+        raise CheckpointError(
+            f"{path} is not a readable posattn checkpoint ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no detail'})"
+        ) from None
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointError(f"{path} is not a posattn checkpoint (it lacks {', '.join(missing)})")
@@ -190,8 +193,10 @@ class CheckpointStore:
         if manifest is not None:
             listed = manifest["checkpoints"].get(tag, {}).get("sha256", [])
             if _digest(data) not in listed:
-                raise CheckpointError(f"{path} is damaged: its SHA-256 is not the one {MANIFEST} recorded "
-                                      f"({len(data):,} bytes; truncated, overwritten or altered on disk)")
+                raise CheckpointError(
+                    f"{path} is damaged: its SHA-256 is not the one {MANIFEST} recorded "
+                    f"({len(data):,} bytes; truncated, overwritten or altered on disk)"
+                )
         return _parse(data, path)
 
     def load_resumable(self, log=print) -> tuple[Optional[dict], Optional[str]]:

@@ -1,6 +1,7 @@
 """The experiment CLI behind ``python cmd/main.py``: parses the command line and
 runs the mode. ``cmd/main.py`` passes its defaults file and sweep folder, so the
 package never looks for files of the repository."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,23 +46,43 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="cmd/main.py", description="posattn experiments: train, evaluate and sweep positional "
-                "self-attention models. Defaults: cmd/config.yml.", epilog=USAGE_EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="cmd/main.py",
+        description="posattn experiments: train, evaluate and sweep positional "
+        "self-attention models. Defaults: cmd/config.yml.",
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-mode", "--mode", choices=MODES, help="what to do (default: the config's mode, train)")
-    p.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, dot keys for nested ones (-Dpe.hidden_dim=32); the thesis' key "
-                        "names are accepted too (-Dlearning_rate=0.05)")
+    p.add_argument(
+        "-D",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, dot keys for nested ones (-Dpe.hidden_dim=32); the thesis' key "
+        "names are accepted too (-Dlearning_rate=0.05)",
+    )
     p.add_argument("--config", help="YAML file applied over the defaults (posattn's keys or the thesis')")
     p.add_argument("-no_wandb", "--no_wandb", metavar="T|F", help="T: no Weights & Biases; F: use it")
-    p.add_argument("--resume", nargs="?", const="", metavar="RUN_DIR",
-                   help="continue a run from its last.pt (the run of -Dname, or RUN_DIR)")
-    p.add_argument("--sweep_config", help="sweep YAML (a path, or a name in experiments/sweeps/) for "
-                                          "-mode=sweep / local_sweep")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="RUN_DIR",
+        help="continue a run from its last.pt (the run of -Dname, or RUN_DIR)",
+    )
+    p.add_argument(
+        "--sweep_config", help="sweep YAML (a path, or a name in experiments/sweeps/) for -mode=sweep / local_sweep"
+    )
     p.add_argument("-sid", "--sweep_id", help="W&B sweep id for -mode=sweep_agent")
     p.add_argument("-count", "--count", type=int, help="at most this many sweep runs")
-    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
-                   help="the same as -DKEY=VALUE (the form `wandb agent` passes with ${args_no_hyphens})")
+    p.add_argument(
+        "assignments",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="the same as -DKEY=VALUE (the form `wandb agent` passes with ${args_no_hyphens})",
+    )
     return p
 
 
@@ -105,12 +126,17 @@ def scaling(cfg: dict, argv: Optional[list[str]] = None, explicit: Iterable[str]
     return run_study(study, command=command.strip())
 
 
-def dispatch(args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Optional[list[str]],
-             explicit: Iterable[str] = ()) -> None:
+def dispatch(
+    args, cfg: dict, defaults: dict, sweep_dir: Optional[str], argv: Optional[list[str]], explicit: Iterable[str] = ()
+) -> None:
     mode = cfg["mode"]
     if mode == "train":
-        runs.train(cfg, resume=args.resume, resume_overrides=tuple(args.overrides) + tuple(args.assignments),
-                   defaults=flatten(defaults))
+        runs.train(
+            cfg,
+            resume=args.resume,
+            resume_overrides=tuple(args.overrides) + tuple(args.assignments),
+            defaults=flatten(defaults),
+        )
     elif mode == "test":
         runs.test(cfg)
     elif mode == "scaling":

@@ -7,6 +7,7 @@ Every key must exist in the defaults, or be a key of the thesis' vocabulary
 default's (see :func:`.values.cast_value`). Errors are ``ConfigError`` naming the
 key, the expected type and close matches.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,8 +21,19 @@ import yaml
 from . import thesis
 from .values import ConfigError, cast_value, parse_bool
 
-__all__ = ["ConfigError", "load_yaml", "load_config", "parse_bool", "cast_value", "set_key", "flatten", "merge",
-           "warn_ignored", "mode_view", "dump_config"]
+__all__ = [
+    "ConfigError",
+    "load_yaml",
+    "load_config",
+    "parse_bool",
+    "cast_value",
+    "set_key",
+    "flatten",
+    "merge",
+    "warn_ignored",
+    "mode_view",
+    "dump_config",
+]
 
 
 def load_yaml(path: str) -> dict:
@@ -98,8 +110,12 @@ def warn_ignored(keys: Iterable[str]) -> None:
     """One line naming the thesis keys that configure nothing in posattn."""
     keys = sorted(set(keys))
     if keys:
-        print(f"warning: ignored thesis key(s) that configure nothing in posattn: {', '.join(keys)} "
-              "(README: 'The thesis' configuration keys')", file=sys.stderr, flush=True)
+        print(
+            f"warning: ignored thesis key(s) that configure nothing in posattn: {', '.join(keys)} "
+            "(README: 'The thesis' configuration keys')",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def merge(cfg: dict, update: dict, defaults_flat: dict, ignored: Optional[set] = None) -> list[str]:
@@ -111,8 +127,9 @@ def merge(cfg: dict, update: dict, defaults_flat: dict, ignored: Optional[set] =
     return keys
 
 
-def load_config(defaults: dict, config_file: Optional[str] = None, overrides: Iterable[str] = (),
-                explicit: Optional[set] = None) -> dict:
+def load_config(
+    defaults: dict, config_file: Optional[str] = None, overrides: Iterable[str] = (), explicit: Optional[set] = None
+) -> dict:
     """``defaults``, then ``config_file`` (if any), then ``-D`` overrides ``key=value``.
     Thesis keys that configure nothing are named once on stderr. ``explicit``, if
     given, receives the posattn dot keys the file and the overrides set (thesis
@@ -157,16 +174,16 @@ def mode_view(cfg: dict, mode: Optional[str] = None) -> dict:
     model = cfg.get("model") or {}
     if "model" in sections and (model.get("variant") or model.get("attention") in _PERFORMER_ATTENTIONS):
         sections.add("performer")
-    return {k: v for k, v in cfg.items()
-            if k in sections or not (isinstance(v, dict) or k in _SECTION_SCALARS)}
+    return {k: v for k, v in cfg.items() if k in sections or not (isinstance(v, dict) or k in _SECTION_SCALARS)}
 
 
 class _Dumper(yaml.SafeDumper):
     """Lists on one line ([64, 128, 256]); mappings as blocks."""
 
 
-_Dumper.add_representer(list, lambda dumper, value: dumper.represent_sequence("tag:yaml.org,2002:seq", value,
-                                                                             flow_style=True))
+_Dumper.add_representer(
+    list, lambda dumper, value: dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=True)
+)
 
 
 def dump_config(cfg: dict) -> str:

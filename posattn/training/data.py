@@ -8,6 +8,7 @@ mean and std; labels int64. Sources, first found wins:
 - mnist: ``<root>/mnist`` (IDX files, gzipped or not), or torchvision's download;
 - cifar10: ``<root>/cifar-10-batches-py`` (the Python pickles), or torchvision's download.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -94,15 +95,21 @@ def _torchvision_split(name: str, root: str, split: str):
 
 def _instructions(name: str, root: str) -> str:
     if name == "fashion_mnist":
-        return ("install the Debian package (`apt-get install dataset-fashion-mnist`, done by scripts/setup.sh), "
-                f"or put the IDX files in {os.path.join(root, 'fashion_mnist')}")
+        return (
+            "install the Debian package (`apt-get install dataset-fashion-mnist`, done by scripts/setup.sh), "
+            f"or put the IDX files in {os.path.join(root, 'fashion_mnist')}"
+        )
     if name == "mnist":
-        return (f"put train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
-                f"t10k-labels-idx1-ubyte.gz in {os.path.join(root, 'mnist')}, or install torchvision on a machine "
-                "with network access so that it can download them")
-    return (f"extract cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) into {root} so that "
-            f"{os.path.join(root, 'cifar-10-batches-py')} exists, or install torchvision on a machine with network "
-            "access so that it can download it")
+        return (
+            f"put train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
+            f"t10k-labels-idx1-ubyte.gz in {os.path.join(root, 'mnist')}, or install torchvision on a machine "
+            "with network access so that it can download them"
+        )
+    return (
+        f"extract cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) into {root} so that "
+        f"{os.path.join(root, 'cifar-10-batches-py')} exists, or install torchvision on a machine with network "
+        "access so that it can download it"
+    )
 
 
 def load_raw(name: str, root: str, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +126,9 @@ def load_raw(name: str, root: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     if found is None:
         found = _torchvision_split(name, root, split)
     if found is None:
-        raise DataError(f"dataset {name!r} ({split}) not found and torchvision is not installed: "
-                        + _instructions(name, root))
+        raise DataError(
+            f"dataset {name!r} ({split}) not found and torchvision is not installed: " + _instructions(name, root)
+        )
     return found
 
 
@@ -138,8 +146,10 @@ class Splits:
     std: list
 
     def describe(self) -> str:
-        return (f"train {len(self.train[1])}, val {len(self.val[1])}, test {len(self.test[1])} images; "
-                f"grid {self.grid}, {self.channels} channel(s), {self.num_classes} classes")
+        return (
+            f"train {len(self.train[1])}, val {len(self.val[1])}, test {len(self.test[1])} images; "
+            f"grid {self.grid}, {self.channels} channel(s), {self.num_classes} classes"
+        )
 
 
 def prepare(images: np.ndarray, mean: np.ndarray, std: np.ndarray, pad_to: int, sequential: bool) -> torch.Tensor:
@@ -158,16 +168,24 @@ def prepare(images: np.ndarray, mean: np.ndarray, std: np.ndarray, pad_to: int, 
     return x.contiguous()
 
 
-def load_splits(name: str, root: str = "data", val_fraction: float = 0.1, seed: int = 0, small_dataset: int = 0,
-                pad_to: int = 0, sequential: bool = False) -> Splits:
+def load_splits(
+    name: str,
+    root: str = "data",
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    small_dataset: int = 0,
+    pad_to: int = 0,
+    sequential: bool = False,
+) -> Splits:
     """Loads ``name``, splits its training set into train/val (seeded) and keeps the
     test set apart. ``small_dataset`` > 0 keeps that many training images (and the
     validation and test sets shrink in proportion)."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
     if small_dataset < 0 or pad_to < 0:
-        raise ValueError(f"data.small_dataset (0: all images) and data.pad_to (0: none) must be >= 0, "
-                         f"got {small_dataset}, {pad_to}")
+        raise ValueError(
+            f"data.small_dataset (0: all images) and data.pad_to (0: none) must be >= 0, got {small_dataset}, {pad_to}"
+        )
     x_train, y_train = load_raw(name, root, "train")
     x_test, y_test = load_raw(name, root, "test")
     g = torch.Generator().manual_seed(int(seed))
@@ -190,14 +208,23 @@ def load_splits(name: str, root: str = "data", val_fraction: float = 0.1, seed: 
         train=(prep(x_train[train_idx]), torch.from_numpy(y_train[train_idx])),
         val=(prep(x_train[val_idx]), torch.from_numpy(y_train[val_idx])),
         test=(prep(x_test[test_idx]), torch.from_numpy(y_test[test_idx])),
-        grid=grid, channels=int(x_train.shape[-1]), num_classes=int(max(y_train.max(), y_test.max()) + 1),
-        mean=mean.tolist(), std=std.tolist(),
+        grid=grid,
+        channels=int(x_train.shape[-1]),
+        num_classes=int(max(y_train.max(), y_test.max()) + 1),
+        mean=mean.tolist(),
+        std=std.tolist(),
     )
 
 
-def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = False,
-            generator: Optional[torch.Generator] = None, rank: int = 0, world_size: int = 1
-            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    shuffle: bool = False,
+    generator: Optional[torch.Generator] = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Mini-batches of (x, y); with ``world_size`` > 1 each rank gets its own shard."""
     n = len(y)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
@@ -215,8 +242,9 @@ def full_test_split(splits: Splits, name: str, root: str, pad_to: int) -> tuple[
     return prepare(x, np.asarray(splits.mean), np.asarray(splits.std), pad_to, False), torch.from_numpy(y)
 
 
-def shifted_images(x: torch.Tensor, y: torch.Tensor, background: float, class_index: int, min_shift: int,
-                   shifts: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def shifted_images(
+    x: torch.Tensor, y: torch.Tensor, background: float, class_index: int, min_shift: int, shifts: list[int]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Horn et al.'s shifted-image test set: test images of ``class_index`` with at
     least ``min_shift`` empty columns on both sides, shifted horizontally by each
     of ``shifts`` pixels (the vacated columns are background). x: (N, H, W, C)."""

@@ -1,5 +1,6 @@
 """Packages only some modes need (W&B and its sweep engine), imported where used,
 so that ``-no_wandb=T`` runs on a machine that has neither."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,5 +25,7 @@ def require(module: str, purpose: str, alternative: str = "") -> ModuleType:
             return importlib.import_module(module)
     except ImportError as e:
         hint = f", or {alternative}" if alternative else ""
-        raise MissingDependency(f"{purpose} needs the Python package {module!r}, which cannot be imported ({e}): "
-                                f"install it with `python -m pip install {module}`{hint}") from None
+        raise MissingDependency(
+            f"{purpose} needs the Python package {module!r}, which cannot be imported ({e}): "
+            f"install it with `python -m pip install {module}`{hint}"
+        ) from None

@@ -1,5 +1,6 @@
 """What the experiment modes write: terminal tables, CSV files (atomically)
 and PNG plots (matplotlib without a display)."""
+
 from __future__ import annotations
 
 import csv

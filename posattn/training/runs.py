@@ -1,5 +1,6 @@
 """One run of the experiment CLI: train a configuration (or resume it), and load
 or evaluate its checkpoints. The sweep and shift-test modes build on these."""
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,8 @@ from .data import Splits, load_splits
 from .optional import require
 from .report import print_table
 from .tracking import Tracker
-from .validate import check_values
 from .train import Distributed, Trainer, build_model, resolve_device, set_seed, upgrade_saved_config
+from .validate import check_values
 
 __all__ = ["run_name", "load_data", "train", "checkpoint_file", "load_trained", "test"]
 
@@ -33,8 +34,15 @@ def run_name(cfg: dict) -> str:
 
 def load_data(cfg: dict) -> Splits:
     d = cfg["data"]
-    return load_splits(d["name"], d["root"], float(d["val_fraction"]), int(cfg["seed"]), int(d["small_dataset"]),
-                       int(d["pad_to"]), bool(d["sequential"]))
+    return load_splits(
+        d["name"],
+        d["root"],
+        float(d["val_fraction"]),
+        int(cfg["seed"]),
+        int(d["small_dataset"]),
+        int(d["pad_to"]),
+        bool(d["sequential"]),
+    )
 
 
 def _draw_seed(dist: Distributed) -> int:
@@ -45,9 +53,15 @@ def _draw_seed(dist: Distributed) -> int:
     return seed[0]
 
 
-def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
-          epoch_callback: Optional[Callable[[int, dict], bool]] = None, progress: bool = True,
-          resume_overrides: tuple = (), defaults: Optional[dict] = None) -> dict:
+def train(
+    cfg: dict,
+    resume: Optional[str] = None,
+    tracker_run=None,
+    epoch_callback: Optional[Callable[[int, dict], bool]] = None,
+    progress: bool = True,
+    resume_overrides: tuple = (),
+    defaults: Optional[dict] = None,
+) -> dict:
     """Trains one configuration; returns the summary (also saved as summary.json).
 
     ``resume``: "" (the run named by cfg["name"]) or a run folder; the run goes on
@@ -84,8 +98,11 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
         store.start(cfg, fresh=resume is None)
         print("resolved config:\n" + dump_config(mode_view(cfg)).rstrip(), flush=True)
         write_atomic(os.path.join(run_dir, "config.yml"), dump_config(cfg).encode())
-        print(f"data: {splits.describe()}\nmodel: {model.num_parameters():,} parameters, device {device}, "
-              f"run folder {run_dir}", flush=True)
+        print(
+            f"data: {splits.describe()}\nmodel: {model.num_parameters():,} parameters, device {device}, "
+            f"run folder {run_dir}",
+            flush=True,
+        )
     tracker = Tracker(run_dir, enabled=not cfg["no_wandb"], is_main=dist.is_main)
     # metrics.jsonl holds each epoch once: lines past the resumed epoch (and the test line) go
     tracker.keep_epochs(saved["epoch"] if saved is not None else 0)
@@ -105,32 +122,39 @@ def train(cfg: dict, resume: Optional[str] = None, tracker_run=None,
     trainer.module.load_state_dict(best["model"])
     test_metrics = trainer.evaluate(*splits.test)
     summary = {
-        "name": cfg["name"], "best_val_acc": result["best_val_acc"], "best_epoch": best["epoch"],
-        "test/acc": test_metrics["acc"], "test/loss": test_metrics["loss"], "num_parameters": model.num_parameters(),
-        "epochs": trainer.epoch, "train_seconds": time.perf_counter() - start,
+        "name": cfg["name"],
+        "best_val_acc": result["best_val_acc"],
+        "best_epoch": best["epoch"],
+        "test/acc": test_metrics["acc"],
+        "test/loss": test_metrics["loss"],
+        "num_parameters": model.num_parameters(),
+        "epochs": trainer.epoch,
+        "train_seconds": time.perf_counter() - start,
         "per_sample_ms": result["history"][-1]["time/per_sample_ms"] if result["history"] else float("nan"),
     }
     if dist.is_main:
         tracker.log({"test/acc": test_metrics["acc"], "test/loss": test_metrics["loss"]}, step=trainer.epoch)
         tracker.summary({**summary, "val/best_acc": result["best_val_acc"]})
         write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2).encode())
-        print_table(f"final metrics ({cfg['name']})", [
-            ("best val accuracy", f"{summary['best_val_acc']:.4f} (epoch {summary['best_epoch']})"),
-            ("test accuracy (best checkpoint)", f"{summary['test/acc']:.4f}"),
-            ("test loss", f"{summary['test/loss']:.4f}"),
-            ("parameters", f"{summary['num_parameters']:,}"),
-            ("epochs", str(summary["epochs"])),
-            ("training time", f"{summary['train_seconds']:.1f} s"),
-            ("time per training sample", f"{summary['per_sample_ms']:.2f} ms"),
-        ])
+        print_table(
+            f"final metrics ({cfg['name']})",
+            [
+                ("best val accuracy", f"{summary['best_val_acc']:.4f} (epoch {summary['best_epoch']})"),
+                ("test accuracy (best checkpoint)", f"{summary['test/acc']:.4f}"),
+                ("test loss", f"{summary['test/loss']:.4f}"),
+                ("parameters", f"{summary['num_parameters']:,}"),
+                ("epochs", str(summary["epochs"])),
+                ("training time", f"{summary['train_seconds']:.1f} s"),
+                ("time per training sample", f"{summary['per_sample_ms']:.2f} ms"),
+            ],
+        )
     if tracker_run is None:
         tracker.finish()
     summary["history"] = result["history"]
     return summary
 
 
-def _resume_state(run_dir: str, given: dict, overrides: tuple,
-                  defaults: Optional[dict]) -> tuple[dict, Optional[dict]]:
+def _resume_state(run_dir: str, given: dict, overrides: tuple, defaults: Optional[dict]) -> tuple[dict, Optional[dict]]:
     """(config, training state) to resume ``run_dir`` from: the newest intact
     checkpoint, or, when none was written or survived, the run's saved config
     (the run starts over), or, when the run was killed before it saved even
@@ -144,8 +168,11 @@ def _resume_state(run_dir: str, given: dict, overrides: tuple,
     except CheckpointError as e:
         raise ConfigError(f"--resume: {e}") from None
     if saved is None and cfg is None:
-        print(f"resume: {run_dir} holds neither an intact checkpoint nor the run's {MANIFEST}; the run "
-              "starts over with the config of this command line", flush=True)
+        print(
+            f"resume: {run_dir} holds neither an intact checkpoint nor the run's {MANIFEST}; the run "
+            "starts over with the config of this command line",
+            flush=True,
+        )
         cfg = given
     elif saved is None:
         print(f"resume: {run_dir} holds no intact checkpoint; the run starts over from its saved config", flush=True)
@@ -155,8 +182,10 @@ def _resume_state(run_dir: str, given: dict, overrides: tuple,
     for item in overrides:
         key, raw = item.split("=", 1)
         if key.strip() == "model.variant" and raw.strip() != str(cfg["model"].get("variant")):
-            raise ConfigError("--resume: model.variant cannot change in a resumed run (its recipe set the "
-                              "model the checkpoints hold); start a new run instead")
+            raise ConfigError(
+                "--resume: model.variant cannot change in a resumed run (its recipe set the "
+                "model the checkpoints hold); start a new run instead"
+            )
         set_key(cfg, defaults or flatten(cfg), key.strip(), raw)
     check_values(cfg)
     cfg["name"] = os.path.basename(os.path.normpath(run_dir))
@@ -168,8 +197,10 @@ def checkpoint_file(cfg: dict) -> str:
     choice = str(cfg["checkpoint"])
     if choice in ("best", "last"):
         if not cfg.get("name"):
-            raise ConfigError(f"-mode={cfg['mode']} needs the run: -Dname=<run name> (a folder in {cfg['out_dir']}) "
-                              "or -Dcheckpoint=<path to a .pt file>")
+            raise ConfigError(
+                f"-mode={cfg['mode']} needs the run: -Dname=<run name> (a folder in {cfg['out_dir']}) "
+                "or -Dcheckpoint=<path to a .pt file>"
+            )
         path = os.path.join(cfg["out_dir"], str(cfg["name"]), f"{choice}.pt")
     else:
         path = choice
@@ -199,7 +230,12 @@ def test(cfg: dict) -> dict:
     tracker = Tracker(os.path.dirname(path), enabled=False)
     trainer = Trainer(run_cfg, splits, model, device, os.path.dirname(path), tracker, progress=False)
     result = trainer.evaluate(*splits.test)
-    print_table(f"test split of {run_cfg['data']['name']} ({path})",
-                [("test accuracy", f"{result['acc']:.4f}"), ("test loss", f"{result['loss']:.4f}"),
-                 ("test images", str(len(splits.test[1])))])
+    print_table(
+        f"test split of {run_cfg['data']['name']} ({path})",
+        [
+            ("test accuracy", f"{result['acc']:.4f}"),
+            ("test loss", f"{result['loss']:.4f}"),
+            ("test images", str(len(splits.test[1]))),
+        ],
+    )
     return result

@@ -2,6 +2,7 @@
 trained model on test images of one class shifted horizontally by
 -min_shift .. +min_shift pixels; writes a CSV and a plot. It uses the whole
 test split of the dataset, also for runs trained on a subset."""
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,9 @@ def shift_test(cfg: dict) -> dict:
     sets = shifted_images(*test, background=background[0], class_index=cls, min_shift=min_shift, shifts=shifts)
     n = len(sets[shifts[0]][1])
     if n == 0:
-        raise ConfigError(f"no test image of class {cls} has {min_shift} empty columns on both sides; lower shift.min_shift")
+        raise ConfigError(
+            f"no test image of class {cls} has {min_shift} empty columns on both sides; lower shift.min_shift"
+        )
     results = {}
     for shift in shifts:
         x, y = sets[shift]
@@ -51,10 +54,14 @@ def shift_test(cfg: dict) -> dict:
         results[shift] = correct / len(y)
     out_dir = os.path.join(os.path.dirname(path), "shift_test_exact_kernel" if exact else "shift_test")
     os.makedirs(out_dir, exist_ok=True)
-    write_csv(os.path.join(out_dir, "shift_accuracy.csv"),
-              [{"shift": shift, "accuracy": f"{acc:.4f}", "images": n} for shift, acc in results.items()])
+    write_csv(
+        os.path.join(out_dir, "shift_accuracy.csv"),
+        [{"shift": shift, "accuracy": f"{acc:.4f}", "images": n} for shift, acc in results.items()],
+    )
     _plot(results, os.path.join(out_dir, "shift_accuracy.png"), title=f"{run_cfg['name']}: class {cls}, {n} images")
-    print(f"\nshifted-image test{' (exact softmax kernel)' if exact else ''} ({n} test images of class {cls} with >= {min_shift} empty columns each side)")
+    print(
+        f"\nshifted-image test{' (exact softmax kernel)' if exact else ''} ({n} test images of class {cls} with >= {min_shift} empty columns each side)"
+    )
     print(" shift: " + " ".join(f"{k:>6d}" for k in results))
     print("   acc: " + " ".join(f"{v:6.3f}" for v in results.values()))
     print(f"written: {out_dir}/shift_accuracy.csv and shift_accuracy.png", flush=True)

@@ -8,6 +8,7 @@ A sweep file is a W&B sweep configuration; its parameter names are config keys
 metric is a logged metric (``val/best_acc``: its last value) or, the thesis' way,
 a W&B summary aggregate of one (``val/acc.max``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,11 @@ def sweep_path(name: Optional[str], sweep_dir: Optional[str] = None) -> str:
         for candidate in (name, name + ".yml", name + ".yaml"):
             if os.path.exists(os.path.join(sweep_dir, candidate)):
                 return os.path.join(sweep_dir, candidate)
-    known = sorted(os.path.splitext(f)[0] for f in os.listdir(sweep_dir) if f.endswith((".yml", ".yaml"))) \
-        if sweep_dir and os.path.isdir(sweep_dir) else []
+    known = (
+        sorted(os.path.splitext(f)[0] for f in os.listdir(sweep_dir) if f.endswith((".yml", ".yaml")))
+        if sweep_dir and os.path.isdir(sweep_dir)
+        else []
+    )
     listing = f" (a path, or one of: {', '.join(known)})" if known else " (no such file)"
     raise ConfigError(f"sweep config {name!r} not found{listing}")
 
@@ -109,8 +113,14 @@ def metric_value(history: list, name: str, summary: Optional[dict] = None) -> Op
     return float(values[-1]) if values else None
 
 
-def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: Optional[str] = None,
-                train_fn: Callable = runs.train, given: Iterable[str] = ()) -> list:
+def local_sweep(
+    cfg: dict,
+    path: Optional[str],
+    defaults_flat: dict,
+    sweep_dir: Optional[str] = None,
+    train_fn: Callable = runs.train,
+    given: Iterable[str] = (),
+) -> list:
     """Runs a sweep on this machine, one configuration after another.
 
     Writes ``<out_dir>/<sweep name>/sweep_summary.csv`` (a row per run, written as
@@ -126,15 +136,20 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
         raise ConfigError(f"a {method} sweep never ends by itself: give -count=N")
     name = sweep.get("name") or os.path.splitext(os.path.basename(sweep_path(path, sweep_dir)))[0]
     if not is_safe_run_name(str(name)):
-        raise ConfigError(f"sweep name {name!r} (the sweep file's name:) must be a folder name without '/', '\\', "
-                          "control characters, '.' or '..': its runs are written to <out_dir>/<sweep name>/")
+        raise ConfigError(
+            f"sweep name {name!r} (the sweep file's name:) must be a folder name without '/', '\\', "
+            "control characters, '.' or '..': its runs are written to <out_dir>/<sweep name>/"
+        )
     out_dir = os.path.join(cfg["out_dir"], name)
     os.makedirs(out_dir, exist_ok=True)
     csv_path = os.path.join(out_dir, "sweep_summary.csv")
     engine_config = {k: v for k, v in sweep.items() if k in ("method", "metric", "parameters", "early_terminate")}
     engine_runs, rows = [], []
-    print(f"local sweep {name!r}: method {method}, metric {metric} ({sweep['metric'].get('goal', 'maximize')}), "
-          f"results in {out_dir}", flush=True)
+    print(
+        f"local sweep {name!r}: method {method}, metric {metric} ({sweep['metric'].get('goal', 'maximize')}), "
+        f"results in {out_dir}",
+        flush=True,
+    )
     while not count or len(engine_runs) < count:
         suggestion = sweeps.next_run(engine_config, engine_runs)
         if suggestion is None:
@@ -144,11 +159,19 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
         run_cfg = _apply(cfg, defaults_flat, params, set(), given)  # load_sweep reported the ignored keys
         run_cfg["name"] = run_name
         run_cfg["out_dir"] = out_dir
-        current = sweeps.SweepRun(name=run_name, state=sweeps.RunState.running, config=suggestion.config,
-                                  history=[], search_info=suggestion.search_info)
+        current = sweeps.SweepRun(
+            name=run_name,
+            state=sweeps.RunState.running,
+            config=suggestion.config,
+            history=[],
+            search_info=suggestion.search_info,
+        )
         engine_runs.append(current)
-        print(f"\n[{len(engine_runs)}{'/' + str(count) if count else ''}] {run_name}: "
-              + ", ".join(f"{k}={v}" for k, v in params.items()), flush=True)
+        print(
+            f"\n[{len(engine_runs)}{'/' + str(count) if count else ''}] {run_name}: "
+            + ", ".join(f"{k}={v}" for k, v in params.items()),
+            flush=True,
+        )
 
         def on_epoch(epoch: int, metrics: dict, current=current) -> bool:
             row = dict(metrics)
@@ -162,8 +185,16 @@ def local_sweep(cfg: dict, path: Optional[str], defaults_flat: dict, sweep_dir: 
         value = metric_value(summary.get("history", []), metric, summary)
         current.summary_metrics = {metric: value} if value is not None else {}
         current.state = sweeps.RunState.finished
-        rows.append({"run": run_name, **params, metric: value, "test/acc": summary.get("test/acc"),
-                     "epochs": summary.get("epochs"), "train_seconds": round(summary.get("train_seconds", 0.0), 1)})
+        rows.append(
+            {
+                "run": run_name,
+                **params,
+                metric: value,
+                "test/acc": summary.get("test/acc"),
+                "epochs": summary.get("epochs"),
+                "train_seconds": round(summary.get("train_seconds", 0.0), 1),
+            }
+        )
         write_csv(csv_path, rows)
     if not rows:
         raise ConfigError(f"{path}: the sweep engine proposed no configuration")
@@ -194,14 +225,16 @@ def create_sweep(path: Optional[str], defaults_flat: dict, sweep_dir: Optional[s
     """Creates a sweep on the W&B server (needs credentials and network); prints its id."""
     wandb = require("wandb", "-mode=sweep (a sweep on the W&B server)")
     sweep = load_sweep(path, defaults_flat, sweep_dir)
-    sweep_id = wandb.sweep(sweep, project=os.environ.get("WANDB_PROJECT", "posattn"),
-                           entity=os.environ.get("WANDB_ENTITY"))
+    sweep_id = wandb.sweep(
+        sweep, project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY")
+    )
     print(f"created sweep {sweep_id}; run agents with: python cmd/main.py -mode=sweep_agent --sweep_id={sweep_id}")
     return sweep_id
 
 
-def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn: Callable = runs.train,
-              given: Iterable[str] = ()) -> None:
+def run_agent(
+    cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn: Callable = runs.train, given: Iterable[str] = ()
+) -> None:
     """A W&B agent in this process: each run's values arrive through wandb.config
     (config keys or thesis keys; anything else is an error)."""
     if not sweep_id:
@@ -223,5 +256,10 @@ def run_agent(cfg: dict, sweep_id: Optional[str], defaults_flat: dict, train_fn:
         run.finish()
 
     count = int(cfg["sweep"]["count"]) or None
-    wandb.agent(sweep_id, function=one_run, count=count, project=os.environ.get("WANDB_PROJECT"),
-                entity=os.environ.get("WANDB_ENTITY"))
+    wandb.agent(
+        sweep_id,
+        function=one_run,
+        count=count,
+        project=os.environ.get("WANDB_PROJECT"),
+        entity=os.environ.get("WANDB_ENTITY"),
+    )

@@ -9,6 +9,7 @@
 - W&B's files go to ``<run_dir>/wandb/``, or to ``$WANDB_DIR/wandb/`` when
   ``WANDB_DIR`` is set (W&B's own setting for where its files go).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,17 +77,28 @@ class Tracker:
                 mode = "online"
             else:
                 mode = "offline"
-                print("W&B: no credentials found (WANDB_API_KEY or `wandb login`): logging offline to "
-                      f"{os.path.join(self.wandb_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`")
-        kwargs = dict(project=os.environ.get("WANDB_PROJECT", "posattn"), entity=os.environ.get("WANDB_ENTITY"),
-                      name=name, group=group, config=config, dir=self.wandb_dir, reinit="finish_previous")
+                print(
+                    "W&B: no credentials found (WANDB_API_KEY or `wandb login`): logging offline to "
+                    f"{os.path.join(self.wandb_dir, 'wandb')}; upload later with `wandb sync <that folder>/offline-run-*`"
+                )
+        kwargs = dict(
+            project=os.environ.get("WANDB_PROJECT", "posattn"),
+            entity=os.environ.get("WANDB_ENTITY"),
+            name=name,
+            group=group,
+            config=config,
+            dir=self.wandb_dir,
+            reinit="finish_previous",
+        )
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=60), **kwargs)
         except Exception as e:  # credentials but no reachable server
             if mode != "online":
                 raise
-            print(f"W&B: could not reach the server ({type(e).__name__}: {e}); logging offline to "
-                  f"{os.path.join(self.wandb_dir, 'wandb')} instead (upload later with `wandb sync`)")
+            print(
+                f"W&B: could not reach the server ({type(e).__name__}: {e}); logging offline to "
+                f"{os.path.join(self.wandb_dir, 'wandb')} instead (upload later with `wandb sync`)"
+            )
             mode = "offline"
             self.run = wandb.init(mode=mode, **kwargs)
         self.mode = mode
@@ -109,8 +121,12 @@ class Tracker:
                     row = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(row, dict) and isinstance(row.get("epoch"), int) and row["epoch"] <= last_epoch \
-                        and not any(k.startswith("test/") for k in row):
+                if (
+                    isinstance(row, dict)
+                    and isinstance(row.get("epoch"), int)
+                    and row["epoch"] <= last_epoch
+                    and not any(k.startswith("test/") for k in row)
+                ):
                     kept.append(line if line.endswith("\n") else line + "\n")
         write_atomic(self._metrics_path, "".join(kept).encode())
 

@@ -1,4 +1,5 @@
 """Training, evaluation and checkpoints for the experiment CLI."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,16 @@ from .checkpoints import CheckpointStore
 from .data import Splits, batches
 from .tracking import Tracker
 
-__all__ = ["build_model", "model_config", "apply_model_variant", "upgrade_saved_config", "Trainer", "resolve_device", "set_seed", "Distributed"]
+__all__ = [
+    "build_model",
+    "model_config",
+    "apply_model_variant",
+    "upgrade_saved_config",
+    "Trainer",
+    "resolve_device",
+    "set_seed",
+    "Distributed",
+]
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "noam")
@@ -35,8 +45,10 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available on this machine (set device to auto "
-                         "or cpu: -Ddevice=auto, or in the sweep file where a sweep sets it)")
+        raise ValueError(
+            f"device {name!r} requested but CUDA is not available on this machine (set device to auto "
+            "or cpu: -Ddevice=auto, or in the sweep file where a sweep sets it)"
+        )
     return device
 
 
@@ -58,8 +70,9 @@ def apply_model_variant(cfg: dict, given: Iterable[str] = ()) -> dict:
         section, _, name = key.rpartition(".")
         node = cfg[section] if section else cfg
         if key in given and node[name] != value:
-            raise ValueError(f"model.variant={variant} uses {key}={value}, but {key}={node[name]!r} was given; "
-                             "drop one of them")
+            raise ValueError(
+                f"model.variant={variant} uses {key}={value}, but {key}={node[name]!r} was given; drop one of them"
+            )
         node[name] = value
     for key, value in PERFORMER_DEFAULTS.items():
         if f"model.{key}" not in given:
@@ -86,11 +99,19 @@ def model_config(cfg: dict, splits: Splits) -> ModelConfig:
     variant = m.pop("variant", None)
     for key, found in (("in_channels", splits.channels), ("num_classes", splits.num_classes)):
         if m.get(key) is not None and int(m[key]) != found:
-            raise ValueError(f"model.{key} is {m[key]} but the data ({cfg['data']['name']}) has {found}; "
-                             f"leave model.{key} null to take it from the data")
-    values = dict(m, grid=list(splits.grid), in_channels=splits.channels, num_classes=splits.num_classes,
-                  pe=dict(cfg["pe"], name=cfg["positional_encoding"]), span=dict(cfg["span"]),
-                  performer=dict(cfg["performer"]))
+            raise ValueError(
+                f"model.{key} is {m[key]} but the data ({cfg['data']['name']}) has {found}; "
+                f"leave model.{key} null to take it from the data"
+            )
+    values = dict(
+        m,
+        grid=list(splits.grid),
+        in_channels=splits.channels,
+        num_classes=splits.num_classes,
+        pe=dict(cfg["pe"], name=cfg["positional_encoding"]),
+        span=dict(cfg["span"]),
+        performer=dict(cfg["performer"]),
+    )
     if variant:
         if variant not in PERFORMER_VARIANTS:
             raise ValueError(f"model.variant must be null or one of {', '.join(PERFORMER_VARIANTS)}; got {variant!r}")
@@ -168,9 +189,18 @@ class Trainer:
     missing epochs again and rewrites what they wrote, identically.
     """
 
-    def __init__(self, cfg: dict, splits: Splits, model: TransformerClassifier, device: torch.device,
-                 run_dir: str, tracker: Tracker, dist: Optional[Distributed] = None, progress: bool = True,
-                 store: Optional[CheckpointStore] = None):
+    def __init__(
+        self,
+        cfg: dict,
+        splits: Splits,
+        model: TransformerClassifier,
+        device: torch.device,
+        run_dir: str,
+        tracker: Tracker,
+        dist: Optional[Distributed] = None,
+        progress: bool = True,
+        store: Optional[CheckpointStore] = None,
+    ):
         t = cfg["train"]
         if t["optimizer"] not in OPTIMIZERS:
             raise ValueError(f"train.optimizer must be one of {OPTIMIZERS}, got {t['optimizer']!r}")
@@ -186,16 +216,19 @@ class Trainer:
         self.module = self.model  # unwrapped (for checkpoints and stats)
         if self.dist.active:
             self.model = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+                self.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
-        self.optimizer = opt_cls(self.module.parameters(), lr=float(t["lr"]), betas=tuple(t["betas"]),
-                                 weight_decay=float(t["weight_decay"]))
+        self.optimizer = opt_cls(
+            self.module.parameters(), lr=float(t["lr"]), betas=tuple(t["betas"]), weight_decay=float(t["weight_decay"])
+        )
         n_train = len(splits.train[1])
         per_rank = math.ceil(n_train / self.dist.world_size)
         self.steps_per_epoch = math.ceil(math.ceil(per_rank / t["batch_size"]) / t["accumulation_steps"])
         total = self.steps_per_epoch * t["epochs"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(t["schedule"], step, int(t["warmup_steps"]), total))
+            self.optimizer, lambda step: lr_factor(t["schedule"], step, int(t["warmup_steps"]), total)
+        )
         self.shuffle = torch.Generator().manual_seed(int(cfg["seed"]))
         self.epoch, self.step, self.best_val_acc = 0, 0, -1.0
 
@@ -203,12 +236,19 @@ class Trainer:
 
     def state(self) -> dict:
         return {
-            "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step,
-            "best_val_acc": self.best_val_acc, "shuffle_rng": self.shuffle.get_state(),
-            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "best_val_acc": self.best_val_acc,
+            "shuffle_rng": self.shuffle.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "config": self.cfg, "model_config": self.module.config.to_dict(),
+            "config": self.cfg,
+            "model_config": self.module.config.to_dict(),
         }
 
     def load_state(self, state: dict) -> None:
@@ -244,8 +284,17 @@ class Trainer:
     def _epoch_groups(self):
         """The epoch's micro-batches in groups of accumulation_steps."""
         x, y = self.splits.train
-        micro = list(batches(x, y, self.t["batch_size"], shuffle=True, generator=self.shuffle,
-                             rank=self.dist.rank, world_size=self.dist.world_size))
+        micro = list(
+            batches(
+                x,
+                y,
+                self.t["batch_size"],
+                shuffle=True,
+                generator=self.shuffle,
+                rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            )
+        )
         k = self.t["accumulation_steps"]
         return [micro[i : i + k] for i in range(0, len(micro), k)]
 
@@ -253,9 +302,14 @@ class Trainer:
         self.model.train()
         groups = self._epoch_groups()
         n_samples = sum(len(yb) for g in groups for _, yb in g)
-        bar = tqdm(total=n_samples, desc=f"epoch {self.epoch + 1}/{self.t['epochs']}", unit="img",
-                   disable=None if (self.progress and self.dist.is_main) else True, leave=False,
-                   mininterval=1.0)
+        bar = tqdm(
+            total=n_samples,
+            desc=f"epoch {self.epoch + 1}/{self.t['epochs']}",
+            unit="img",
+            disable=None if (self.progress and self.dist.is_main) else True,
+            leave=False,
+            mininterval=1.0,
+        )
         loss_sum, correct, seen = 0.0, 0, 0
         start = time.perf_counter()
         for group in groups:
@@ -287,9 +341,13 @@ class Trainer:
         bar.close()
         seconds = time.perf_counter() - start
         loss_sum, correct, seen = self.dist.sum([loss_sum, float(correct), float(seen)], self.device)
-        return {"loss": loss_sum / max(seen, 1), "acc": correct / max(seen, 1), "seconds": seconds,
-                "per_sample_ms": 1e3 * seconds * self.dist.world_size / max(seen, 1),
-                "per_step_ms": 1e3 * seconds / max(len(groups), 1)}
+        return {
+            "loss": loss_sum / max(seen, 1),
+            "acc": correct / max(seen, 1),
+            "seconds": seconds,
+            "per_sample_ms": 1e3 * seconds * self.dist.world_size / max(seen, 1),
+            "per_step_ms": 1e3 * seconds / max(len(groups), 1),
+        }
 
     def span_metrics(self) -> dict:
         """Per-layer mean sigma and box size per axis, and kept-key fraction."""
@@ -313,9 +371,14 @@ class Trainer:
             val = self.evaluate(*self.splits.val)
             self.epoch += 1
             metrics = {
-                "epoch": self.epoch, "train/loss": train["loss"], "train/acc": train["acc"],
-                "val/loss": val["loss"], "val/acc": val["acc"], "lr": self.scheduler.get_last_lr()[0],
-                "time/per_sample_ms": train["per_sample_ms"], "time/per_step_ms": train["per_step_ms"],
+                "epoch": self.epoch,
+                "train/loss": train["loss"],
+                "train/acc": train["acc"],
+                "val/loss": val["loss"],
+                "val/acc": val["acc"],
+                "lr": self.scheduler.get_last_lr()[0],
+                "time/per_sample_ms": train["per_sample_ms"],
+                "time/per_step_ms": train["per_step_ms"],
                 "time/epoch_s": train["seconds"],
                 **self.span_metrics(),
             }
@@ -330,9 +393,12 @@ class Trainer:
                 if improved:
                     self.store.save("best", state)
                 self.store.save("last", state)
-                print(f"epoch {self.epoch}/{self.t['epochs']}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
-                      f"val loss {val['loss']:.4f} acc {val['acc']:.4f} | {train['per_sample_ms']:.2f} ms/sample"
-                      f"{' (best)' if improved else ''}", flush=True)
+                print(
+                    f"epoch {self.epoch}/{self.t['epochs']}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
+                    f"val loss {val['loss']:.4f} acc {val['acc']:.4f} | {train['per_sample_ms']:.2f} ms/sample"
+                    f"{' (best)' if improved else ''}",
+                    flush=True,
+                )
             self.dist.barrier()
             history.append(metrics)
             if epoch_callback is not None and epoch_callback(self.epoch, metrics):

@@ -7,6 +7,7 @@ checked by :class:`posattn.nn.ModelConfig` when the model is built, the scaling
 study's by :class:`.scaling.ScalingConfig`; the rules here are the rest, and
 the model keys that the CLI reads itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,10 +84,13 @@ def safe_run_name(name: str) -> str:
 _BOOL: Rule = (lambda v: isinstance(v, bool)), "true or false"
 
 RULES: dict[str, Rule] = {
-    "name": _or_null((lambda v: v == "" or (isinstance(v, (str, int)) and not isinstance(v, bool)
-                                            and is_safe_run_name(str(v))),
-                      "a folder name without '/', '\\\\', control characters, '.' or '..'"),
-                     " (null: <dataset>-<positional_encoding>-<time>)"),
+    "name": _or_null(
+        (
+            lambda v: v == "" or (isinstance(v, (str, int)) and not isinstance(v, bool) and is_safe_run_name(str(v))),
+            "a folder name without '/', '\\\\', control characters, '.' or '..'",
+        ),
+        " (null: <dataset>-<positional_encoding>-<time>)",
+    ),
     "seed": _or_null((_is_int, "an int")),
     "device": (_is_device, "auto, cpu, cuda, cuda:N or mps"),
     "out_dir": _TEXT,
@@ -109,8 +113,10 @@ RULES: dict[str, Rule] = {
     "train.optimizer": _one_of(OPTIMIZERS),
     "train.lr": _number(lambda v: v > 0, "a positive finite number"),
     "train.weight_decay": _number(lambda v: v >= 0, "a finite number >= 0"),
-    "train.betas": ((lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-                     and all(_is_number(b) and 0 <= b < 1 for b in v)), "two numbers in [0, 1), e.g. [0.9, 0.999]"),
+    "train.betas": (
+        (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v)),
+        "two numbers in [0, 1), e.g. [0.9, 0.999]",
+    ),
     "train.schedule": _one_of(SCHEDULES),
     "train.warmup_steps": _int(0),
     "train.grad_clip": _number(lambda v: v >= 0, "a finite number >= 0 (0: off)"),
@@ -156,6 +162,8 @@ def check_output_folders(cfg: dict, resume: Optional[str] = None) -> None:
     _writable(cfg["out_dir"], "out_dir")
     if not cfg["no_wandb"] and os.environ.get("WANDB_DIR"):
         _writable(os.environ["WANDB_DIR"], "WANDB_DIR (where W&B writes its files)")
-    run_dir = resume or (os.path.join(cfg["out_dir"], str(cfg["name"])) if mode == "train" and cfg.get("name") else None)
+    run_dir = resume or (
+        os.path.join(cfg["out_dir"], str(cfg["name"])) if mode == "train" and cfg.get("name") else None
+    )
     if run_dir and os.path.exists(run_dir):
         _writable(run_dir, "run folder")

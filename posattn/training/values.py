@@ -4,6 +4,7 @@ given on the command line or in YAML becomes the type of its default.
 A leaf module (no posattn imports), so both the config loader and the thesis
 vocabulary (``thesis.py``) can use it.
 """
+
 from __future__ import annotations
 
 from typing import Any

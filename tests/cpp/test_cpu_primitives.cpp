@@ -12,7 +12,8 @@ using namespace posattn::cpu;
 
 TEST_CASE("vectorised exp is accurate, exact 0 at -inf, NaN stays NaN", "[vec]") {
   std::vector<float> x, y(2001);
-  for (int i = 0; i <= 2000; ++i) x.push_back(-90.0f + 0.085f * static_cast<float>(i));  // up to 80: the sum stays finite
+  for (int i = 0; i <= 2000; ++i)
+    x.push_back(-90.0f + 0.085f * static_cast<float>(i));  // up to 80: the sum stays finite
   const float total = exp_shift_sum(x.data(), y.data(), static_cast<int64_t>(x.size()), 0.0f);
   double ref_total = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -25,7 +26,7 @@ TEST_CASE("vectorised exp is accurate, exact 0 at -inf, NaN stays NaN", "[vec]")
     }
   }
   CHECK(total == Approx(ref_total).epsilon(1e-5));
-  float special[8] = {-std::numeric_limits<float>::infinity(), 0.0f, 1.0f, -1.0f,
+  float special[8] = {-std::numeric_limits<float>::infinity(), 0.0f,  1.0f,   -1.0f,
                       std::numeric_limits<float>::quiet_NaN(), 88.0f, -87.0f, -100.0f};
   float out[8];
   exp_shift_sum(special, out, 8, 0.0f);
@@ -157,7 +158,7 @@ TEST_CASE("softmax_backward_line matches plain loops (odd lengths)", "[vec]") {
 
 TEST_CASE("FlushDenormals flushes denormal results while alive and restores the mode", "[vec]") {
   volatile float tiny = 1e-30f, small = 1e-10f;  // volatile: computed at run time
-  const float before = tiny * small;               // 1e-40: a denormal
+  const float before = tiny * small;             // 1e-40: a denormal
 #if defined(__x86_64__) || defined(__i386__)
   CHECK(before > 0.0f);
   {

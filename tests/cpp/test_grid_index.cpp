@@ -97,10 +97,10 @@ TEST_CASE("span half widths", "[index][span]") {
   CHECK(span_half_width(0.1, t, 32) == static_cast<int64_t>(std::ceil(0.1 * radius * 31)));
   CHECK(span_half_width(0.1, t, 32) == 7);
   CHECK(span_half_width(0.3, t, 28) == 18);
-  CHECK(span_half_width(10.0, t, 28) == 27);    // cap
-  CHECK(span_half_width(1e300, t, 28) == 27);   // no overflow
-  CHECK(span_half_width(1e-9, t, 28) == 1);     // ceil of a tiny positive extent
-  CHECK(span_half_width(0.3, t, 1) == 0);       // size-1 axis
+  CHECK(span_half_width(10.0, t, 28) == 27);       // cap
+  CHECK(span_half_width(1e300, t, 28) == 27);      // no overflow
+  CHECK(span_half_width(1e-9, t, 28) == 1);        // ceil of a tiny positive extent
+  CHECK(span_half_width(0.3, t, 1) == 0);          // size-1 axis
   CHECK(span_half_width(0.3, 0.999999, 50) == 1);  // threshold close to 1: tiny box
   // Monotone in sigma.
   int64_t last = 0;

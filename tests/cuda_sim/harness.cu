@@ -60,7 +60,8 @@ std::string g_dir;
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     // (cudaGetErrorName is not implemented by the simulator)
-    std::fprintf(stderr, "harness: CUDA error %d in %s: %s\n", static_cast<int>(err), what, cudaGetErrorString(err));
+    std::fprintf(stderr, "harness: CUDA error %d in %s: %s\n", static_cast<int>(err), what,
+                 cudaGetErrorString(err));
     std::exit(3);
   }
 }
@@ -80,7 +81,9 @@ Case read_case(const std::string& dir) {
   return c;
 }
 
-bool has(const Case& c, const std::string& k) { return c.count(k) > 0; }
+bool has(const Case& c, const std::string& k) {
+  return c.count(k) > 0;
+}
 int64_t geti(const Case& c, const std::string& k, int64_t dflt = 0) {
   auto it = c.find(k);
   return it == c.end() || it->second.empty() ? dflt : std::stoll(it->second[0]);
@@ -150,10 +153,18 @@ void load(Dev<E>& d, const std::string& name) {
   if (d.n) d.upload(read_array<E>(name, d.n));
 }
 
-float host_float(float x) { return x; }
-double host_float(double x) { return x; }
-float host_float(__half x) { return __half2float(x); }
-float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+float host_float(float x) {
+  return x;
+}
+double host_float(double x) {
+  return x;
+}
+float host_float(__half x) {
+  return __half2float(x);
+}
+float host_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 // ---- relpos_attention ------------------------------------------------------
 
@@ -219,7 +230,8 @@ int run_relpos(const Case& c) {
 #if defined(HARNESS_TILED_D)
   constexpr int TD = HARNESS_TILED_D;
   const posattn::tiled::TiledArgs ta = posattn::tiled::make_tiled_args(p);
-  if (run.tiled && (p.D != TD || p.Dv != TD)) fail("this harness runs the tiled kernels with D = Dv = " + std::to_string(TD));
+  if (run.tiled && (p.D != TD || p.Dv != TD))
+    fail("this harness runs the tiled kernels with D = Dv = " + std::to_string(TD));
 #endif
   if (run.tiled) {
 #if defined(HARNESS_TILED_D)
@@ -250,11 +262,13 @@ int run_relpos(const Case& c) {
   // the glue's host-side work: D_i = dO_i . out_i - d lse_i
   const std::vector<T> gout_h = read_array<T>("gout", nv);
   std::vector<Acc> rowd_h(nrow, Acc(0));
-  const std::vector<Acc> glse_h = geti(c, "has_glse") != 0 ? read_array<Acc>("glse", nrow) : std::vector<Acc>(nrow, Acc(0));
+  const std::vector<Acc> glse_h =
+      geti(c, "has_glse") != 0 ? read_array<Acc>("glse", nrow) : std::vector<Acc>(nrow, Acc(0));
   for (size_t r = 0; r < nrow; ++r) {
     Acc s = 0;
     for (int64_t e = 0; e < p.Dv; ++e)
-      s += static_cast<Acc>(host_float(gout_h[r * p.Dv + e])) * static_cast<Acc>(host_float(out_h[r * p.Dv + e]));
+      s += static_cast<Acc>(host_float(gout_h[r * p.Dv + e])) *
+           static_cast<Acc>(host_float(out_h[r * p.Dv + e]));
     rowd_h[r] = s - glse_h[r];
   }
   Dev<T> gout(nv);
@@ -311,7 +325,8 @@ int run_relpos(const Case& c) {
       const std::vector<double> part = dsig_part.download();
       for (int64_t h = 0; h < p.H; ++h)
         for (int64_t b = 0; b < per_head; ++b)
-          for (int64_t a = 0; a < p.G_in; ++a) dsigma[h * p.G_in + a] += part[(h * per_head + b) * p.G_in + a];
+          for (int64_t a = 0; a < p.G_in; ++a)
+            dsigma[h * p.G_in + a] += part[(h * per_head + b) * p.G_in + a];
     }
     std::vector<std::vector<char>> bytes;
     auto keep = [&](const auto& vec) {
@@ -359,8 +374,10 @@ int run_apply_maps(const Case& c) {
   y.poison();
   gx.poison();
   gmaps.zero();
-  check(posattn::algebraic::launch_apply<T>(s, x.p, maps.p, index.p, y.p, false, nullptr), "apply_maps launch");
-  check(posattn::algebraic::launch_apply<T>(s, gy.p, maps.p, index.p, gx.p, true, nullptr), "apply_maps (x^T) launch");
+  check(posattn::algebraic::launch_apply<T>(s, x.p, maps.p, index.p, y.p, false, nullptr),
+        "apply_maps launch");
+  check(posattn::algebraic::launch_apply<T>(s, gy.p, maps.p, index.p, gx.p, true, nullptr),
+        "apply_maps (x^T) launch");
   check(posattn::algebraic::launch_grad_maps<T>(s, gy.p, x.p, index.p, gmaps.p, nullptr), "grad maps launch");
   check(cudaDeviceSynchronize(), "apply_maps");
   write_array("y", y.download());

@@ -8,6 +8,7 @@ raw files and back). Environment:
   GPUSIM_HOME   its build (default ~/.cache/posattn-gpusim, as the kit's setup.sh)
   CUDA_HOME     the toolkit whose nvcc builds the harness (default: nvcc on PATH)
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -30,8 +31,12 @@ BUILD = REPO / "build" / "cuda_sim"
 # the element type names of the harness (-DHARNESS_T)
 TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bf16"}
 # torch's nvcc flags that change what the kernels may use (no implicit half conversions)
-TORCH_HALF_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+TORCH_HALF_FLAGS = [
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+]
 # the simulator crashes in __assertfail and __trap: failed device-side checks print their message instead
 FLAGS = TORCH_HALF_FLAGS + ["-DPOSATTN_DEVICE_ASSERT_PRINTS"]
 ASSERT_PREFIX = "posattn device assertion failed: "
@@ -84,10 +89,23 @@ def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
         if not binary.exists():
             for old in BUILD.glob(f"{name}-*"):
                 old.unlink()
-            cmd = [nvcc(), "-O3", "-std=c++17", *FLAGS, "-diag-suppress", "177",
-                   "-gencode", "arch=compute_80,code=compute_80", "-cudart", "shared",
-                   f"-I{CSRC}", f"-DHARNESS_T={TYPE_NAMES[dtype]}", "-o", str(binary) + ".tmp",
-                   str(HERE / "harness.cu")]
+            cmd = [
+                nvcc(),
+                "-O3",
+                "-std=c++17",
+                *FLAGS,
+                "-diag-suppress",
+                "177",
+                "-gencode",
+                "arch=compute_80,code=compute_80",
+                "-cudart",
+                "shared",
+                f"-I{CSRC}",
+                f"-DHARNESS_T={TYPE_NAMES[dtype]}",
+                "-o",
+                str(binary) + ".tmp",
+                str(HERE / "harness.cu"),
+            ]
             if tiled_d:
                 cmd.insert(-3, f"-DHARNESS_TILED_D={tiled_d}")
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -98,6 +116,7 @@ def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
 
 
 # ---- cases -----------------------------------------------------------------------
+
 
 def write_tensor(path: Path, t: torch.Tensor) -> None:
     t = t.detach().cpu().contiguous()
@@ -116,6 +135,7 @@ def read_tensor(path: Path, dtype: torch.dtype, shape: Sequence[int]) -> torch.T
 @dataclass
 class SimRun:
     """What a harness run left: its directory, exit status, output and wall time."""
+
     dir: Path
     returncode: int
     output: str
@@ -133,8 +153,15 @@ class SimRun:
         return dict(line.split(None, 1) for line in lines if line.strip())
 
 
-def run_case(binary: Path, case_dir: Path, settings: Dict[str, object], arrays: Dict[str, torch.Tensor],
-             timing: bool = False, timeout: float = 900, rundir: Optional[Path] = None) -> SimRun:
+def run_case(
+    binary: Path,
+    case_dir: Path,
+    settings: Dict[str, object],
+    arrays: Dict[str, torch.Tensor],
+    timing: bool = False,
+    timeout: float = 900,
+    rundir: Optional[Path] = None,
+) -> SimRun:
     """Writes the case (settings as case.txt lines, arrays as NAME.bin) and runs the
     harness on the simulator (timing: GPGPU-Sim's cycle model, much slower; rundir:
     keep the simulator's run directory, with its log, there)."""
@@ -159,6 +186,11 @@ def run_case(binary: Path, case_dir: Path, settings: Dict[str, object], arrays: 
     if rundir is not None:
         env["GPUSIM_RUNDIR"] = str(rundir)
     start = time.perf_counter()
-    done = subprocess.run(["bash", str(kit_dir() / "run.sh"), str(binary), str(case_dir.resolve())],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    done = subprocess.run(
+        ["bash", str(kit_dir() / "run.sh"), str(binary), str(case_dir.resolve())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     return SimRun(case_dir, done.returncode, done.stdout + done.stderr, time.perf_counter() - start)

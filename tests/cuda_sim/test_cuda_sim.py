@@ -7,6 +7,7 @@ Run with ``bash scripts/cuda_sim.sh`` (builds the simulator if needed, then runs
 Inputs are rounded to the kernel's dtype first, so the tolerances measure the
 kernels' own arithmetic.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,14 +15,15 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+import simlib
 import torch
 
 from posattn import reference
 
-import simlib
-
-pytestmark = [pytest.mark.cuda_sim,
-              pytest.mark.skipif(simlib.unavailable() is not None, reason=str(simlib.unavailable()))]
+pytestmark = [
+    pytest.mark.cuda_sim,
+    pytest.mark.skipif(simlib.unavailable() is not None, reason=str(simlib.unavailable())),
+]
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 # error relative to the largest reference value of a tensor
@@ -46,11 +48,32 @@ def tiled_bytes(dtype: torch.dtype, D: int, G: int, backward: bool) -> int:
 class Case:
     """One relpos_attention call: element type, kernel path, sizes and options."""
 
-    def __init__(self, name: str, dtype: torch.dtype, grid: List[int], *, path: str = "general", B: int = 2,
-                 H: int = 2, D: int = 8, Dv: Optional[int] = None, pos: bool = True, sigma: bool = False,
-                 bias: bool = False, threshold: float = 0.0, span_mode: str = "add", causal: bool = False,
-                 window=None, window_border: str = "clip", backward: bool = True, glse: bool = True,
-                 repeats: int = 1, special: Optional[str] = None, seed: int = 0, tiled_backward: bool = True):
+    def __init__(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        grid: List[int],
+        *,
+        path: str = "general",
+        B: int = 2,
+        H: int = 2,
+        D: int = 8,
+        Dv: Optional[int] = None,
+        pos: bool = True,
+        sigma: bool = False,
+        bias: bool = False,
+        threshold: float = 0.0,
+        span_mode: str = "add",
+        causal: bool = False,
+        window=None,
+        window_border: str = "clip",
+        backward: bool = True,
+        glse: bool = True,
+        repeats: int = 1,
+        special: Optional[str] = None,
+        seed: int = 0,
+        tiled_backward: bool = True,
+    ):
         self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
         self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
         self.pos, self.sigma, self.bias = pos, sigma, bias
@@ -108,9 +131,17 @@ def _reference(c: Case, x: Dict[str, torch.Tensor], scale: float, gout, glse, ou
     reference takes that (given out_kernel), so that the tolerances measure the
     kernels' arithmetic, not the rounding of out that the method builds on."""
     xr = {k: t.clone().requires_grad_() for k, t in x.items()}
-    out, lse = reference.relpos_attention(**xr, grid=c.grid, threshold=c.threshold, span_mode=c.span_mode,
-                                          scale=scale, causal=c.causal, return_lse=True, window=c.window,
-                                          window_border=c.window_border)
+    out, lse = reference.relpos_attention(
+        **xr,
+        grid=c.grid,
+        threshold=c.threshold,
+        span_mode=c.span_mode,
+        scale=scale,
+        causal=c.causal,
+        return_lse=True,
+        window=c.window,
+        window_border=c.window_border,
+    )
     if not c.backward:
         return out.detach(), lse.detach(), {}
     if out_kernel is not None:
@@ -148,8 +179,9 @@ def _check_nonfinite_gradient(name: str, got: torch.Tensor, want: torch.Tensor, 
     gradient of the sanitized call (an entry the bad inputs reach must not be finite)."""
     got = got.double()
     gnan = torch.isnan(got)
-    assert not (gnan & ~torch.isnan(want)).any(), \
+    assert not (gnan & ~torch.isnan(want)).any(), (
         f"{name}: NaN at {int((gnan & ~torch.isnan(want)).sum())} places where the reference is finite"
+    )
     assert not torch.isinf(got).any(), f"{name}: infinite entries"
     fin = ~gnan
     assert not torch.isnan(clean[fin]).any(), f"{name}: finite where the sanitized call's gradient is NaN"
@@ -163,18 +195,33 @@ def run_relpos(c: Case, tmp_path: Path):
     N = math.prod(c.grid)
     tiled_d = c.D if c.path == "tiled" else None
     x = _inputs(c)
-    scale = c.D ** -0.5
+    scale = c.D**-0.5
     g = torch.Generator().manual_seed(c.seed + 1)
     gout = torch.randn(c.B, c.H, N, c.Dv, generator=g, dtype=F64).to(c.dtype).to(F64)
     acc = F64 if c.dtype == F64 else F32
     glse = (torch.randn(c.B, c.H, N, generator=g, dtype=F64) * (0.5 if c.glse else 0.0)).to(acc).to(F64)
-    settings = dict(op="relpos", path=c.path, B=c.B, H=c.H, D=c.D, Dv=c.Dv, grid=c.grid, has_pos=c.pos,
-                    has_sigma=c.sigma, has_bias=c.bias, multiply=c.span_mode == "multiply",
-                    threshold=repr(float(c.threshold)), scale=repr(scale), causal=c.causal,
-                    window=None if c.window is None else ([c.window] * len(c.grid) if isinstance(c.window, int)
-                                                          else c.window),
-                    window_shift=c.window_border == "shift", backward=c.backward, repeats=c.repeats,
-                    has_glse=True, tiled_backward=c.tiled_backward)
+    settings = dict(
+        op="relpos",
+        path=c.path,
+        B=c.B,
+        H=c.H,
+        D=c.D,
+        Dv=c.Dv,
+        grid=c.grid,
+        has_pos=c.pos,
+        has_sigma=c.sigma,
+        has_bias=c.bias,
+        multiply=c.span_mode == "multiply",
+        threshold=repr(float(c.threshold)),
+        scale=repr(scale),
+        causal=c.causal,
+        window=None if c.window is None else ([c.window] * len(c.grid) if isinstance(c.window, int) else c.window),
+        window_shift=c.window_border == "shift",
+        backward=c.backward,
+        repeats=c.repeats,
+        has_glse=True,
+        tiled_backward=c.tiled_backward,
+    )
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
@@ -201,8 +248,15 @@ def check_relpos(c: Case, tmp_path: Path):
     if not c.backward:
         return errors
     U = math.prod(2 * n - 1 for n in c.grid)
-    shapes = dict(q=(c.B, c.H, N, c.D), k=(c.B, c.H, N, c.D), v=(c.B, c.H, N, c.Dv), q_pos=(c.B, c.H, N, c.D),
-                  rel=(c.H, U, c.D), bias=(c.H, U), sigma=(c.H, len(c.grid)))
+    shapes = dict(
+        q=(c.B, c.H, N, c.D),
+        k=(c.B, c.H, N, c.D),
+        v=(c.B, c.H, N, c.Dv),
+        q_pos=(c.B, c.H, N, c.D),
+        rel=(c.H, U, c.D),
+        bias=(c.H, U),
+        sigma=(c.H, len(c.grid)),
+    )
     for name, want in grads.items():
         dtype = F64 if name == "sigma" else c.dtype
         got = run.read("d" + ("sigma" if name == "sigma" else name), dtype, shapes[name])
@@ -223,15 +277,33 @@ GENERAL = [
     Case("general-f64-2d-span-threshold", F64, [5, 6], sigma=True, threshold=0.3, D=6, Dv=3),
     Case("general-f64-3d-multiply", F64, [3, 4, 5], sigma=True, span_mode="multiply", threshold=0.2, D=4),
     Case("general-f64-size1-axes", F64, [1, 6, 1, 5], sigma=True, bias=True, causal=True, D=4, Dv=5),
-    Case("general-f64-window-shift-causal", F64, [9, 7], window=[2, 1], window_border="shift", causal=True,
-         bias=True, sigma=True, threshold=0.5, D=4),
+    Case(
+        "general-f64-window-shift-causal",
+        F64,
+        [9, 7],
+        window=[2, 1],
+        window_border="shift",
+        causal=True,
+        bias=True,
+        sigma=True,
+        threshold=0.5,
+        D=4,
+    ),
     Case("general-f64-nopos-bias", F64, [4, 5], pos=False, bias=True, sigma=True, span_mode="multiply", D=4),
     Case("general-f32-2d", F32, [6, 5], sigma=True, bias=True, threshold=0.25, D=16, Dv=8),
     Case("general-f32-window-clip", F32, [8, 9], window=2, sigma=True, D=8),
     Case("general-f32-3d-causal", F32, [3, 3, 4], causal=True, sigma=True, span_mode="multiply", D=8),
     Case("general-f16-2d", F16, [5, 7], sigma=True, bias=True, threshold=0.3, D=16, Dv=8),
-    Case("general-f16-multiply-window", F16, [7, 6], sigma=True, span_mode="multiply", window=2,
-         window_border="shift", D=8),
+    Case(
+        "general-f16-multiply-window",
+        F16,
+        [7, 6],
+        sigma=True,
+        span_mode="multiply",
+        window=2,
+        window_border="shift",
+        D=8,
+    ),
     Case("general-bf16-1d-causal", BF16, [23], causal=True, bias=True, sigma=True, D=8),
     Case("general-bf16-3d", BF16, [2, 3, 5], sigma=True, threshold=0.4, D=8, Dv=16),
     Case("general-bf16-4d-window", BF16, [2, 3, 2, 4], window=1, bias=True, sigma=True, span_mode="multiply", D=8),
@@ -260,37 +332,115 @@ def test_general_path(case, tmp_path):
 TILED = [
     # every input type and head dim; 1-D / 2-D / 3-D / 4-D grids, size-1 axes, every feature
     Case("tiled-bf16-d32-1d-long", BF16, [150], path="tiled", D=32, B=1, H=2, sigma=True, bias=True),
-    Case("tiled-f16-d32-causal-threshold", F16, [9, 11], path="tiled", D=32, sigma=True, threshold=0.3,
-         causal=True, B=1),
+    Case(
+        "tiled-f16-d32-causal-threshold", F16, [9, 11], path="tiled", D=32, sigma=True, threshold=0.3, causal=True, B=1
+    ),
     Case("tiled-tf32-d32-multiply", F32, [5, 6], path="tiled", D=32, sigma=True, span_mode="multiply"),
-    Case("tiled-bf16-d64-shift-window", BF16, [12, 12], path="tiled", D=64, pos=False, bias=True, window=2,
-         window_border="shift", B=1, H=1),
-    Case("tiled-f16-d64-3d-multiply", F16, [3, 4, 5], path="tiled", D=64, sigma=True, threshold=0.2,
-         span_mode="multiply", B=1),
+    Case(
+        "tiled-bf16-d64-shift-window",
+        BF16,
+        [12, 12],
+        path="tiled",
+        D=64,
+        pos=False,
+        bias=True,
+        window=2,
+        window_border="shift",
+        B=1,
+        H=1,
+    ),
+    Case(
+        "tiled-f16-d64-3d-multiply",
+        F16,
+        [3, 4, 5],
+        path="tiled",
+        D=64,
+        sigma=True,
+        threshold=0.2,
+        span_mode="multiply",
+        B=1,
+    ),
     Case("tiled-tf32-d64-size1-axes", F32, [1, 7, 1, 9], path="tiled", D=64, bias=True, causal=True, B=1),
-    Case("tiled-bf16-d128-everything", BF16, [7, 9], path="tiled", D=128, sigma=True, bias=True, threshold=0.3,
-         window=3, causal=True, B=1, H=1),
+    Case(
+        "tiled-bf16-d128-everything",
+        BF16,
+        [7, 9],
+        path="tiled",
+        D=128,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        window=3,
+        causal=True,
+        B=1,
+        H=1,
+    ),
     Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
-    Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False,
-         B=2, H=2),
+    Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
     # float32 with D = 128: the backward's shared memory fits no GPU, so the general backward follows
-    Case("tiled-tf32-d128-general-backward", F32, [6, 5], path="tiled", tiled_backward=False, D=128, sigma=True,
-         bias=True, B=1, H=1),
+    Case(
+        "tiled-tf32-d128-general-backward",
+        F32,
+        [6, 5],
+        path="tiled",
+        tiled_backward=False,
+        D=128,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+    ),
     Case("tiled-bf16-d64-4d", BF16, [2, 3, 4, 5], path="tiled", D=64, sigma=True, threshold=0.5, B=1, H=1),
-    Case("tiled-f16-d64-causal-tail", F16, [70], path="tiled", D=64, causal=True, bias=True, sigma=True,
-         threshold=0.3, B=1, H=1),
-    Case("tiled-tf32-d64-window-causal", F32, [13, 11], path="tiled", D=64, bias=True, sigma=True, threshold=0.3,
-         window=3, causal=True, B=1, H=1),
+    Case(
+        "tiled-f16-d64-causal-tail",
+        F16,
+        [70],
+        path="tiled",
+        D=64,
+        causal=True,
+        bias=True,
+        sigma=True,
+        threshold=0.3,
+        B=1,
+        H=1,
+    ),
+    Case(
+        "tiled-tf32-d64-window-causal",
+        F32,
+        [13, 11],
+        path="tiled",
+        D=64,
+        bias=True,
+        sigma=True,
+        threshold=0.3,
+        window=3,
+        causal=True,
+        B=1,
+        H=1,
+    ),
     Case("tiled-f32-d32-one-tile-nopos", F32, [64], path="tiled", D=32, pos=False),
     # windows skip the key chunks outside them; shifted windows at the borders, with causal
     Case("tiled-f16-d32-window-skips", F16, [20, 24], path="tiled", D=32, sigma=True, window=1, B=1, H=1),
-    Case("tiled-bf16-d32-3d-shift-causal", BF16, [3, 13, 10], path="tiled", D=32, sigma=True, threshold=0.4,
-         window=2, window_border="shift", causal=True, B=1, H=1),
+    Case(
+        "tiled-bf16-d32-3d-shift-causal",
+        BF16,
+        [3, 13, 10],
+        path="tiled",
+        D=32,
+        sigma=True,
+        threshold=0.4,
+        window=2,
+        window_border="shift",
+        causal=True,
+        B=1,
+        H=1,
+    ),
     # non-finite logits and determinism
     Case("tiled-bf16-d32-nonfinite", BF16, [9], path="tiled", D=32, bias=True, special="nonfinite"),
     Case("tiled-f16-d32-nonfinite-2d", F16, [3, 4], path="tiled", D=32, bias=True, sigma=True, special="nonfinite"),
-    Case("tiled-bf16-d32-masked-row", BF16, [70], path="tiled", D=32, bias=True, causal=True, special="masked_row",
-         B=1),
+    Case(
+        "tiled-bf16-d32-masked-row", BF16, [70], path="tiled", D=32, bias=True, causal=True, special="masked_row", B=1
+    ),
     Case("tiled-f16-d32-nan-row-window", F16, [80], path="tiled", D=32, window=2, special="nanrow", B=1, H=1),
     Case("tiled-bf16-d64-deterministic", BF16, [6, 7], path="tiled", D=64, sigma=True, bias=True, repeats=2, B=1),
 ]
@@ -308,12 +458,25 @@ def test_tiled_path(case, tmp_path):
 
 # ---- apply_maps ------------------------------------------------------------------
 
+
 class MapsCase:
     """One apply_maps call: sequences (A = 1, a map per position), grids (a map per
     axis and coordinate) or trees (A = 1, a map per node, the index per batch element)."""
 
-    def __init__(self, name: str, dtype: torch.dtype, kind: str, *, B: int = 2, H: int = 2, N: int = 12,
-                 m: int = 4, grid=None, P: Optional[int] = None, seed: int = 0):
+    def __init__(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        kind: str,
+        *,
+        B: int = 2,
+        H: int = 2,
+        N: int = 12,
+        m: int = 4,
+        grid=None,
+        P: Optional[int] = None,
+        seed: int = 0,
+    ):
         self.name, self.dtype, self.kind, self.B, self.H, self.m, self.seed = name, dtype, kind, B, H, m, seed
         self.grid = grid
         self.N = math.prod(grid) if grid else N
@@ -350,9 +513,11 @@ def check_apply_maps(c: MapsCase, tmp_path: Path):
     y_ref = reference.apply_maps(xr, mr, index)
     gx_ref, gm_ref = torch.autograd.grad((y_ref * gy).sum(), [xr, mr])
     acc = F64 if c.dtype == F64 else F32
-    errors = {"y": _rel_err("y", run.read("y", c.dtype, x.shape), y_ref),
-              "gx": _rel_err("gx", run.read("gx", c.dtype, x.shape), gx_ref),
-              "gmaps": _rel_err("gmaps", run.read("gmaps", acc, maps.shape), gm_ref)}
+    errors = {
+        "y": _rel_err("y", run.read("y", c.dtype, x.shape), y_ref),
+        "gx": _rel_err("gx", run.read("gx", c.dtype, x.shape), gx_ref),
+        "gmaps": _rel_err("gmaps", run.read("gmaps", acc, maps.shape), gm_ref),
+    }
     # y and gx round once to the dtype; gmaps stays in the accumulation type
     tol = {"y": FWD_TOL[c.dtype], "gx": FWD_TOL[c.dtype], "gmaps": GRAD_TOL[acc]}
     assert all(errors[k] < tol[k] for k in errors), errors
@@ -379,21 +544,43 @@ def test_apply_maps(case, tmp_path):
 
 # ---- device-side checks ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ["general", "tiled"])
 @pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
 def test_sigma_checked_on_the_device(path, bad, tmp_path):
     """A sigma that is not positive and finite stops the kernel with the CPU kernel's message."""
-    c = Case(f"bad-sigma-{path}", BF16 if path == "tiled" else F32, [5, 4], path=path, D=32 if path == "tiled" else 4,
-             sigma=True, backward=False, B=1, H=2)
+    c = Case(
+        f"bad-sigma-{path}",
+        BF16 if path == "tiled" else F32,
+        [5, 4],
+        path=path,
+        D=32 if path == "tiled" else 4,
+        sigma=True,
+        backward=False,
+        B=1,
+        H=2,
+    )
     x = _inputs(c)
     x["sigma"][1, 0] = bad
-    settings = dict(op="relpos", path=c.path, B=c.B, H=c.H, D=c.D, Dv=c.Dv, grid=c.grid, has_pos=True,
-                    has_sigma=True, scale=repr(c.D ** -0.5))
+    settings = dict(
+        op="relpos",
+        path=c.path,
+        B=c.B,
+        H=c.H,
+        D=c.D,
+        Dv=c.Dv,
+        grid=c.grid,
+        has_pos=True,
+        has_sigma=True,
+        scale=repr(c.D**-0.5),
+    )
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
-    run = simlib.run_case(simlib.harness(c.dtype, c.D if path == "tiled" else None), tmp_path / "case", settings,
-                          arrays)
-    assert simlib.ASSERT_PREFIX + "relpos_attention: sigma must be positive and finite everywhere" in run.output, \
+    run = simlib.run_case(
+        simlib.harness(c.dtype, c.D if path == "tiled" else None), tmp_path / "case", settings, arrays
+    )
+    assert simlib.ASSERT_PREFIX + "relpos_attention: sigma must be positive and finite everywhere" in run.output, (
         run.tail()
+    )
 
 
 def test_apply_maps_index_checked_on_the_device(tmp_path):
@@ -401,6 +588,7 @@ def test_apply_maps_index_checked_on_the_device(tmp_path):
     maps = torch.randn(3, 1, 1, 2, 2, dtype=F32)
     index = torch.tensor([[0], [1], [3], [2]])  # 3 is out of [0, P)
     settings = dict(op="apply_maps", B=1, H=1, N=4, P=3, A=1, m=2, batched_index=False)
-    run = simlib.run_case(simlib.harness(F32), tmp_path / "case", settings,
-                          dict(x=x, maps=maps, index=index, gy=x.clone()))
+    run = simlib.run_case(
+        simlib.harness(F32), tmp_path / "case", settings, dict(x=x, maps=maps, index=index, gy=x.clone())
+    )
     assert simlib.ASSERT_PREFIX + "apply_maps: index values must be in [0, P)" in run.output, run.tail()

@@ -21,6 +21,7 @@ every attention method of posattn; experiments/README.md compares the figures).
 
 What is measured is in :mod:`.study`, the files are made by :mod:`.report`.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,20 +31,53 @@ import torch
 
 from .report import fmt, machine_line, summary_markdown, write_outputs
 from .study import (
-    EXPONENT_COLUMNS, GRADIENT_COLUMNS, METHODS, QUICK, RUNTIME_COLUMNS, ScalingConfig, exponent_table, fit_exponent,
-    gradient_point, gradient_study, model_for, runtime_sweep, scaling_config, scaling_defaults, scaling_section,
+    EXPONENT_COLUMNS,
+    GRADIENT_COLUMNS,
+    METHODS,
+    QUICK,
+    RUNTIME_COLUMNS,
+    ScalingConfig,
+    exponent_table,
+    fit_exponent,
+    gradient_point,
+    gradient_study,
+    model_for,
+    runtime_sweep,
+    scaling_config,
+    scaling_defaults,
+    scaling_section,
     span_sigma_cells,
 )
 
 __all__ = [
-    "run_study", "ScalingConfig", "scaling_config", "scaling_defaults", "scaling_section", "METHODS", "QUICK", "RUNTIME_COLUMNS",
-    "EXPONENT_COLUMNS", "GRADIENT_COLUMNS", "runtime_sweep", "gradient_study", "gradient_point", "exponent_table",
-    "fit_exponent", "model_for", "span_sigma_cells", "write_outputs", "summary_markdown",
+    "run_study",
+    "ScalingConfig",
+    "scaling_config",
+    "scaling_defaults",
+    "scaling_section",
+    "METHODS",
+    "QUICK",
+    "RUNTIME_COLUMNS",
+    "EXPONENT_COLUMNS",
+    "GRADIENT_COLUMNS",
+    "runtime_sweep",
+    "gradient_study",
+    "gradient_point",
+    "exponent_table",
+    "fit_exponent",
+    "model_for",
+    "span_sigma_cells",
+    "write_outputs",
+    "summary_markdown",
 ]
 
 
-def run_study(cfg: ScalingConfig, command: str = "python experiments/scaling.py", progress: bool = True,
-              log: Callable[[str], None] = print) -> dict:
+def run_study(
+    cfg: ScalingConfig,
+    command: str = "python experiments/scaling.py",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Runs the studies of ``cfg.studies``; writes and returns the output paths
     (plus ``rows``, ``exponents``, ``gradients``)."""
     if cfg.threads:
@@ -57,7 +91,9 @@ def run_study(cfg: ScalingConfig, command: str = "python experiments/scaling.py"
     exponents = exponent_table(rows)
     paths = write_outputs(cfg, rows, exponents, grads, command)
     for e in exponents:
-        log(f"  {e['study']:6s} {e['method']:15s} k = {fmt(e['exponent_all'], 2)} (all {e['points']} sizes), "
-            f"{fmt(e['exponent_large'], 2)} (larger half); expected ~{e['expected']}")
+        log(
+            f"  {e['study']:6s} {e['method']:15s} k = {fmt(e['exponent_all'], 2)} (all {e['points']} sizes), "
+            f"{fmt(e['exponent_large'], 2)} (larger half); expected ~{e['expected']}"
+        )
     log("wrote " + ", ".join(sorted(os.path.basename(v) for v in paths.values())))
     return dict(paths, rows=rows, exponents=exponents, gradients=grads)

@@ -1,5 +1,6 @@
 """The files of the scaling study: ``runtime.csv``, ``exponents.csv``,
 ``gradients.csv``, the PNG plots and ``summary.md``."""
+
 from __future__ import annotations
 
 import datetime
@@ -12,7 +13,13 @@ import torch
 
 from ..report import pyplot, save_figure, write_csv
 from .study import (
-    EXPONENT_COLUMNS, GRADIENT_ARCHS, GRADIENT_COLUMNS, GRADIENT_ENCODINGS, METHODS, RUNTIME_COLUMNS, SPAN_KEEP,
+    EXPONENT_COLUMNS,
+    GRADIENT_ARCHS,
+    GRADIENT_COLUMNS,
+    GRADIENT_ENCODINGS,
+    METHODS,
+    RUNTIME_COLUMNS,
+    SPAN_KEEP,
     ScalingConfig,
 )
 
@@ -20,8 +27,15 @@ __all__ = ["write_outputs", "summary_markdown", "machine_line", "fmt"]
 
 
 def _style(method: str) -> dict:
-    colors = {"reference": "tab:red", "relpos": "tab:blue", "relpos_span10": "tab:cyan", "relpos_span1": "tab:green",
-              "performer": "tab:purple", "algebraic_sdpa": "tab:orange", "sdpa": "tab:gray"}
+    colors = {
+        "reference": "tab:red",
+        "relpos": "tab:blue",
+        "relpos_span10": "tab:cyan",
+        "relpos_span1": "tab:green",
+        "performer": "tab:purple",
+        "algebraic_sdpa": "tab:orange",
+        "sdpa": "tab:gray",
+    }
     return dict(color=colors.get(method), marker="o", markersize=4, label=method)
 
 
@@ -33,8 +47,14 @@ def _reference_slopes(ax, xs: list[float], ys: list[float]) -> None:
     ymid = math.exp(statistics.fmean(math.log(y) for y in ys))
     xmid = math.sqrt(x0 * x1)
     for k, style in ((1, ":"), (2, "--")):
-        ax.plot([x0, x1], [ymid * (x0 / xmid) ** k, ymid * (x1 / xmid) ** k], style, color="black", lw=1,
-                label=f"slope {k} (N^{k})" if k == 2 else "slope 1 (N)")
+        ax.plot(
+            [x0, x1],
+            [ymid * (x0 / xmid) ** k, ymid * (x1 / xmid) ** k],
+            style,
+            color="black",
+            lw=1,
+            label=f"slope {k} (N^{k})" if k == 2 else "slope 1 (N)",
+        )
 
 
 def _log_axes(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
@@ -53,8 +73,11 @@ def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str
     for ax, study in zip(axes[0], studies):
         allx, ally = [], []
         for method in METHODS:
-            pts = sorted((r["tokens"], r[value]) for r in rows
-                         if r["study"] == study and r["method"] == method and r["status"] == "ok" and r[value] > 0)
+            pts = sorted(
+                (r["tokens"], r[value])
+                for r in rows
+                if r["study"] == study and r["method"] == method and r["status"] == "ok" and r[value] > 0
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], **_style(method))
                 allx += [p[0] for p in pts]
@@ -67,10 +90,16 @@ def plot_tokens(rows: list[dict], value: str, ylabel: str, path: str, title: str
 
 def plot_depth(rows: list[dict], path: str, title: str) -> None:
     fig, axes = pyplot().subplots(1, 2, figsize=(12.4, 4.6))
-    for ax, value, ylabel in ((axes[0], "seconds", "seconds per training step"), (axes[1], "peak_mib", "peak extra MiB")):
+    for ax, value, ylabel in (
+        (axes[0], "seconds", "seconds per training step"),
+        (axes[1], "peak_mib", "peak extra MiB"),
+    ):
         for method in METHODS:
-            pts = sorted((r["depth"], r[value]) for r in rows
-                         if r["study"] == "depth" and r["method"] == method and r["status"] == "ok" and r[value] > 0)
+            pts = sorted(
+                (r["depth"], r[value])
+                for r in rows
+                if r["study"] == "depth" and r["method"] == method and r["status"] == "ok" and r[value] > 0
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], **_style(method))
         _log_axes(ax, "depth (layers)", ylabel)
@@ -80,18 +109,31 @@ def plot_depth(rows: list[dict], path: str, title: str) -> None:
 def plot_gradients(rows: list[dict], path: str, title: str) -> None:
     colors = dict(zip(GRADIENT_ARCHS, ("tab:blue", "tab:green", "tab:orange", "tab:red")))
     lines = {"abs_sinusoidal": "-", "abs_learned": "--"}
-    panels = (("first_layer_grad", "first encoder layer"), ("embedding_grad", "token embedding"),
-              ("positional_grad", "learnable positional table"))
+    panels = (
+        ("first_layer_grad", "first encoder layer"),
+        ("embedding_grad", "token embedding"),
+        ("positional_grad", "learnable positional table"),
+    )
     fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.6))
     floor = 1e-45  # exact zeros (underflow) are drawn at the floor of the log axis
     for ax, (key, name) in zip(axes, panels):
         for encoding in GRADIENT_ENCODINGS:
             for arch in GRADIENT_ARCHS:
-                pts = sorted((r["depth"], r[key]) for r in rows
-                             if r["encoding"] == encoding and r["arch"] == arch and math.isfinite(r[key]))
+                pts = sorted(
+                    (r["depth"], r[key])
+                    for r in rows
+                    if r["encoding"] == encoding and r["arch"] == arch and math.isfinite(r[key])
+                )
                 if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], floor) for p in pts], lines[encoding], marker="o",
-                            markersize=3, color=colors[arch], label=f"{arch}, {GRADIENT_ENCODINGS[encoding]}")
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [max(p[1], floor) for p in pts],
+                        lines[encoding],
+                        marker="o",
+                        markersize=3,
+                        color=colors[arch],
+                        label=f"{arch}, {GRADIENT_ENCODINGS[encoding]}",
+                    )
         _log_axes(ax, "depth (layers)", f"mean |grad|, {name}", legend_size=6)
     save_figure(fig, path, title, dpi=110)
 
@@ -122,20 +164,29 @@ def machine_line(cfg: ScalingConfig) -> str:
     return f"{what}; torch {torch.__version__}; {datetime.date.today().isoformat()}"
 
 
-def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict], grads: list[dict],
-                     command: str) -> str:
-    lines = [f"# Scaling study ({machine_line(cfg)})", "", f"Command: `{command}`", "",
-             f"Model: {cfg.token_depth} layers for the token sweeps, dim {cfg.dim}, {cfg.heads} heads, feed-forward "
-             f"{cfg.ffn_dim}, batch {cfg.batch}, float32. One training step = forward + backward "
-             f"(median of {cfg.repeats} after {cfg.warmup} warm-up); peak memory = what one step adds.", "",
-             "Methods:"]
+def summary_markdown(
+    cfg: ScalingConfig, rows: list[dict], exponents: list[dict], grads: list[dict], command: str
+) -> str:
+    lines = [
+        f"# Scaling study ({machine_line(cfg)})",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Model: {cfg.token_depth} layers for the token sweeps, dim {cfg.dim}, {cfg.heads} heads, feed-forward "
+        f"{cfg.ffn_dim}, batch {cfg.batch}, float32. One training step = forward + backward "
+        f"(median of {cfg.repeats} after {cfg.warmup} warm-up); peak memory = what one step adds.",
+        "",
+        "Methods:",
+    ]
     for m in cfg.methods:
         lines.append(f"- `{m}`: {METHODS[m][0]}")
-    spans = sorted({r['keep_fraction'] for r in rows if r['method'] in SPAN_KEEP and r['status'] == 'ok'})
+    spans = sorted({r["keep_fraction"] for r in rows if r["method"] in SPAN_KEEP and r["status"] == "ok"})
     if spans:
-        lines.append(f"\nThe span methods keep a box of fixed size in cells (threshold {cfg.threshold}), "
-                     "chosen to keep ~10% / ~1% of the keys on the largest grid of each sweep; on smaller grids the same "
-                     "box keeps a larger fraction (column keep_fraction of runtime.csv).")
+        lines.append(
+            f"\nThe span methods keep a box of fixed size in cells (threshold {cfg.threshold}), "
+            "chosen to keep ~10% / ~1% of the keys on the largest grid of each sweep; on smaller grids the same "
+            "box keeps a larger fraction (column keep_fraction of runtime.csv)."
+        )
     for study, what in (("length", "1-D sequences"), ("grid", "2-D grids")):
         srows = [r for r in rows if r["study"] == study]
         if not srows:
@@ -150,25 +201,44 @@ def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict]
         lines += ["", f"## Seconds per training step vs depth (grid {drows[0]['grid']})", ""]
         lines += _method_table(cfg.methods, drows, "depth", sorted({r["depth"] for r in drows}), "seconds", 3)
     if exponents:
-        lines += ["", "## Fitted growth exponents (time ~ size^k)", "",
-                  "k over all measured sizes, and over the larger half (at least 3 points), where fixed per-step "
-                  "costs weigh least.", "", "| study | method | points | k (all) | k (larger half) | expected |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Fitted growth exponents (time ~ size^k)",
+            "",
+            "k over all measured sizes, and over the larger half (at least 3 points), where fixed per-step "
+            "costs weigh least.",
+            "",
+            "| study | method | points | k (all) | k (larger half) | expected |",
+            "|---|---|---|---|---|---|",
+        ]
         for e in exponents:
-            lines.append(f"| {e['study']} | {e['method']} | {e['points']} | {fmt(e['exponent_all'], 2)} | "
-                         f"{fmt(e['exponent_large'], 2)} | {e['expected']} |")
+            lines.append(
+                f"| {e['study']} | {e['method']} | {e['points']} | {fmt(e['exponent_all'], 2)} | "
+                f"{fmt(e['exponent_large'], 2)} | {e['expected']} |"
+            )
     skipped = [r for r in rows if r["status"] != "ok"]
     if skipped:
         lines += ["", "Skipped points:", ""]
         lines += [f"- {r['method']} {r['study']} {r['grid']} depth {r['depth']}: {r['status']}" for r in skipped]
     if grads:
         depths = sorted({g["depth"] for g in grads})
-        lines += ["", f"## Mean |grad| at initialisation vs depth ({grads[0]['tokens']} tokens, mean of "
-                  f"{grads[0]['seeds']} seeds, SDPA attention)", ""]
-        for key, name in (("first_layer_grad", "first encoder layer"), ("embedding_grad", "token embedding"),
-                          ("positional_grad", "learnable positional table")):
-            lines += [f"{name}:", "", "| encoding | arch | " + " | ".join(map(str, depths)) + " |",
-                      "|---|---" + "|---" * len(depths) + "|"]
+        lines += [
+            "",
+            f"## Mean |grad| at initialisation vs depth ({grads[0]['tokens']} tokens, mean of "
+            f"{grads[0]['seeds']} seeds, SDPA attention)",
+            "",
+        ]
+        for key, name in (
+            ("first_layer_grad", "first encoder layer"),
+            ("embedding_grad", "token embedding"),
+            ("positional_grad", "learnable positional table"),
+        ):
+            lines += [
+                f"{name}:",
+                "",
+                "| encoding | arch | " + " | ".join(map(str, depths)) + " |",
+                "|---|---" + "|---" * len(depths) + "|",
+            ]
             for enc in GRADIENT_ENCODINGS:
                 for arch in GRADIENT_ARCHS:
                     vals = {g["depth"]: g[key] for g in grads if g["encoding"] == enc and g["arch"] == arch}
@@ -177,8 +247,10 @@ def summary_markdown(cfg: ScalingConfig, rows: list[dict], exponents: list[dict]
                     cells = [f"{vals[d]:.2e}" if d in vals and math.isfinite(vals[d]) else "—" for d in depths]
                     lines.append(f"| {GRADIENT_ENCODINGS[enc]} | {arch} | " + " | ".join(cells) + " |")
             lines.append("")
-    lines += ["Plots: `runtime_vs_tokens.png`, `memory_vs_tokens.png`, `runtime_vs_depth.png`, "
-              "`gradients_vs_depth.png`. Data: `runtime.csv`, `exponents.csv`, `gradients.csv`."]
+    lines += [
+        "Plots: `runtime_vs_tokens.png`, `memory_vs_tokens.png`, `runtime_vs_depth.png`, "
+        "`gradients_vs_depth.png`. Data: `runtime.csv`, `exponents.csv`, `gradients.csv`."
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -197,22 +269,34 @@ def write_outputs(cfg: ScalingConfig, rows: list[dict], exponents: list[dict], g
         write_csv(p("exponents.csv"), exponents, EXPONENT_COLUMNS)
         token_rows = [r for r in rows if r["study"] in ("length", "grid")]
         if token_rows:
-            plot_tokens(token_rows, "seconds", "seconds per training step (fwd + bwd)", p("runtime_vs_tokens.png"),
-                        f"one training step, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})")
-            plot_tokens(token_rows, "peak_mib", "peak extra memory of one step (MiB)", p("memory_vs_tokens.png"),
-                        f"peak memory, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})")
+            plot_tokens(
+                token_rows,
+                "seconds",
+                "seconds per training step (fwd + bwd)",
+                p("runtime_vs_tokens.png"),
+                f"one training step, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})",
+            )
+            plot_tokens(
+                token_rows,
+                "peak_mib",
+                "peak extra memory of one step (MiB)",
+                p("memory_vs_tokens.png"),
+                f"peak memory, {cfg.token_depth} layers, dim {cfg.dim}, batch {cfg.batch} ({machine})",
+            )
         if any(r["study"] == "depth" for r in rows):
-            plot_depth(rows, p("runtime_vs_depth.png"), f"cost vs depth, grid {'x'.join(map(str, cfg.depth_grid))} "
-                       f"({machine})")
+            plot_depth(
+                rows, p("runtime_vs_depth.png"), f"cost vs depth, grid {'x'.join(map(str, cfg.depth_grid))} ({machine})"
+            )
     if grads:
         write_csv(p("gradients.csv"), grads, GRADIENT_COLUMNS)
-        plot_gradients(grads, p("gradients_vs_depth.png"),
-                       f"mean |grad| at initialisation, {cfg.gradient_tokens} tokens, SDPA attention "
-                       f"(solid: fixed sinusoidal, dashed: learnable table; exact zeros drawn at 1e-45)")
+        plot_gradients(
+            grads,
+            p("gradients_vs_depth.png"),
+            f"mean |grad| at initialisation, {cfg.gradient_tokens} tokens, SDPA attention "
+            f"(solid: fixed sinusoidal, dashed: learnable table; exact zeros drawn at 1e-45)",
+        )
     tmp = p("summary.md") + ".tmp"
     with open(tmp, "w") as f:
         f.write(summary_markdown(cfg, rows, exponents, grads, command))
     os.replace(tmp, paths["summary.md"])
     return paths
-
-

@@ -3,6 +3,7 @@ models of each attention method, the timing and peak memory of one training
 step, fitted growth exponents, and mean |grad| vs depth. The files it writes are
 made by :mod:`.report`; :func:`posattn.training.scaling.run_study` runs both.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,22 +20,43 @@ from ..._grid import span_sigma_for_keep
 from ..._timing import freed_memory_returned_to_os, peak_extra_mib
 
 __all__ = [
-    "METHODS", "QUICK", "ScalingConfig", "scaling_defaults", "scaling_config", "scaling_section", "runtime_sweep", "gradient_study", "fit_exponent",
-    "exponent_table", "model_for", "RUNTIME_COLUMNS", "EXPONENT_COLUMNS", "GRADIENT_COLUMNS",
+    "METHODS",
+    "QUICK",
+    "ScalingConfig",
+    "scaling_defaults",
+    "scaling_config",
+    "scaling_section",
+    "runtime_sweep",
+    "gradient_study",
+    "fit_exponent",
+    "exponent_table",
+    "model_for",
+    "RUNTIME_COLUMNS",
+    "EXPONENT_COLUMNS",
+    "GRADIENT_COLUMNS",
 ]
 
 # name -> (label, ModelConfig overrides). Every method shares the model of
 # ScalingConfig (dim, heads, ffn_dim, depth); only attention and positions differ.
 METHODS: dict[str, tuple[str, dict]] = {
-    "reference": ("dense reference (PyTorch, N x N tensors)",
-                  {"attention": "relpos", "backend": "reference", "pe": {"name": "siren"}}),
+    "reference": (
+        "dense reference (PyTorch, N x N tensors)",
+        {"attention": "relpos", "backend": "reference", "pe": {"name": "siren"}},
+    ),
     "relpos": ("relpos_attention, dense", {"attention": "relpos", "backend": "fused", "pe": {"name": "siren"}}),
-    "relpos_span10": ("relpos_attention, span threshold (~10% kept)",
-                      {"attention": "relpos", "backend": "fused", "pe": {"name": "siren"}}),
-    "relpos_span1": ("relpos_attention, span threshold (~1% kept)",
-                     {"attention": "relpos", "backend": "fused", "pe": {"name": "siren"}}),
+    "relpos_span10": (
+        "relpos_attention, span threshold (~10% kept)",
+        {"attention": "relpos", "backend": "fused", "pe": {"name": "siren"}},
+    ),
+    "relpos_span1": (
+        "relpos_attention, span threshold (~1% kept)",
+        {"attention": "relpos", "backend": "fused", "pe": {"name": "siren"}},
+    ),
     "performer": ("Performer (FAVOR+), no positions", {"attention": "favor", "pe": {"name": "none"}}),
-    "algebraic_sdpa": ("algebraic encoding (apply_maps) + SDPA", {"attention": "relpos", "pe": {"name": "algebraic_grid"}}),
+    "algebraic_sdpa": (
+        "algebraic encoding (apply_maps) + SDPA",
+        {"attention": "relpos", "pe": {"name": "algebraic_grid"}},
+    ),
     "sdpa": ("plain SDPA, no positions", {"attention": "sdpa", "pe": {"name": "none"}}),
 }
 SPAN_KEEP = {"relpos_span10": 0.10, "relpos_span1": 0.01}
@@ -49,15 +71,48 @@ GRADIENT_ARCHS = {  # name -> (residual, norm)
 GRADIENT_ENCODINGS = {"abs_sinusoidal": "fixed sinusoidal", "abs_learned": "learnable table"}
 
 # Tiny sizes for a smoke run (seconds): ``experiments/scaling.py --quick``, the tests.
-QUICK = dict(lengths=[64, 256, 1024], grid_sides=[4, 8, 16], depths=[1, 2, 4], depth_grid=[8, 8], token_depth=1,
-             dim=16, heads=2, ffn_dim=32, gradient_depths=[1, 2, 4], gradient_tokens=16, gradient_batch=8,
-             gradient_seeds=1)
+QUICK = dict(
+    lengths=[64, 256, 1024],
+    grid_sides=[4, 8, 16],
+    depths=[1, 2, 4],
+    depth_grid=[8, 8],
+    token_depth=1,
+    dim=16,
+    heads=2,
+    ffn_dim=32,
+    gradient_depths=[1, 2, 4],
+    gradient_tokens=16,
+    gradient_batch=8,
+    gradient_seeds=1,
+)
 
-RUNTIME_COLUMNS = ["study", "method", "grid", "tokens", "depth", "batch", "seconds", "peak_mib", "keep_fraction",
-                   "status"]
+RUNTIME_COLUMNS = [
+    "study",
+    "method",
+    "grid",
+    "tokens",
+    "depth",
+    "batch",
+    "seconds",
+    "peak_mib",
+    "keep_fraction",
+    "status",
+]
 EXPONENT_COLUMNS = ["study", "method", "points", "exponent_all", "exponent_large", "expected"]
-GRADIENT_COLUMNS = ["encoding", "arch", "residual", "norm", "depth", "tokens", "seeds", "embedding_grad",
-                    "first_layer_grad", "last_layer_grad", "positional_grad", "loss"]
+GRADIENT_COLUMNS = [
+    "encoding",
+    "arch",
+    "residual",
+    "norm",
+    "depth",
+    "tokens",
+    "seeds",
+    "embedding_grad",
+    "first_layer_grad",
+    "last_layer_grad",
+    "positional_grad",
+    "loss",
+]
 
 
 def _is_int(value) -> bool:
@@ -72,7 +127,7 @@ class ScalingConfig:
     grid_sides: list = field(default_factory=lambda: [8, 12, 16, 24, 32, 48, 64])
     depths: list = field(default_factory=lambda: [2, 4, 8, 16, 32, 64])
     depth_grid: list = field(default_factory=lambda: [16, 16])  # tokens of the depth sweep
-    token_depth: int = 2      # layers of the token sweeps
+    token_depth: int = 2  # layers of the token sweeps
     methods: list = field(default_factory=lambda: list(METHODS))
     dim: int = 64
     heads: int = 4
@@ -81,9 +136,9 @@ class ScalingConfig:
     batch: int = 1
     warmup: int = 1
     repeats: int = 3
-    threshold: float = 0.1    # span threshold of the relpos_span* methods
+    threshold: float = 0.1  # span threshold of the relpos_span* methods
     max_step_seconds: float = 30.0  # a method whose step took longer skips its larger sizes
-    max_memory_gib: float = 8.0     # the reference's N x N tensors must fit in this (estimate)
+    max_memory_gib: float = 8.0  # the reference's N x N tensors must fit in this (estimate)
     gradient_depths: list = field(default_factory=lambda: [2, 4, 8, 16, 32, 64])
     gradient_tokens: int = 64
     gradient_batch: int = 32
@@ -114,13 +169,25 @@ class ScalingConfig:
             values = getattr(self, name)
             if not isinstance(values, (list, tuple)) or not values or not all(_is_int(v) and v >= 1 for v in values):
                 raise ValueError(f"scaling.{name} must be a non-empty list of integers >= 1, got {values!r}")
-        for name in ("dim", "heads", "ffn_dim", "in_channels", "batch", "repeats", "token_depth",
-                     "gradient_tokens", "gradient_batch", "gradient_seeds"):
+        for name in (
+            "dim",
+            "heads",
+            "ffn_dim",
+            "in_channels",
+            "batch",
+            "repeats",
+            "token_depth",
+            "gradient_tokens",
+            "gradient_batch",
+            "gradient_seeds",
+        ):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"scaling.{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.dim % self.heads or (self.dim // self.heads) % 4:
-            raise ValueError(f"scaling.dim ({self.dim}) / heads ({self.heads}) must be a multiple of 4 "
-                             "(the 2-D algebraic encoding needs two even blocks per head)")
+            raise ValueError(
+                f"scaling.dim ({self.dim}) / heads ({self.heads}) must be a multiple of 4 "
+                "(the 2-D algebraic encoding needs two even blocks per head)"
+            )
         if not 0.0 < self.threshold < 1.0:
             raise ValueError(f"scaling.threshold must be in (0, 1), got {self.threshold}")
         if self.warmup < 0 or self.max_step_seconds <= 0 or self.max_memory_gib <= 0:
@@ -165,14 +232,26 @@ def span_sigma_cells(cfg: ScalingConfig, method: str, largest_grid: Sequence[int
     return sigma * max(max(largest_grid) - 1, 1)
 
 
-def model_for(cfg: ScalingConfig, method: str, grid: Sequence[int], depth: int, sigma_cells: Optional[float] = None,
-              **overrides):
+def model_for(
+    cfg: ScalingConfig, method: str, grid: Sequence[int], depth: int, sigma_cells: Optional[float] = None, **overrides
+):
     """The study's TransformerClassifier for ``method`` on ``grid`` (input (B, *grid, C))."""
     from ...nn import TransformerClassifier
 
     spec = dict(METHODS[method][1])
-    spec.update(grid=list(grid), in_channels=cfg.in_channels, num_classes=10, dim=cfg.dim, depth=depth,
-                heads=cfg.heads, ffn_dim=cfg.ffn_dim, dropout=0.0, input_dropout=0.0, pooling="mean", head="linear")
+    spec.update(
+        grid=list(grid),
+        in_channels=cfg.in_channels,
+        num_classes=10,
+        dim=cfg.dim,
+        depth=depth,
+        heads=cfg.heads,
+        ffn_dim=cfg.ffn_dim,
+        dropout=0.0,
+        input_dropout=0.0,
+        pooling="mean",
+        head="linear",
+    )
     if method in SPAN_KEEP:
         spec["span"] = {"enabled": True, "threshold": cfg.threshold, "units": "cells", "init": sigma_cells}
     spec.update(overrides)
@@ -279,14 +358,25 @@ def runtime_sweep(cfg: ScalingConfig, progress: bool = True) -> list[dict]:
             tokens = math.prod(grid)
             bar.set_postfix_str(f"{method} {study} {'x'.join(map(str, grid))} depth {depth}")
             sigma = span_sigma_cells(cfg, method, largest[study]) if method in SPAN_KEEP else None
-            row = dict(study=study, method=method, grid="x".join(map(str, grid)), tokens=tokens, depth=depth,
-                       batch=cfg.batch, seconds=float("nan"), peak_mib=float("nan"), keep_fraction=float("nan"),
-                       sigma=sigma)
+            row = dict(
+                study=study,
+                method=method,
+                grid="x".join(map(str, grid)),
+                tokens=tokens,
+                depth=depth,
+                batch=cfg.batch,
+                seconds=float("nan"),
+                peak_mib=float("nan"),
+                keep_fraction=float("nan"),
+                sigma=sigma,
+            )
             if (method, study) in over_budget:
                 row["status"] = f"skipped: a smaller size took over max_step_seconds={cfg.max_step_seconds}"
             elif method == "reference" and reference_bytes(cfg, tokens, depth) > cfg.max_memory_gib * 2**30:
-                row["status"] = (f"skipped: the reference's N x N tensors need ~{reference_bytes(cfg, tokens, depth) / 2**30:.0f}"
-                                 f" GiB > max_memory_gib={cfg.max_memory_gib}")
+                row["status"] = (
+                    f"skipped: the reference's N x N tensors need ~{reference_bytes(cfg, tokens, depth) / 2**30:.0f}"
+                    f" GiB > max_memory_gib={cfg.max_memory_gib}"
+                )
             else:
                 model, x, y = _setup(cfg, method, grid, depth, sigma)
                 try:
@@ -338,22 +428,32 @@ def exponent_table(rows: list[dict]) -> list[dict]:
     larger half (at least three points), where fixed per-step costs matter least."""
     out = []
     studies = ("length", "grid", "depth")
-    keys = sorted({(r["study"], r["method"]) for r in rows},
-                  key=lambda k: (studies.index(k[0]), list(METHODS).index(k[1])))
+    keys = sorted(
+        {(r["study"], r["method"]) for r in rows}, key=lambda k: (studies.index(k[0]), list(METHODS).index(k[1]))
+    )
     for study, method in keys:
-        pts = sorted((r["depth"] if study == "depth" else r["tokens"], r["seconds"]) for r in rows
-                     if r["study"] == study and r["method"] == method and r["status"] == "ok")
+        pts = sorted(
+            (r["depth"] if study == "depth" else r["tokens"], r["seconds"])
+            for r in rows
+            if r["study"] == study and r["method"] == method and r["status"] == "ok"
+        )
         if study == "depth":
             expected = "1"
         elif method in QUADRATIC:
             expected = "2"
         else:
             expected = "1"
-        large = pts[-max(3, math.ceil(len(pts) / 2)):]
-        out.append(dict(study=study, method=method, points=len(pts),
-                        exponent_all=fit_exponent([p[0] for p in pts], [p[1] for p in pts]),
-                        exponent_large=fit_exponent([p[0] for p in large], [p[1] for p in large]),
-                        expected=expected))
+        large = pts[-max(3, math.ceil(len(pts) / 2)) :]
+        out.append(
+            dict(
+                study=study,
+                method=method,
+                points=len(pts),
+                exponent_all=fit_exponent([p[0] for p in pts], [p[1] for p in pts]),
+                exponent_large=fit_exponent([p[0] for p in large], [p[1] for p in large]),
+                expected=expected,
+            )
+        )
     return out
 
 
@@ -374,18 +474,35 @@ def gradient_point(cfg: ScalingConfig, encoding: str, residual: bool, norm: str,
 
     torch.manual_seed(seed)
     n, c = int(cfg.gradient_tokens), cfg.in_channels
-    model = TransformerClassifier(grid=[n], in_channels=c, num_classes=c, dim=cfg.dim, depth=depth, heads=cfg.heads,
-                                  ffn_dim=cfg.ffn_dim, dropout=0.0, input_dropout=0.0, attention="sdpa",
-                                  pe={"name": encoding}, norm=norm, residual=residual, pooling="mean", head="linear")
+    model = TransformerClassifier(
+        grid=[n],
+        in_channels=c,
+        num_classes=c,
+        dim=cfg.dim,
+        depth=depth,
+        heads=cfg.heads,
+        ffn_dim=cfg.ffn_dim,
+        dropout=0.0,
+        input_dropout=0.0,
+        attention="sdpa",
+        pe={"name": encoding},
+        norm=norm,
+        residual=residual,
+        pooling="mean",
+        head="linear",
+    )
     x = torch.randn(cfg.gradient_batch, n, c)
     y = x[:, : n // 2].mean(1).argmax(-1)  # which channel is largest over the first half: needs positions
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     positional = list(model.absolute.parameters()) if model.absolute is not None else []
-    return dict(embedding_grad=_mean_abs_grad(model.input.parameters()),
-                first_layer_grad=_mean_abs_grad(model.blocks[0].parameters()),
-                last_layer_grad=_mean_abs_grad(model.blocks[-1].parameters()),
-                positional_grad=_mean_abs_grad(positional), loss=loss.item())
+    return dict(
+        embedding_grad=_mean_abs_grad(model.input.parameters()),
+        first_layer_grad=_mean_abs_grad(model.blocks[0].parameters()),
+        last_layer_grad=_mean_abs_grad(model.blocks[-1].parameters()),
+        positional_grad=_mean_abs_grad(positional),
+        loss=loss.item(),
+    )
 
 
 def gradient_study(cfg: ScalingConfig, progress: bool = True) -> list[dict]:
@@ -397,11 +514,16 @@ def gradient_study(cfg: ScalingConfig, progress: bool = True) -> list[dict]:
     for encoding, arch, depth in tqdm(combos, desc="scaling: gradients", disable=not progress, unit="model"):
         residual, norm = GRADIENT_ARCHS[arch]
         runs = [gradient_point(cfg, encoding, residual, norm, int(depth), seed) for seed in range(cfg.gradient_seeds)]
-        row = dict(encoding=encoding, arch=arch, residual=residual, norm=norm, depth=int(depth),
-                   tokens=cfg.gradient_tokens, seeds=cfg.gradient_seeds)
+        row = dict(
+            encoding=encoding,
+            arch=arch,
+            residual=residual,
+            norm=norm,
+            depth=int(depth),
+            tokens=cfg.gradient_tokens,
+            seeds=cfg.gradient_seeds,
+        )
         for key in ("embedding_grad", "first_layer_grad", "last_layer_grad", "positional_grad", "loss"):
             row[key] = statistics.fmean(r[key] for r in runs)
         rows.append(row)
     return rows
-
-
