@@ -47,7 +47,9 @@ def extension():
     arch = os.environ.get("POSATTN_CPU_ARCH", default_arch)
     # -fopenmp: at::parallel_for is a header template around `omp parallel`;
     # without it the kernels would silently run on one thread.
-    cxx = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall"]
+    # -Wno-psabi: GCC notes that 32/64-byte vector arguments change the ABI between
+    # targets; the vectors never cross between the capability builds (csrc/cpu/).
+    cxx = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-psabi"]
     if arch:
         cxx.append(f"-march={arch}")
     if want_cuda() and cu:

@@ -3,7 +3,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
-#include "cpu/capability.h"
+#include "cpu/kernels.h"
 
 extern "C" {
 // `import posattn._C` loads this shared object, which runs the registrations
@@ -37,7 +37,7 @@ TORCH_LIBRARY(posattn, m) {
   // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).
   // The instruction set the CPU kernels run on this machine: "avx512", "avx2"
   // or "base" (cpu/capability.h; POSATTN_CPU_CAPABILITY picks a lower one).
-  m.def("cpu_capability() -> str", &posattn::cpu::active_capability_name);
+  m.def("cpu_capability() -> str", &posattn::cpu::kernels_capability_name);
   m.def("apply_maps(Tensor x, Tensor maps, Tensor index) -> Tensor");
   // Gradients of apply_maps: (grad_x, grad_maps); a gradient not asked for is
   // empty (shape (0,)).

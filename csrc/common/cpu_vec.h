@@ -18,6 +18,7 @@
 // defining POSATTN_CPU_CAPABILITY and the vector width: this file's inline
 // functions then live in a namespace of that build, so that the builds' copies
 // stay apart at link time. Elsewhere (the C++ tests) the compiler's flags decide.
+#define POSATTN_CPU_VEC_H_INCLUDED  // kernels.inc checks that no earlier header included it
 #ifndef POSATTN_CPU_CAPABILITY
 #define POSATTN_CPU_CAPABILITY build
 #endif

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -43,7 +44,9 @@ Capability active_capability() {
   const Capability best = supported_capability();
   const char* env = std::getenv("POSATTN_CPU_CAPABILITY");
   if (env == nullptr || *env == '\0') return best;
-  const std::string want(env);
+  std::string want;
+  for (const char* c = env; *c; ++c)
+    if (*c != ' ') want += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
   Capability c;
   if (want == "base") {
     c = Capability::base;

@@ -6,15 +6,18 @@
 // supports, so a wheel built on one x86-64 machine runs on another, at the
 // speed of a -march=native build where the CPU has AVX2 or AVX-512.
 //
-// POSATTN_CPU_CAPABILITY=base|avx2|avx512 (read on every call) picks a lower
-// set, e.g. to compare them; a set the CPU lacks is an error.
+// POSATTN_CPU_CAPABILITY=base|avx2|avx512 (read on every call, any case) picks
+// a lower set, e.g. to compare them; a set the CPU lacks is an error. The sets
+// agree to rounding, not bitwise: AVX2 and AVX-512 fuse multiply-adds, and the
+// choice between the windowed and tiled relpos kernels depends on the width.
 #pragma once
 
 #include <string>
 
-// The AVX2 / AVX-512 builds need GCC's `#pragma GCC target` on x86-64; with
-// other compilers or CPUs only the baseline build exists.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// The AVX2 / AVX-512 builds need GCC >= 12 on x86-64 (`#pragma GCC target`,
+// __builtin_cpu_supports("x86-64-v3")); with other compilers or CPUs only the
+// baseline build exists, and cpu_capability() says "base".
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 #define POSATTN_CPU_DISPATCH 1
 #else
 #define POSATTN_CPU_DISPATCH 0
@@ -34,9 +37,6 @@ Capability supported_capability();
 // The set a call runs: supported_capability(), or POSATTN_CPU_CAPABILITY's
 // (ValueError if it names no set, or one this CPU or build lacks).
 Capability active_capability();
-
-// "avx512" etc.: the set a call would run now (torch.ops.posattn.cpu_capability()).
-std::string active_capability_name();
 
 }  // namespace cpu
 }  // namespace posattn

@@ -16,5 +16,9 @@ const Kernels& kernels() {
   }
 }
 
+std::string kernels_capability_name() {
+  return capability_name(kernels().capability);
+}
+
 }  // namespace cpu
 }  // namespace posattn

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "../algebraic/apply_maps_layout.h"
 #include "../relpos/relpos_cpu_problem.h"
@@ -43,6 +44,10 @@ struct Kernels {
 
 // The table of the active capability (active_capability()).
 const Kernels& kernels();
+
+// The capability of the table kernels() returns now, by name ("avx512",
+// "avx2", "base"): torch.ops.posattn.cpu_capability().
+std::string kernels_capability_name();
 
 template <typename T>
 const TypedKernels<T>& typed(const Kernels& k);
