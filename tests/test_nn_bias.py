@@ -1,8 +1,6 @@
 """RelativePositionBias (table, T5 buckets, SwinV2 continuous) and its use in
 PositionalSelfAttention and the classifier (pe.bias, model.window)."""
 
-import math
-
 import pytest
 import torch
 
@@ -11,25 +9,71 @@ from posattn.nn import ModelConfig, PositionalSelfAttention, RelativePositionBia
 from posattn.nn.bias import t5_buckets
 
 
-def hf_t5_bucket(relative_position: int, num_buckets: int = 32, max_distance: int = 128) -> int:
-    """T5's _relative_position_bucket (bidirectional), one offset at a time, as its source writes it."""
-    num_buckets //= 2
-    bucket = num_buckets if relative_position > 0 else 0
-    n = abs(relative_position)
-    max_exact = num_buckets // 2
-    if n < max_exact:
-        return bucket + n
-    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-    return bucket + min(large, num_buckets - 1)
+def hf_bucket_fn():
+    t5 = pytest.importorskip(
+        "transformers.models.t5.modeling_t5", reason="transformers is not installed (requirements-dev.txt pins it)"
+    )
+    return t5.T5Attention._relative_position_bucket
 
 
-def test_t5_buckets_match_t5():
-    delta = torch.arange(-300, 301)
-    for nb, md in [(32, 128), (8, 20), (16, 64)]:
-        got = t5_buckets(delta, nb, md).tolist()
-        want = [hf_t5_bucket(int(d), nb, md) for d in delta]
-        assert got == want
-        assert min(got) == 0 and max(got) == nb - 1
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "unidirectional"])
+def test_t5_buckets_bit_for_bit_with_transformers(bidirectional):
+    """Every setting num_buckets 2..64 x max_distance 1..512, offsets to +-3 max_distance:
+    posattn's buckets equal transformers' own function's, or posattn refuses the
+    setting where T5's arithmetic is undefined (it returns garbage there)."""
+    hf = hf_bucket_fn()
+    compared = refused = 0
+    for nb in range(2, 65):
+        for md in range(1, 513):
+            delta = torch.arange(-3 * md - 3, 3 * md + 4)
+            try:
+                got = t5_buckets(delta, nb, md, bidirectional)
+            except ValueError as e:
+                assert "num_buckets" in str(e) or "max_distance" in str(e)
+                refused += 1
+                continue
+            want = hf(delta, bidirectional=bidirectional, num_buckets=nb, max_distance=md)
+            if not torch.equal(got, want):
+                bad = (got != want).nonzero().flatten()[:5]
+                raise AssertionError(
+                    f"num_buckets={nb} max_distance={md}: offsets {delta[bad].tolist()} -> "
+                    f"posattn {got[bad].tolist()}, transformers {want[bad].tolist()}"
+                )
+            assert 0 <= int(got.min()) and int(got.max()) < nb
+            compared += 1
+    assert compared > 30000 and refused > 0
+
+
+@pytest.mark.parametrize(
+    "nb,md,offsets,bidirectional",
+    [(18, 128, [16, -16, 64, -64], True), (34, 27, [18, -18], True), (32, 128, list(range(-300, 301)), True)],
+)
+def test_t5_buckets_where_a_float64_log_differs(nb, md, offsets, bidirectional):
+    """The settings where the old float64 log gave other buckets than T5."""
+    hf = hf_bucket_fn()
+    delta = torch.tensor(offsets)
+    assert torch.equal(t5_buckets(delta, nb, md, bidirectional), hf(delta, bidirectional, nb, md))
+
+
+def test_t5_buckets_refuse_where_t5_is_undefined():
+    hf = hf_bucket_fn()
+    delta = torch.arange(-40, 41)
+    for nb, md, bi, match in [
+        (2, 10, True, "num_buckets must be >= 4"),
+        (3, 10, True, "num_buckets must be >= 4"),
+        (1, 10, False, "num_buckets must be >= 2"),
+        (32, 8, True, "max_distance must be > 8"),
+        (16, 8, False, "max_distance must be > 8"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            t5_buckets(delta, nb, md, bi)
+        try:  # T5 itself divides by zero there, or gives buckets out of range
+            got = hf(delta, bidirectional=bi, num_buckets=nb, max_distance=md)
+        except ZeroDivisionError:
+            continue
+        assert not ((got >= 0) & (got < nb)).all()
+    with pytest.raises(ValueError, match="RelativePositionBias: max_distance must be > 8"):
+        RelativePositionBias(2, 1, kind="t5", num_buckets=32, max_distance=8)
 
 
 @pytest.mark.parametrize("grid", [[7], [3, 4], [2, 3, 2]])

@@ -27,24 +27,64 @@ from torch import nn
 
 from .._grid import relative_offsets
 
-__all__ = ["RelativePositionBias", "BIAS_KINDS", "t5_buckets"]
+__all__ = ["RelativePositionBias", "BIAS_KINDS", "t5_buckets", "check_t5_buckets"]
 
 BIAS_KINDS = ("table", "t5", "cpb")
 
 
-def t5_buckets(delta: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """T5's bidirectional relative-position bucket of each offset (any int64
-    shape) -> bucket in ``[0, num_buckets)``: half of the buckets per sign, of which
-    the first half are exact distances and the rest log-spaced up to
-    ``max_distance`` (farther offsets share the last bucket)."""
-    half = num_buckets // 2
-    bucket = (delta > 0).long() * half
-    dist = delta.abs()
-    exact = max(half // 2, 1)
-    log_ratio = math.log(max(max_distance, exact + 1) / exact)
-    far = exact + (torch.log(dist.clamp(min=1).double() / exact) / log_ratio * (half - exact)).long()
-    far = far.clamp(max=half - 1)
-    return bucket + torch.where(dist < exact, dist, far)
+def check_t5_buckets(
+    num_buckets: int, max_distance: int, bidirectional: bool = True, where: str = "t5_buckets"
+) -> None:
+    """ValueError unless T5's bucket arithmetic is defined for the setting: at
+    least one exact bucket (``num_buckets // 2`` per sign when bidirectional,
+    ``// 2`` of that exact) and ``max_distance`` beyond the exact ones. Outside
+    this, T5's own function takes the log of 0 / 0 or divides by log(1) = 0 and
+    returns buckets outside ``[0, num_buckets)``."""
+    if not isinstance(num_buckets, int) or isinstance(num_buckets, bool):
+        raise ValueError(f"{where}: num_buckets must be an int, got {num_buckets!r}")
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool):
+        raise ValueError(f"{where}: max_distance must be an int, got {max_distance!r}")
+    per_sign = num_buckets // 2 if bidirectional else num_buckets
+    exact = per_sign // 2
+    if exact < 1:
+        raise ValueError(
+            f"{where}: num_buckets must be >= {4 if bidirectional else 2} "
+            f"({'bidirectional' if bidirectional else 'unidirectional'} T5 buckets), got {num_buckets}"
+        )
+    if max_distance <= exact:
+        raise ValueError(
+            f"{where}: max_distance must be > {exact} (the exact buckets of num_buckets={num_buckets}"
+            f"{', bidirectional' if bidirectional else ''}), got {max_distance}"
+        )
+
+
+def t5_buckets(delta: torch.Tensor, num_buckets: int, max_distance: int, bidirectional: bool = True) -> torch.Tensor:
+    """T5's relative-position bucket of each offset ``delta`` (key - query, any
+    integer shape) -> int64 bucket in ``[0, num_buckets)``, bit for bit what
+    ``transformers``' ``T5Attention._relative_position_bucket`` gives (the same
+    float32 arithmetic: a float64 log lands on the other side of an integer at
+    some settings, e.g. ``num_buckets=18, max_distance=128`` at offsets +-16, 64).
+
+    Bidirectional: half of the buckets per sign; unidirectional (T5's decoder):
+    only offsets <= 0 count, positive ones share bucket 0. Of a sign's buckets the
+    first half are exact distances, the rest log-spaced up to ``max_distance``
+    (farther offsets share the last). ValueError where T5's arithmetic is not
+    defined (:func:`check_t5_buckets`)."""
+    check_t5_buckets(num_buckets, max_distance, bidirectional)
+    delta = delta.long()
+    buckets = torch.zeros_like(delta)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        buckets = buckets + (delta > 0).to(torch.long) * n
+        dist = torch.abs(delta)
+    else:
+        dist = -torch.min(delta, torch.zeros_like(delta))
+    exact = n // 2
+    # T5's expression, in T5's dtypes and order: float32 log, float64 python scalars
+    large = exact + (torch.log(dist.float() / exact) / math.log(max_distance / exact) * (n - exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, n - 1))
+    return buckets + torch.where(dist < exact, dist, large)
 
 
 class RelativePositionBias(nn.Module):
@@ -59,7 +99,8 @@ class RelativePositionBias(nn.Module):
             ``x = 1`` (``cpb``); an int for every axis or one per axis. Default:
             8 (``table``), 128 (``t5``), and for ``cpb`` each axis' ``n - 1`` of
             the grid in use.
-        num_buckets: T5 buckets per axis (``t5``; even, >= 2).
+        num_buckets: T5 buckets per axis (``t5``; even, >= 4, and each axis'
+            ``max_distance`` > ``num_buckets // 4``: where T5's buckets are defined).
         hidden: width of the ``cpb`` MLP (SwinV2: 512).
 
     ``forward(grid)`` -> (H, U) with U = prod(2 n_d - 1), in the parameters' dtype
@@ -90,6 +131,8 @@ class RelativePositionBias(nn.Module):
             if num_buckets < 2 or num_buckets % 2:
                 raise ValueError(f"RelativePositionBias: num_buckets must be even and >= 2, got {num_buckets}")
             self.num_buckets = int(num_buckets)
+            for m in self.max_distance:
+                check_t5_buckets(self.num_buckets, m, where="RelativePositionBias")
             self.table = nn.Parameter(torch.randn(heads, num_buckets**ndim) * 0.02)
         else:
             if hidden < 1:

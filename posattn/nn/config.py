@@ -21,7 +21,7 @@ from typing import Any, Optional
 from .._grid import WINDOW_BORDERS
 from ..ops import SPAN_MODES
 from .attention import BACKENDS
-from .bias import BIAS_KINDS
+from .bias import BIAS_KINDS, check_t5_buckets
 from .registry import POSITIONAL_ENCODINGS, encoding_kind
 from .span import SPAN_UNITS
 
@@ -327,6 +327,9 @@ class ModelConfig:
             raise ValueError(f"pe.bias_buckets must be even (half per sign), got {self.pe.bias_buckets}")
         if self.pe.bias in ("t5", "cpb") and self.pe.bias_max_distance == 0:
             raise ValueError(f"pe.bias_max_distance must be >= 1 with pe.bias={self.pe.bias!r}, got 0")
+        if self.pe.bias == "t5":  # where T5's bucket arithmetic is defined
+            md = 128 if self.pe.bias_max_distance is None else self.pe.bias_max_distance
+            check_t5_buckets(self.pe.bias_buckets, md, where="pe.bias_buckets / pe.bias_max_distance (t5)")
         if self.window is not None:
             if self.attention != "relpos":
                 raise ValueError(f"window needs attention='relpos', got attention={self.attention!r}")
