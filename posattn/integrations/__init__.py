@@ -1,0 +1,10 @@
+"""posattn inside existing models: functions that take a loaded model and let
+its attention run on posattn's fused operator, keeping its weights.
+
+- :func:`patch_t5`: Hugging Face ``transformers`` T5 (encoder and decoder self-attention).
+
+The libraries themselves are imported only when a patch is applied."""
+
+from .t5 import patch_t5
+
+__all__ = ["patch_t5"]
