@@ -8,6 +8,7 @@ module never forms T5's (1, H, N, N) bias nor its N x N scores.
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Optional
 
@@ -15,7 +16,7 @@ import torch
 
 from .. import ops
 from .._grid import relative_offsets
-from ..nn.bias import t5_buckets
+from ..nn.bias import check_t5_buckets, t5_buckets
 
 __all__ = ["patch_t5", "t5_offset_bias"]
 
@@ -119,23 +120,17 @@ def patch_t5(model, inplace: bool = True):
         raise ImportError("patch_t5 needs transformers (pip install transformers)") from e
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"patch_t5: expected a transformers T5 model, got {type(model).__name__}")
-    stacks = [model] if isinstance(model, T5Stack) else [m for m in model.modules() if isinstance(m, T5Stack)]
-    if not stacks:
+    if not any(isinstance(m, T5Stack) for m in model.modules()):
         raise ValueError(f"patch_t5: {type(model).__name__} holds no T5Stack (not a transformers T5 model)")
     if not inplace:
-        import copy
-
         model = copy.deepcopy(model)
-        stacks = [model] if isinstance(model, T5Stack) else [m for m in model.modules() if isinstance(m, T5Stack)]
-    for stack in stacks:
+    for stack in [m for m in model.modules() if isinstance(m, T5Stack)]:
         selfs = [block.layer[0].SelfAttention for block in stack.block]
         if not selfs or not all(isinstance(a, T5Attention) for a in selfs):
             raise ValueError(f"patch_t5: {type(stack).__name__}'s blocks do not start with a T5Attention")
         source = selfs[0]
         if not source.has_relative_attention_bias:
             raise ValueError("patch_t5: the first self-attention of a T5Stack holds no relative_attention_bias")
-        from ..nn.bias import check_t5_buckets
-
         check_t5_buckets(
             source.relative_attention_num_buckets,
             source.relative_attention_max_distance,
