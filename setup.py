@@ -11,7 +11,7 @@ Environment:
                       nothing elsewhere; "" for the compiler's default). The CPU kernels are
                       compiled for this baseline and again for AVX2 and AVX-512, and each call
                       runs the widest set the CPU has (csrc/cpu/capability.h), so the default
-                      build runs on any x86-64-v2 CPU at the speed of a native one.
+                      build runs on any x86-64-v2 CPU, within a few percent of a native one.
 """
 
 import glob

@@ -3,8 +3,8 @@
 // -march=x86-64-v2 unless POSATTN_CPU_ARCH says otherwise), and the kernels
 // are compiled once more for AVX2 (x86-64-v3) and once for AVX-512
 // (x86-64-v4) CPUs (cpu/kernels_*.cpp). Each call runs the widest set the CPU
-// supports, so a wheel built on one x86-64 machine runs on another, at the
-// speed of a -march=native build where the CPU has AVX2 or AVX-512.
+// supports, so a wheel built on one x86-64 machine runs on another, within a
+// few percent of a -march=native build where the CPU has AVX2 or AVX-512.
 //
 // POSATTN_CPU_CAPABILITY=base|avx2|avx512 (read on every call, any case) picks
 // a lower set, e.g. to compare them; a set the CPU lacks is an error. The sets
