@@ -3,7 +3,8 @@
 # separate virtual environment with a CUDA build of torch (it runs on the CPU),
 # a FORCE_CUDA=1 build of posattn for sm_80 and sm_90, then checks that the
 # extension imports, that its CUDA kernels are registered with the dispatcher,
-# and runs the operator tests (on the CPU) against that build. Link errors and
+# and runs the operator tests (on the CPU) against that build, and the timm Swin
+# tests (timm's torchvision imports on this torch, not on the CPU one). Link errors and
 # registration mistakes show up here, without a GPU. Exits non-zero on any
 # failure. Run by .ci/run.
 #   CUDA_TORCH_VERSION  the CUDA torch to build against (default 2.14.1)
@@ -34,6 +35,8 @@ if ! [ -x "$vpy" ] || ! "$vpy" -c "import torch, sys; sys.exit(not torch.__versi
   "$vpy" -m pip install -q "torch==${CUDA_TORCH_VERSION}" 2>&1 | sed "/WARNING: Location/d"
   "$vpy" -m pip install -q -r requirements.txt -r requirements-dev.txt 2>&1 | sed "/WARNING: Location/d"
 fi
+# timm (for the Swin integration tests) needs a torchvision built for this torch
+"$vpy" -m pip install -q -r requirements-timm.txt 2>&1 | sed "/WARNING: Location/d"
 "$vpy" -c "import torch; assert torch.version.cuda, 'cuda_build: torch ' + torch.__version__ + ' is not a CUDA build'; print('cuda_build: torch', torch.__version__, 'CUDA', torch.version.cuda, 'toolkit', '$CUDA_HOME')"
 
 # Build from a copy of the project's files, so that this build and the
@@ -75,4 +78,8 @@ PY
   "$repo/tests/test_relpos_attention.py" "$repo/tests/test_relpos_registration.py" \
   "$repo/tests/test_relpos_bad_input.py" "$repo/tests/test_relpos_dtype_contract.py" "$repo/tests/test_apply_maps.py" \
   "$repo/tests/test_relpos_cuda.py" "$repo/tests/test_apply_maps_cuda.py"
-echo "cuda_build: the CUDA build imports, registers its kernels and passes the operator tests on the CPU"
+# timm's Swin against posattn.integrations.patch_swin: timm imports here (not on the CPU torch),
+# so a skip would hide a failure
+POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/test_integrations_swin.py"
+POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/test_readme.py" -k timm
+echo "cuda_build: the CUDA build imports, registers its kernels and passes the operator and Swin tests on the CPU"
