@@ -21,16 +21,21 @@ from posattn.integrations.swin import swin_block_runs, swin_offset_bias  # noqa:
 V1 = "swin_tiny_patch4_window7_224"
 V2 = "swinv2_tiny_window8_256"
 # (model, img_size, window): windows dividing the map; maps padded to the window
-# (14 -> 16, 7 -> 8); a rectangle whose second stage shifts on one axis only
+# (14 -> 16, 7 -> 8); a rectangle whose second stage shifts on one axis only;
+# Swin's own window 7 (shift 3: the last window splits 4 + 3); a non-square window
 CASES = [
     (V1, 64, 4),
     (V1, 56, 4),
     (V1, (32, 96), 8),
+    (V1, 56, 7),
+    (V1, 64, (4, 6)),
     (V2, 64, 4),
     (V2, 56, 4),
     (V2, (64, 96), 8),
+    (V2, 56, 7),
 ]
-IDS = ["v1-64-w4", "v1-56-w4-pad", "v1-32x96-w8", "v2-64-w4", "v2-56-w4-pad", "v2-64x96-w8"]
+IDS = ["v1-64-w4", "v1-56-w4-pad", "v1-32x96-w8", "v1-56-w7", "v1-64-w4x6", "v2-64-w4", "v2-56-w4-pad",
+       "v2-64x96-w8", "v2-56-w7"]  # fmt: skip
 
 
 def tiny(name, img_size=64, window=4, seed=0, **kw):
@@ -87,6 +92,46 @@ def test_outputs_and_gradients_equal_the_original(name, img_size, window, mode):
     assert len(c) == 4 and all(v == {"posattn": 1, "fallback": 0} for v in c.values()), c
 
 
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        (V1, dict(head_dim=24, qkv_bias=False)),  # attention width 48 / 96 against dims 32 / 64
+        (V2, dict(qkv_bias=False)),
+        (V1, dict(img_size=32, window=8, always_partition=True)),  # maps 8 and 4, windows 8: padded
+        (V2, dict(img_size=32, window=8, always_partition=True)),
+    ],
+    ids=["v1-head_dim-no-qkv-bias", "v2-no-qkv-bias", "v1-always-partition", "v2-always-partition"],
+)
+def test_other_settings(name, kw):
+    original = tiny(name, **({"img_size": 64, "window": 4} | kw)).train()
+    patched = patch_swin(original, inplace=False)
+    assert_same(original, patched, images(kw.get("img_size", 64)))
+    assert all(v == {"posattn": 1, "fallback": 0} for v in calls(patched).values())
+
+
+@pytest.mark.parametrize("name", [V1, V2])
+def test_float64(name):
+    original = tiny(name).double().train()
+    patched = patch_swin(original, inplace=False)
+    assert_same(original, patched, images(64).double(), rtol=1e-10, atol=1e-10)
+    assert all(v == {"posattn": 1, "fallback": 0} for v in calls(patched).values())
+
+
+@pytest.mark.parametrize("name", [V1, V2])
+def test_half_precision_on_the_cpu_falls_back(name):
+    """The op takes float32 / float64 on the CPU: bfloat16 weights, or bfloat16
+    autocast, run timm's own code (the same result, bit for bit)."""
+    original = tiny(name).eval()
+    patched = patch_swin(original, inplace=False)
+    x = images(64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(patched(x), original(x))
+    assert all(v == {"posattn": 0, "fallback": 1} for v in calls(patched).values())
+    original, patched = original.bfloat16(), patched.bfloat16()
+    assert torch.equal(patched(x.bfloat16()), original(x.bfloat16()))
+    assert all(v == {"posattn": 0, "fallback": 2} for v in calls(patched).values())
+
+
 @pytest.mark.parametrize("name", [V1, V2])
 def test_projection_dropout_runs_on_posattn_with_the_same_draws(name):
     original = tiny(name, drop_rate=0.0, proj_drop_rate=0.3, drop_path_rate=0.1).train()
@@ -130,6 +175,21 @@ def test_other_input_sizes(name):
         m.set_input_size(img_size=(96, 80), window_size=8)
     assert_same(original, patched, images((96, 80)))
     assert all(v["fallback"] == 0 for v in calls(patched).values())
+
+
+@pytest.mark.parametrize("name", [V1, V2])
+def test_a_static_mask_for_a_transposed_map_falls_back(name):
+    """A model built for 32 x 64 images fed 64 x 32 ones: as many windows, so timm's
+    static masks fit, but they mask the pairs of the other map. The patched blocks
+    run timm's own code there (the same result), not the right masks."""
+    original = tiny(name, img_size=(32, 64))
+    patched = patch_swin(original, inplace=False)
+    for m in (original, patched):
+        m.patch_embed.strict_img_size = False
+    assert_same(original, patched, images((64, 32)))
+    c = calls(patched)
+    assert c["layers.0.blocks.1"] == {"posattn": 0, "fallback": 1}  # shifted, 16 x 8 against 8 x 16
+    assert c["layers.0.blocks.0"] == {"posattn": 1, "fallback": 0}  # no shift, no mask
 
 
 def test_a_static_mask_for_another_size_falls_back():
@@ -216,6 +276,16 @@ def test_patch_in_place_copy_and_twice():
     assert all(v == {"posattn": 1, "fallback": 0} for v in calls(twin).values())  # the copy counts its own calls
 
 
+def test_a_patched_model_pickles(tmp_path):
+    model = patch_swin(tiny(V1)).eval()
+    x = images(64)
+    want = model(x)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    torch.testing.assert_close(loaded(x), want, rtol=0, atol=0)
+    assert all(v == {"posattn": 2, "fallback": 0} for v in calls(loaded).values())  # its calls before saving too
+
+
 def test_refusals():
     with pytest.raises(ValueError, match="expected a timm Swin"):
         patch_swin("swin")
@@ -253,4 +323,21 @@ def test_cuda_outputs_and_gradients_equal_the_original(name, img_size, window):
     patched = patch_swin(original, inplace=False)
     torch.backends.cuda.matmul.allow_tf32 = False
     assert_same(original, patched, images(img_size).cuda(), rtol=1e-4, atol=1e-4)
+    assert all(v == {"posattn": 1, "fallback": 0} for v in calls(patched).values())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", [V1, V2])
+def test_cuda_autocast_runs_on_posattn(name):
+    """Mixed precision (timm's --amp): q, k, v in bfloat16 on the op (SwinV2's
+    normalised q and k cast back from autocast's float32), close to timm's."""
+    original = tiny(name).cuda().train()
+    patched = patch_swin(original, inplace=False)
+    x = images(64).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_o, out_p = run(original, x), run(patched, x)
+    torch.testing.assert_close(out_p.float(), out_o.float(), rtol=5e-2, atol=5e-2)
+    out_p.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in patched.parameters() if p.requires_grad)
     assert all(v == {"posattn": 1, "fallback": 0} for v in calls(patched).values())

@@ -132,3 +132,13 @@ def test_refuses_what_it_cannot_patch():
         patch_t5("t5-small")
     with pytest.raises(ValueError, match=r"patch_t5 \(relative_attention_num_buckets.*max_distance must be > 8"):
         patch_t5(tiny_t5(32, 8))
+
+
+def test_a_patched_model_pickles(tmp_path):
+    model = patch_t5(tiny_t5(18, 20)).eval()
+    ids, dec = inputs()
+    want = model(input_ids=ids, decoder_input_ids=dec).logits
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=dec).logits, want, rtol=0, atol=0)
+    assert all(c == {"posattn": 2, "fallback": 0} for c in calls(loaded).values()) and len(calls(loaded)) == 4

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import types
 import warnings
 from typing import List, Tuple
 
@@ -28,8 +27,8 @@ from .. import ops
 __all__ = ["patch_swin", "swin_block_runs", "swin_offset_bias"]
 
 # timm masks the pairs of a shifted window from different regions with -100: their
-# weight is exp(-100 - span) against the row's largest, with span the spread of the
-# row's logits, below float32 rounding (2^-24 ~ e^-16.6) while the span is < 83
+# weight against the row's largest is at most exp(span - 100), with span the spread
+# of the row's logits, below float32 rounding (2^-24 ~ e^-16.6) while the span is < 83
 _TIMM_MASK = 100.0
 _MAX_SPAN = _TIMM_MASK - 17.0
 
@@ -76,17 +75,33 @@ def _qkv(attn, x: torch.Tensor, v2: bool) -> torch.Tensor:
     return attn.qkv(x)
 
 
+def _op_dtype(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether relpos_attention takes this dtype on this device."""
+    if device.type == "cuda":
+        return dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    return dtype in (torch.float32, torch.float64)
+
+
 def _usable(block, x: torch.Tensor, hp: int, wp: int) -> bool:
-    """Whether posattn computes this call as timm does: no attention dropout, and a
-    static mask (if any) made for this padded size (else timm's own code runs)."""
+    """Whether posattn computes this call as timm does: no attention dropout, a dtype
+    the op takes on x's device (under autocast, the projection's), and a static
+    shift mask (if any) made for this padded size (else timm's own code runs)."""
     attn = block.attn
     if attn.training and attn.attn_drop.p > 0:
         return False
+    dtype = x.dtype
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+    if not _op_dtype(dtype, x.device):
+        return False
     if any(block.shift_size) and not getattr(block, "dynamic_mask", False):
-        mask = block.attn_mask
-        area = block.window_size[0] * block.window_size[1]
-        windows = (hp // block.window_size[0]) * (wp // block.window_size[1])
-        if mask is None or tuple(mask.shape) != (windows, area, area):
+        # timm's static mask is laid out for input_resolution rounded up to the window:
+        # on any other map (even one with as many windows) it masks other pairs
+        (wh, ww), (rh, rw) = block.window_size, block.input_resolution
+        if (hp, wp) != (math.ceil(rh / wh) * wh, math.ceil(rw / ww) * ww):
+            return False
+        area, windows = wh * ww, (hp // wh) * (wp // ww)
+        if block.attn_mask is None or tuple(block.attn_mask.shape) != (windows, area, area):
             return False
     return True
 
@@ -113,8 +128,9 @@ def _attend(attn, v2: bool, table: torch.Tensor, qkv: torch.Tensor, block: Tuple
     q, k, v = qkv.unbind(0)
     bias = swin_offset_bias(table, window, block).to(q.dtype)
     if v2:  # cosine attention: the per-head logit scale folded into the queries
-        scale = torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp().to(q.dtype)
-        q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
+        scale = torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp()
+        # .to: under CUDA autocast, normalize runs in float32 (timm's matmul then casts back)
+        q, k = (F.normalize(q, dim=-1) * scale).to(v.dtype), F.normalize(k, dim=-1).to(v.dtype)
         return ops.relpos_attention(q, k, v, grid=list(block), bias=bias, scale=1.0)
     return ops.relpos_attention(q, k, v, grid=list(block), bias=bias, scale=attn.scale)
 
@@ -182,15 +198,17 @@ def patch_swin(model, inplace: bool = True):
     Every block's call runs on posattn: windows and shifted windows (the regions of
     a shifted window become separate blocks, no mask), padding to a multiple of the
     window, Swin's bias table and SwinV2's CPB MLP and cosine attention, dropout
-    after the projection. Two kinds of call run timm's own code
+    after the projection. Three kinds of call run timm's own code
     (``block._posattn_calls`` counts both): training with attention dropout
-    (``attn_drop_rate > 0``), and a static shift mask made for another input size.
+    (``attn_drop_rate > 0``); a static shift mask made for another input size; a
+    dtype the op does not take on that device (float16 / bfloat16 on the CPU, also
+    under autocast). Differentiable once (a gradient of the gradient raises).
 
     Pairs of a shifted window from different regions get weight 0 here; timm adds
     -100 to their logits, which agrees to float32 rounding while a row's logits
     span less than ~83. A SwinV2 head's logits span at most
-    ``2 exp(logit_scale) + 16``: a shifted block with a larger logit scale gets a
-    warning at patch time.
+    ``2 exp(logit_scale) + 16``: a shifted block whose logit scale allows more gets
+    a warning at patch time. Swin's logits have no such bound (nothing is checked).
 
     Args:
         model: a ``timm`` model holding ``SwinTransformerBlock`` or
@@ -241,5 +259,6 @@ def patch_swin(model, inplace: bool = True):
             continue  # patched already
         object.__setattr__(block, "_posattn_v2", isinstance(block, block_v2))
         object.__setattr__(block, "_posattn_calls", {"posattn": 0, "fallback": 0})
-        block._attn = types.MethodType(_patched_attn, block)
+        # a partial of a module-level function, not a bound method: a patched model pickles
+        block._attn = functools.partial(_patched_attn, block)
     return model

@@ -9,7 +9,7 @@ module never forms T5's (1, H, N, N) bias nor its N x N scores.
 from __future__ import annotations
 
 import copy
-import types
+import functools
 from typing import Optional
 
 import torch
@@ -58,7 +58,7 @@ def _no_masking(mask: Optional[torch.Tensor], n: int, causal: bool) -> bool:
 
 def _patched_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, cache=None, **kwargs):
     """T5Attention.forward on posattn where the call allows it, else T5's own."""
-    original = self._posattn_original_forward
+    original = functools.partial(type(self).forward, self)
     source = self._posattn_bias_source
     n = hidden_states.shape[1]
     past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
@@ -138,11 +138,11 @@ def patch_t5(model, inplace: bool = True):
             where="patch_t5 (relative_attention_num_buckets / relative_attention_max_distance)",
         )
         for attn in selfs:
-            if getattr(attn, "_posattn_original_forward", None) is not None:
+            if getattr(attn, "_posattn_calls", None) is not None:
                 continue  # patched already
             # plain attributes, not submodules: the state_dict stays T5's
-            object.__setattr__(attn, "_posattn_original_forward", attn.forward)
             object.__setattr__(attn, "_posattn_bias_source", source)
             object.__setattr__(attn, "_posattn_calls", {"posattn": 0, "fallback": 0})
-            attn.forward = types.MethodType(_patched_forward, attn)
+            # a partial of a module-level function, not a bound method: a patched model pickles
+            attn.forward = functools.partial(_patched_forward, attn)
     return model
