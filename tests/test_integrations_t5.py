@@ -142,3 +142,60 @@ def test_a_patched_model_pickles(tmp_path):
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     torch.testing.assert_close(loaded(input_ids=ids, decoder_input_ids=dec).logits, want, rtol=0, atol=0)
     assert all(c == {"posattn": 2, "fallback": 0} for c in calls(loaded).values()) and len(calls(loaded)) == 4
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 matmuls in full precision on CUDA (restored afterwards): the original and
+    the patched model then differ only by the order of float32 sums."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_buckets,max_distance", [BUCKETS[0], BUCKETS[2]])
+def test_cuda_outputs_and_gradients_equal_the_original(num_buckets, max_distance, no_tf32):
+    original = tiny_t5(num_buckets, max_distance).cuda().train()
+    patched = patch_t5(original, inplace=False)
+    ids, dec = (x.cuda() for x in inputs())
+    out_o = original(input_ids=ids, decoder_input_ids=dec).logits
+    out_p = patched(input_ids=ids, decoder_input_ids=dec).logits
+    torch.testing.assert_close(out_p, out_o, rtol=1e-4, atol=1e-4)
+    assert all(c == {"posattn": 1, "fallback": 0} for c in calls(patched).values()) and len(calls(patched)) == 4
+    g = torch.randn(out_o.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    grads_o = torch.autograd.grad((out_o * g).sum(), list(original.parameters()))
+    grads_p = torch.autograd.grad((out_p * g).sum(), list(patched.parameters()))
+    for (name, _), a, b in zip(original.named_parameters(), grads_p, grads_o):
+        atol = 1e-3 * float(b.abs().max()) + 1e-6
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=atol, msg=lambda m: f"d {name}: {m}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_generation_gives_the_same_tokens(no_tf32):
+    original = tiny_t5(18, 20, init=10.0).cuda().eval()
+    patched = patch_t5(original, inplace=False)
+    ids = inputs(batch=3, n_enc=29)[0].cuda()
+    kw = dict(max_new_tokens=16, num_beams=3, do_sample=False, suppress_tokens=[0, 1])
+    assert torch.equal(patched.generate(ids, **kw), original.generate(ids, **kw))
+    assert calls(patched)["encoder.block.0.layer.0.SelfAttention"] == {"posattn": 1, "fallback": 0}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_autocast_runs_on_posattn():
+    """Mixed precision: q, k, v in bfloat16 on the op (the bias table cast to them),
+    close to T5's own autocast run; every parameter gets a finite gradient."""
+    original = tiny_t5().cuda().train()
+    patched = patch_t5(original, inplace=False)
+    ids, dec = (x.cuda() for x in inputs())
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_o = original(input_ids=ids, decoder_input_ids=dec).logits
+        out_p = patched(input_ids=ids, decoder_input_ids=dec).logits
+    torch.testing.assert_close(out_p.float(), out_o.float(), rtol=5e-2, atol=5e-2)
+    assert all(c == {"posattn": 1, "fallback": 0} for c in calls(patched).values())
+    out_p.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in patched.parameters() if p.requires_grad)
