@@ -17,12 +17,15 @@ PyObject* PyInit__C(void) {
 TORCH_LIBRARY(posattn, m) {
   // Positional self-attention with relative embeddings and a learned bias per
   // head and offset on an n-D grid, an optional Gaussian span and a fixed
-  // window (see posattn/ops.py for the full contract).
+  // window: `window` cells before each window's centre per axis, `window_right`
+  // after (default: as many), `window_stride` queries per window, `window_causal`
+  // 0 / 1 per axis (NATTEN's vocabulary; see posattn/ops.py for the full contract).
   // Returns (out (B, H, N, Dv), lse (B, H, N)).
   m.def(
       "relpos_attention(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "
       "Tensor? sigma, float threshold, str span_mode, float scale, bool causal, "
-      "Tensor? bias=None, int[]? window=None, str window_border=\"clip\") -> (Tensor, Tensor)");
+      "Tensor? bias=None, int[]? window=None, str window_border=\"clip\", int[]? window_right=None, "
+      "int[]? window_stride=None, int[]? window_causal=None) -> (Tensor, Tensor)");
   // Gradients of relpos_attention, recomputed from the saved lse. Returns
   // (dq, dk, dv, dq_pos, drel, dsigma, dbias); the last four are empty (shape
   // (0,)) when the matching input was not given.
@@ -30,8 +33,8 @@ TORCH_LIBRARY(posattn, m) {
       "relpos_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
       "Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, Tensor? sigma, float threshold, "
       "str span_mode, float scale, bool causal, Tensor out, Tensor lse, Tensor? bias=None, "
-      "int[]? window=None, str window_border=\"clip\") "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int[]? window=None, str window_border=\"clip\", int[]? window_right=None, int[]? window_stride=None, "
+      "int[]? window_causal=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Orthogonal-power (algebraic) encodings: y[b, h, n, a*m:(a+1)*m] =
   // maps[index[(b,) n, a], h, a] @ x[b, h, n, a*m:(a+1)*m]; x (B, H, N, D), maps
   // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).

@@ -54,7 +54,8 @@ class EagerBiasAttention(PositionalSelfAttention):
             keep = torch.ones(rows.shape, dtype=torch.bool, device=x.device)
             half = [self.window] * len(grid) if isinstance(self.window, int) else self.window
             for d, (n, w) in enumerate(zip(grid, half)):
-                lo, hi = window_key_range(coords[:, d], n, min(w, n - 1), self.window_border)
+                w = min(w, n - 1)
+                lo, hi = window_key_range(coords[:, d], n, w, w, self.window_border)
                 keep &= (coords[None, :, d] >= lo[:, None]) & (coords[None, :, d] <= hi[:, None])
             mask = mask.masked_fill(~keep, float("-inf"))
         out = F.scaled_dot_product_attention(args["q"], args["k"], args["v"], attn_mask=mask[None])

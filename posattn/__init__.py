@@ -9,11 +9,13 @@ import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
 
 from . import (
     _C,  # noqa: F401  (registers torch.ops.posattn.*)
+    neighborhood,
     nn,
     ops,
     reference,
 )
+from .neighborhood import na1d, na2d, na3d
 from .ops import apply_maps, relpos_attention
 
-__all__ = ["nn", "ops", "reference", "relpos_attention", "apply_maps"]
+__all__ = ["nn", "ops", "reference", "neighborhood", "relpos_attention", "apply_maps", "na1d", "na2d", "na3d"]
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -69,7 +69,7 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
 WINDOW_BORDERS = ("clip", "shift")
 
 
-def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
+def normalise_window(window, grid: Sequence[int], cap: bool = True) -> Optional[list[int]]:
     """``window`` as a list of G half widths (an int applies to every axis), or None.
 
     Checks one value per grid axis, each an int >= 0 (the operators' ``window``);
@@ -103,21 +103,140 @@ def normalise_window(window, grid: Sequence[int]) -> Optional[list[int]]:
     for d, w in enumerate(out):
         if w < 0:
             raise ValueError(f"relpos_attention: window half widths must be >= 0, got {out} (axis {d})")
-    return [min(w, n - 1) for w, n in zip(out, grid)]
+    return [min(w, n - 1) for w, n in zip(out, grid)] if cap else out
 
 
-def window_key_range(coord: torch.Tensor, n: int, half: int, border: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """First and last key kept along an axis of ``n`` cells by queries at ``coord``
-    (any int64 shape) under a window of ``2 half + 1`` cells: centred and clipped at
-    the borders (``"clip"``), or NATTEN's rule (``"shift"``): the window starts at
-    ``coord - half``, moved to stay inside ``[0, n)``."""
-    k = 2 * half + 1
-    if border == "shift":
-        if k >= n:  # a window as large as the axis covers it
-            return torch.zeros_like(coord), torch.full_like(coord, n - 1)
-        start = (coord - half).clamp(0, n - k)
-        return start, start + k - 1
-    return (coord - half).clamp(min=0), (coord + half).clamp(max=n - 1)
+def axis_ints(name: str, value, grid: Sequence[int], lowest: int) -> list[int]:
+    """One int >= ``lowest`` per grid axis (an int applies to every axis)."""
+    if isinstance(value, bool) or isinstance(value, int):
+        if isinstance(value, bool):
+            raise TypeError(f"relpos_attention: {name} must be an int or a sequence of ints, got {value!r}")
+        value = [value] * len(grid)
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"relpos_attention: {name} must be an int or a sequence of ints, got {value!r}") from None
+    out = []
+    for x in items:
+        if isinstance(x, bool):
+            raise TypeError(f"relpos_attention: {name} must be an int or a sequence of ints, got {value!r}")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise TypeError(
+                f"relpos_attention: {name} must be an int or a sequence of ints, got {value!r} "
+                f"({type(x).__name__} {x!r} is not an int)"
+            ) from None
+    if len(out) != len(grid):
+        raise ValueError(
+            f"relpos_attention: {name} must give one value per grid axis ({len(grid)} for grid {list(grid)}), "
+            f"got {len(out)}: {out}"
+        )
+    for d, x in enumerate(out):
+        if x < lowest:
+            raise ValueError(f"relpos_attention: {name} must be >= {lowest} on every axis, got {out} (axis {d})")
+    return out
+
+
+def axis_flags(name: str, value, grid: Sequence[int]) -> list[int]:
+    """One bool per grid axis (a bool applies to every axis), as 0 / 1."""
+    if isinstance(value, bool):
+        value = [value] * len(grid)
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"relpos_attention: {name} must be a bool or a sequence of bools, got {value!r}") from None
+    if not all(isinstance(x, bool) for x in items):
+        raise TypeError(f"relpos_attention: {name} must be a bool or a sequence of bools, got {value!r}")
+    if len(items) != len(grid):
+        raise ValueError(
+            f"relpos_attention: {name} must give one value per grid axis ({len(grid)} for grid {list(grid)}), "
+            f"got {len(items)}: {items}"
+        )
+    return [int(x) for x in items]
+
+
+class WindowSpec(NamedTuple):
+    """A window per grid axis in the operators' terms: cells before and after
+    its centre, the stride of the query groups sharing one window, causal (0 / 1),
+    and the dilation (every d-th cell: the window lives on the sub-grid of the
+    cells of the query's residue modulo d)."""
+
+    left: list[int]
+    right: list[int]
+    stride: list[int]
+    causal: list[int]
+    dilation: list[int]
+
+
+def window_spec(
+    window, grid: Sequence[int], kernel_size=None, window_stride=None, window_causal=None, window_dilation=None
+) -> Optional[WindowSpec]:
+    """The window of a relpos_attention call from its arguments: ``window`` (half
+    widths: a window of 2 w + 1 cells) or ``kernel_size`` (k cells, odd or even:
+    k // 2 before the centre, k - 1 - k // 2 after, NATTEN's split), with
+    ``window_stride`` (1 <= s <= k), ``window_causal`` and ``window_dilation``
+    (>= 1) per axis; None without a window. ValueError / TypeError name the
+    argument."""
+    if window is not None and kernel_size is not None:
+        raise ValueError("relpos_attention: give window (half widths) or kernel_size, not both")
+    if window is None and kernel_size is None:
+        extra = (("window_stride", window_stride), ("window_causal", window_causal))
+        for name, value in extra + (("window_dilation", window_dilation),):
+            if value is not None:
+                raise ValueError(f"relpos_attention: {name} needs a window (window or kernel_size)")
+        return None
+    if window is not None:
+        left = right = normalise_window(window, grid, cap=False)
+    else:
+        k = axis_ints("kernel_size", kernel_size, grid, 1)
+        left, right = [x // 2 for x in k], [x - 1 - x // 2 for x in k]
+    stride = [1] * len(grid) if window_stride is None else axis_ints("window_stride", window_stride, grid, 1)
+    for d, (a, b, s) in enumerate(zip(left, right, stride)):
+        if s > a + b + 1:
+            raise ValueError(
+                f"relpos_attention: window_stride must be in [1, kernel size] on every axis (kernel size "
+                f"{a + b + 1} on axis {d}), got {stride}"
+            )
+    causal = [0] * len(grid) if window_causal is None else axis_flags("window_causal", window_causal, grid)
+    dilation = [1] * len(grid) if window_dilation is None else axis_ints("window_dilation", window_dilation, grid, 1)
+    return WindowSpec(list(left), list(right), stride, causal, dilation)
+
+
+def check_dilation_with_span(dilation: Sequence[int], threshold: float) -> None:
+    """A span threshold cuts a box in the grid's cells, which a dilated window's
+    sub-grid does not have: the two are refused together (sigma without a
+    threshold is fine)."""
+    if threshold > 0 and any(d > 1 for d in dilation):
+        raise ValueError(
+            f"relpos_attention: a span threshold (threshold = {threshold}) cannot be combined with a dilated "
+            f"window (window_dilation = {list(dilation)}); use sigma without a threshold, or no dilation"
+        )
+
+
+def window_key_range(
+    coord: torch.Tensor, n, left: int, right: int, border: str, stride: int = 1, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last key kept along an axis of ``n`` cells (an int, or an int64
+    tensor like ``coord``: one axis length per query) by queries at ``coord`` (any
+    int64 shape) under a window of ``left`` cells before its centre and ``right``
+    after (AxisLimit in csrc/common/grid_index.h, the kernels' rule): the centre
+    is the query's stride leader (groups of ``stride`` queries share the window
+    of the group's middle cell, ``g s + s // 2``, capped at n - 1); the window is
+    clipped at the borders (``"clip"``), or moved to stay inside ``[0, n)``
+    (``"shift"``, NATTEN's rule; a window of n cells or more covers the axis). A
+    ``causal`` axis keeps the keys ``j <= i`` less than k = left + right + 1
+    cells before the group's last cell."""
+    n = torch.as_tensor(n, dtype=coord.dtype, device=coord.device).expand_as(coord)
+    k = left + right + 1
+    group = coord - coord % stride
+    if causal:
+        last = torch.minimum(group + stride - 1, n - 1)
+        return (last - k + 1).clamp(min=0), coord.clone()
+    centre = torch.minimum(group + stride // 2, n - 1)
+    if border == "shift":  # max, then min: a window longer than the axis ends at its last cell
+        centre = torch.minimum(centre.clamp(min=left), n - 1 - right)
+    return (centre - left).clamp(min=0), torch.minimum(centre + right, n - 1)
 
 
 def num_offsets(grid: Sequence[int]) -> int:

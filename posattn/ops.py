@@ -12,7 +12,17 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ._grid import WINDOW_BORDERS, normalise_grid, normalise_window, num_offsets
+from ._dilation import dilated_call
+from ._extra_tokens import attend_extra, check_extra_tokens, merge_attention
+from ._grid import (
+    WINDOW_BORDERS,
+    axis_ints,
+    check_dilation_with_span,
+    normalise_grid,
+    normalise_window,
+    num_offsets,
+    window_spec,
+)
 
 __all__ = ["relpos_attention", "apply_maps", "has_kernel", "cpu_capability", "SPAN_MODES"]
 
@@ -65,6 +75,12 @@ def relpos_attention(
     bias: Optional[torch.Tensor] = None,
     window: Optional[Union[int, Sequence[int]]] = None,
     window_border: str = "clip",
+    kernel_size: Optional[Union[int, Sequence[int]]] = None,
+    window_stride: Optional[Union[int, Sequence[int]]] = None,
+    window_causal: Optional[Union[bool, Sequence[bool]]] = None,
+    window_dilation: Optional[Union[int, Sequence[int]]] = None,
+    additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None,
 ):
     r"""Positional self-attention with relative embeddings on an n-D grid.
 
@@ -109,7 +125,35 @@ def relpos_attention(
             and clipped at the grid's borders (``|delta_d| <= w_d``);
             ``"shift"``: NATTEN's rule, the window is shifted to stay inside the
             grid, so every query keeps ``min(2 w_d + 1, n_d)`` keys per axis
-            (NAT / DiNAT without dilation). Ignored without ``window``.
+            (NAT / DiNAT without dilation). Ignored without a window.
+        kernel_size: instead of ``window``, NATTEN's kernel: ``k_d >= 1`` cells per
+            axis (an int applies to every axis), odd or even: ``k // 2`` before the
+            window's centre and ``k - 1 - k // 2`` after (``window=w`` is
+            ``kernel_size=2w+1``). Larger than the axis: the whole axis.
+        window_stride: with a window, ``1 <= s_d <= k_d`` per axis (NATTEN's
+            stride): queries come in groups of ``s_d`` cells (``[g s, g s + s - 1]``)
+            that share the window of the group's middle cell ``g s + s // 2``
+            (capped at ``n_d - 1``). Default 1: each query's own window.
+        window_causal: with a window, a bool per axis (NATTEN's ``is_causal``): on
+            a causal axis a query keeps the keys ``j_d <= i_d`` less than ``k_d``
+            cells before its group's last cell (``g s + s - 1``, capped); the
+            border rule does not apply there. Independent of ``causal`` (token
+            order over the whole grid).
+        window_dilation: with a window, ``d_d >= 1`` per axis (NATTEN's
+            dilation, DiNAT): a query at cell i keeps only keys of its residue
+            ``i mod d``, and its window (size, stride, causal, border) lives on the
+            sub-grid of those cells (cell ``r + d t`` is sub-grid cell t, of
+            ``ceil((n - r) / d)`` cells). The offsets, embeddings, bias and span
+            stay the grid's own (a key ``d`` cells away has offset d). Computed
+            by regrouping the tokens of each residue class (as NATTEN does), so
+            the kernels still visit only the kept keys. A span threshold cannot
+            be combined with it (ValueError): the box is in the grid's cells.
+        additional_keys, additional_values: optional (B, H, M, D) and
+            (B, H, M, Dv), M >= 1 (NATTEN's ``additional_keys`` /
+            ``additional_values``): extra tokens every query attends to besides
+            its window (e.g. global or cross-attention tokens), in the same
+            softmax; their logits are ``scale * q_i . k_extra`` (no positional
+            term, bias, span or mask). Merged through the log-sum-exp.
 
     Math, per batch b and head h::
 
@@ -132,16 +176,33 @@ def relpos_attention(
     """
     _check_q(q)
     grid_list = normalise_grid(grid, q.shape[2])
-    window_list = normalise_window(window, grid_list)
+    spec = window_spec(window, grid_list, kernel_size, window_stride, window_causal, window_dilation)
+    left, right, stride, wcausal, dilation = spec if spec is not None else (None,) * 5
+    if spec is not None:  # a window beyond the axis is the axis (the op's ints are int64)
+        left, right = ([min(w, n - 1) for w, n in zip(ws, grid_list)] for ws in (left, right))
+        stride = [min(s, n) for s, n in zip(stride, grid_list)]
     threshold = _real("threshold", threshold)
     scale = q.shape[-1] ** -0.5 if scale is None else _real("scale", scale)
     causal, return_lse = _flag("causal", causal), _flag("return_lse", return_lse)
     _check_relpos_args(
-        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, bias, window_list, window_border
-    )
-    out, lse = torch.ops.posattn.relpos_attention(
-        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, causal, bias, window_list, window_border
-    )
+        q, k, v, q_pos, rel, grid_list, sigma, threshold, span_mode, scale, bias, left, window_border,
+        right, stride, wcausal,
+    )  # fmt: skip
+    check_extra_tokens(q, v, additional_keys, additional_values)
+
+    def call(q, k, v, q_pos, rel, bias, sigma, grid):
+        return torch.ops.posattn.relpos_attention(
+            q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, left, window_border,
+            right, stride, wcausal,
+        )  # fmt: skip
+
+    if dilation is not None and any(d > 1 for d in dilation):
+        check_dilation_with_span(dilation, threshold)
+        out, lse = dilated_call(call, q, k, v, q_pos, rel, bias, sigma, grid_list, dilation)
+    else:
+        out, lse = call(q, k, v, q_pos, rel, bias, sigma, grid_list)
+    if additional_keys is not None:
+        out, lse = merge_attention(out, lse, *attend_extra(q, additional_keys, additional_values, scale))
     return (out, lse) if return_lse else out
 
 
@@ -169,8 +230,9 @@ def _check_q(q) -> None:
 
 
 def _check_relpos_args(
-    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias=None, window=None, window_border="clip"
-) -> None:
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias=None, window=None, window_border="clip",
+    window_right=None, window_stride=None, window_causal=None,
+) -> None:  # fmt: skip
     """Shape, dtype, device and argument checks (no tensor values are read, so this
     also runs on fake tensors under torch.compile). Mirrors the C++ checks."""
     tensors = {"q": q, "k": k, "v": v, "q_pos": q_pos, "rel": rel, "sigma": sigma, "bias": bias}
@@ -207,7 +269,7 @@ def _check_relpos_args(
             f"relpos_attention: bias must have shape (H, U) = ({H}, {num_offsets(grid)}) with "
             f"U = prod(2 n_d - 1) for grid {list(grid)}, got {tuple(bias.shape)}"
         )
-    normalise_window(window, grid)
+    _check_window(grid, window, window_right, window_stride, window_causal)
     if window_border not in WINDOW_BORDERS:
         raise ValueError(f'relpos_attention: window_border must be "clip" or "shift", got {window_border!r}')
     if span_mode not in SPAN_MODES:
@@ -228,6 +290,25 @@ def _check_relpos_args(
             f"relpos_attention: scale = {scale} overflows the tensors' dtype {q.dtype} "
             f"(largest finite value {dtype_max})"
         )
+
+
+def _check_window(grid, window, window_right, window_stride, window_causal) -> None:
+    """The schema's window arguments (as check_relpos_inputs in relpos_checks.cpp):
+    ``window`` cells before the centre, ``window_right`` after, stride, causal 0 / 1."""
+    extra = (("window_right", window_right), ("window_stride", window_stride), ("window_causal", window_causal))
+    for name, value in extra:
+        if value is not None and window is None:
+            raise ValueError(f"relpos_attention: {name} needs a window (window = None)")
+    if window is None:
+        return
+    left = normalise_window(window, grid, cap=False)
+    right = left if window_right is None else axis_ints("window_right", window_right, grid, 0)
+    if window_stride is not None:
+        window_spec(None, grid, [a + b + 1 for a, b in zip(left, right)], window_stride)
+    if window_causal is not None:
+        ok = len(window_causal) == len(grid) and all(c in (0, 1) and not isinstance(c, bool) for c in window_causal)
+        if not ok:
+            raise ValueError(f"relpos_attention: window_causal must be 0 or 1 per grid axis, got {list(window_causal)}")
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -272,10 +353,16 @@ def _check_relpos_backward_args(
     bias=None,
     window=None,
     window_border="clip",
+    window_right=None,
+    window_stride=None,
+    window_causal=None,
 ) -> None:
     """The forward's checks plus those of the backward's own tensors (as
     check_relpos_backward_inputs in csrc/relpos/relpos_checks.cpp)."""
-    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
+    _check_relpos_args(
+        q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border,
+        window_right, window_stride, window_causal,
+    )  # fmt: skip
     B, H, N, _ = q.shape
     shapes = {
         "grad_out": (B, H, N, v.shape[-1]),
@@ -310,9 +397,13 @@ def _check_relpos_backward_args(
 
 @torch.library.register_fake("posattn::relpos_attention")
 def _relpos_attention_fake(
-    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias=None, window=None, window_border="clip"
-):
-    _check_relpos_args(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border)
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias=None, window=None, window_border="clip",
+    window_right=None, window_stride=None, window_causal=None,
+):  # fmt: skip
+    _check_relpos_args(
+        q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, bias, window, window_border,
+        window_right, window_stride, window_causal,
+    )  # fmt: skip
     B, H, N, _ = q.shape
     return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N, dtype=lse_dtype(q.dtype))
 
@@ -337,6 +428,9 @@ def _relpos_attention_backward_fake(
     bias=None,
     window=None,
     window_border="clip",
+    window_right=None,
+    window_stride=None,
+    window_causal=None,
 ):
     _check_relpos_backward_args(
         grad_out,
@@ -356,6 +450,9 @@ def _relpos_attention_backward_fake(
         bias,
         window,
         window_border,
+        window_right,
+        window_stride,
+        window_causal,
     )
 
     # The kernels return contiguous gradients whatever the inputs' strides.
@@ -370,15 +467,15 @@ def _relpos_attention_backward_fake(
 
 def _relpos_setup_context(ctx, inputs, output):
     # torch.library fills in the arguments left at their schema defaults.
-    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border = inputs
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, *window_args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, q_pos, rel, sigma, bias, out, lse)
-    ctx.args = (grid, threshold, span_mode, scale, causal, window, window_border)
+    ctx.args = (grid, threshold, span_mode, scale, causal, tuple(window_args))
 
 
 def _relpos_backward(ctx, grad_out, grad_lse):
     q, k, v, q_pos, rel, sigma, bias, out, lse = ctx.saved_tensors
-    grid, threshold, span_mode, scale, causal, window, window_border = ctx.args
+    grid, threshold, span_mode, scale, causal, window_args = ctx.args
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dq_pos, drel, dsigma, dbias = torch.ops.posattn.relpos_attention_backward(
@@ -398,8 +495,7 @@ def _relpos_backward(ctx, grad_out, grad_lse):
         out,
         lse,
         bias,
-        window,
-        window_border,
+        *window_args,  # window, window_border, window_right, window_stride, window_causal
     )
     return (
         dq,
@@ -416,6 +512,9 @@ def _relpos_backward(ctx, grad_out, grad_lse):
         dbias if bias is not None else None,
         None,  # window
         None,  # window_border
+        None,  # window_right
+        None,  # window_stride
+        None,  # window_causal
     )
 
 

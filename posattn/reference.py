@@ -14,12 +14,13 @@ import torch
 
 from ._grid import (
     WINDOW_BORDERS,
+    check_dilation_with_span,
     grid_coords,
     normalise_grid,
-    normalise_window,
     offset_rows,
     span_half_widths,
     window_key_range,
+    window_spec,
 )
 
 
@@ -37,6 +38,10 @@ def relpos_scores(
     bias: Optional[torch.Tensor] = None,
     window: Optional[Sequence[int]] = None,
     window_border: str = "clip",
+    kernel_size=None,
+    window_stride=None,
+    window_causal=None,
+    window_dilation=None,
 ) -> torch.Tensor:
     """The (B, H, N, N) logits ``s_ij`` of :func:`relpos_attention`, after the span,
     with -inf at masked pairs (same arguments as the operator, without ``v``)."""
@@ -72,14 +77,20 @@ def relpos_scores(
                 H, len(grid)
             )  # (H, G), also for H = 0
             keep = keep & (delta.abs()[None] <= half[:, None, None, :]).all(-1)
-    window = normalise_window(window, grid)
+    spec = window_spec(window, grid, kernel_size, window_stride, window_causal, window_dilation)
     if window_border not in WINDOW_BORDERS:
         raise ValueError(f'relpos_attention: window_border must be "clip" or "shift", got {window_border!r}')
-    if window is not None:
-        for d, (n, w) in enumerate(zip(grid, window)):
-            lo, hi = window_key_range(coords[:, d], n, min(int(w), n - 1), window_border)  # (N,) per query
-            kd = coords[:, d]
-            keep = keep & ((kd[None, :] >= lo[:, None]) & (kd[None, :] <= hi[:, None]))
+    if spec is not None:
+        check_dilation_with_span(spec.dilation, threshold)
+        for d, n in enumerate(grid):
+            # a dilated axis: the window lives on the sub-grid of the query's residue modulo dil
+            dil = min(spec.dilation[d], n)
+            res, sub = coords[:, d] % dil, coords[:, d] // dil  # (N,)
+            lo, hi = window_key_range(  # (N,) per query, in sub-grid cells
+                sub, (n - res + dil - 1) // dil, spec.left[d], spec.right[d], window_border, spec.stride[d],
+                bool(spec.causal[d]),
+            )  # fmt: skip
+            keep = keep & (res[None, :] == res[:, None]) & (sub[None, :] >= lo[:, None]) & (sub[None, :] <= hi[:, None])
     if causal:
         keep = keep & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
     return scores.masked_fill(~keep, float("-inf"))
@@ -101,11 +112,16 @@ def relpos_attention(
     bias: Optional[torch.Tensor] = None,
     window: Optional[Sequence[int]] = None,
     window_border: str = "clip",
+    kernel_size=None,
+    window_stride=None,
+    window_causal=None,
+    window_dilation=None,
 ):
     """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
     scores = relpos_scores(
-        q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border
-    )
+        q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border,
+        kernel_size, window_stride, window_causal, window_dilation,
+    )  # fmt: skip
     # The softmax statistics in the accumulation type (float32, or float64), as the operator keeps them.
     scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     # (B, H, N); -inf where every key is masked, without a gradient through those rows (logsumexp's

@@ -77,7 +77,7 @@ PY
 "$vpy" -m pytest -q -p no:cacheprovider \
   "$repo/tests/test_relpos_attention.py" "$repo/tests/test_relpos_registration.py" \
   "$repo/tests/test_relpos_bad_input.py" "$repo/tests/test_relpos_dtype_contract.py" "$repo/tests/test_apply_maps.py" \
-  "$repo/tests/test_relpos_cuda.py" "$repo/tests/test_apply_maps_cuda.py"
+  "$repo/tests/test_relpos_cuda.py" "$repo/tests/test_apply_maps_cuda.py" "$repo/tests/test_natten_window.py"
 # timm's Swin against posattn.integrations.patch_swin: timm imports here (not on the CPU torch),
 # so a skip would hide a failure
 POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/test_integrations_swin.py"

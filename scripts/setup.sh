@@ -21,6 +21,8 @@ fi
 # torch first and pinned (the CPU build here); everything else pinned too.
 "$PY" -m pip install -q "torch==${TORCH_VERSION}"
 "$PY" -m pip install -q -r requirements.txt -r requirements-dev.txt
+# natten (a test peer) builds against the installed torch: no build isolation
+"$PY" -m pip install -q --no-build-isolation -r requirements-natten.txt
 # Build against that torch: no build isolation.
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import posattn, torch; print('posattn', posattn.__version__, 'built against torch', torch.__version__)"

@@ -107,28 +107,60 @@ POSATTN_HD int64_t span_half_width(double sigma, double threshold, int64_t n) {
 
 // Which keys a query at coordinate i keeps along one axis of n cells: those at
 // most `span` cells away (the span box; n - 1 without one) and inside its
-// window of 2 win + 1 cells (win = n - 1 without one), centred on the query
-// and clipped at the borders, or, with `shift` (NATTEN's rule), shifted to stay
-// inside the axis so that every query keeps min(2 win + 1, n) keys. Requires
-// 0 <= span, win <= n - 1. The kept keys are [lo, hi]; neither bound ever
-// decreases as i grows, and the query always keeps itself.
+// window (the whole axis without one). The window holds `left` cells before
+// its centre and `right` after (a kernel of k = left + right + 1 cells: left =
+// k / 2, right = k - 1 - k / 2, NATTEN's split of an even kernel). Its centre
+// is the query's stride leader: queries come in groups of `stride` cells
+// ([g s, g s + s - 1]) sharing the window of the group's middle cell, g s + s / 2
+// (the right one of the two middles of an even stride), capped at n - 1;
+// stride 1 centres every window on its query. At the borders the window is
+// clipped (posattn's default), or with `shift` (NATTEN's rule) moved to stay
+// inside the axis, so that every query keeps min(k, n) keys. A `causal` axis
+// keeps the keys j <= i whose distance to the group's last cell (g s + s - 1,
+// capped at n - 1) is below k (NATTEN's causal neighbourhood). Requires
+// 0 <= span <= n - 1, left, right >= 0 and 1 <= stride <= k. The kept keys are
+// [lo, hi]; neither bound ever decreases as i grows, and the query always keeps
+// itself.
 struct AxisLimit {
-  int64_t n = 1, span = 0, win = 0;
-  bool shift = false;
+  int64_t n = 1, span = 0, left = 0, right = 0, stride = 1;
+  bool shift = false, causal = false;
 };
 
+// An axis' limits: n cells, span box half width, window cells before / after
+// the centre, query group stride, border rule, causal.
+POSATTN_HD AxisLimit make_axis_limit(int64_t n, int64_t span, int64_t left, int64_t right, int64_t stride = 1,
+                                     bool shift = false, bool causal = false) {
+  AxisLimit a;
+  a.n = n;
+  a.span = span;
+  a.left = left;
+  a.right = right;
+  a.stride = stride;
+  a.shift = shift;
+  a.causal = causal;
+  return a;
+}
+
 POSATTN_HD void axis_key_range(const AxisLimit& a, int64_t i, int64_t& lo, int64_t& hi) {
-  if (a.shift && 2 * a.win + 1 >= a.n) {  // a window as large as the axis covers it
-    lo = 0;
-    hi = a.n - 1;
-  } else if (a.shift) {
-    lo = i - a.win;
-    if (lo < 0) lo = 0;
-    if (lo > a.n - 1 - 2 * a.win) lo = a.n - 1 - 2 * a.win;
-    hi = lo + 2 * a.win;
+  const int64_t k = a.left + a.right + 1;
+  const int64_t group = i - i % a.stride;
+  if (a.causal) {
+    int64_t last = group + a.stride - 1;
+    if (last > a.n - 1) last = a.n - 1;
+    lo = last - k + 1;
+    hi = i;
   } else {
-    lo = i - a.win;
-    hi = i + a.win;
+    int64_t c = group + a.stride / 2;
+    if (c > a.n - 1) c = a.n - 1;
+    if (a.shift && k >= a.n) {  // a window as large as the axis covers it
+      lo = 0;
+      hi = a.n - 1;
+    } else {
+      if (a.shift && c < a.left) c = a.left;
+      if (a.shift && c > a.n - 1 - a.right) c = a.n - 1 - a.right;
+      lo = c - a.left;
+      hi = c + a.right;
+    }
   }
   if (lo < i - a.span) lo = i - a.span;
   if (hi > i + a.span) hi = i + a.span;
@@ -138,8 +170,14 @@ POSATTN_HD void axis_key_range(const AxisLimit& a, int64_t i, int64_t& lo, int64
 
 // The largest |j - i| of a key j kept by a query i on the axis.
 POSATTN_HD int64_t axis_max_offset(const AxisLimit& a) {
-  int64_t m = a.win;
-  if (a.shift) m = 2 * a.win;  // a border query's window lies on one side (capped at n - 1 below)
+  const int64_t k = a.left + a.right + 1;
+  int64_t m;
+  if (a.causal || a.shift) {
+    m = k - 1;  // the query lies in its window of k cells
+  } else {      // the window's centre lies up to stride - 1 - stride / 2 before the query, stride / 2 after
+    const int64_t before = a.left + (a.stride - 1 - a.stride / 2), after = a.right + a.stride / 2;
+    m = before > after ? before : after;
+  }
   if (m > a.span) m = a.span;
   return m < a.n - 1 ? m : a.n - 1;
 }

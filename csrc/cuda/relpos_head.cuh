@@ -39,10 +39,7 @@ __device__ void load_span_head(const RelposParams& p, int64_t h, const double* _
   check_head_sigma(p, h, sigma);
   for (int d = 0; d < p.g.ndim; ++d) {
     AxisLimit& lim = hd.lim[d];
-    lim.n = p.g.n[d];
-    lim.span = p.g.n[d] - 1;
-    lim.win = p.win[d];
-    lim.shift = p.window_shift;
+    lim = window_limit(p, d, p.g.n[d] - 1);
     hd.inv_sigma[d] = 0;
     hd.inv_n[d] = Acc(1) / static_cast<Acc>(p.g.n[d] > 1 ? p.g.n[d] - 1 : 1);
     if (p.has_sigma) {

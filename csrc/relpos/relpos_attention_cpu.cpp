@@ -35,10 +35,11 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(
     const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
     const c10::optional<at::Tensor>& sigma, double threshold, c10::string_view span_mode, double scale,
     bool causal, const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-    c10::string_view window_border) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
-                          bias, window, std::string(window_border));
+    c10::string_view window_border, at::OptionalIntArrayRef window_right,
+    at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal) {
+  const RelposShape shape = check_relpos_inputs(
+      q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale, bias, window,
+      std::string(window_border), window_right, window_stride, window_causal);
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -67,10 +68,12 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out_in, const c10::optional
                               at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma, double threshold,
                               c10::string_view span_mode, double scale, bool causal, const at::Tensor& out_in,
                               const at::Tensor& lse_in, const c10::optional<at::Tensor>& bias,
-                              at::OptionalIntArrayRef window, c10::string_view window_border) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
-                          bias, window, std::string(window_border));
+                              at::OptionalIntArrayRef window, c10::string_view window_border,
+                              at::OptionalIntArrayRef window_right, at::OptionalIntArrayRef window_stride,
+                              at::OptionalIntArrayRef window_causal) {
+  const RelposShape shape = check_relpos_inputs(
+      q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale, bias, window,
+      std::string(window_border), window_right, window_stride, window_causal);
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   check_cpu(q_in);
   if (shape.has_sigma) check_sigma_values_cpu(*sigma);

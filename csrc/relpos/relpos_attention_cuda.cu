@@ -62,10 +62,11 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(
     const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel, at::IntArrayRef grid,
     const c10::optional<at::Tensor>& sigma, double threshold, c10::string_view span_mode, double scale,
     bool causal, const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-    c10::string_view window_border) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
-                          bias, window, std::string(window_border));
+    c10::string_view window_border, at::OptionalIntArrayRef window_right,
+    at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal) {
+  const RelposShape shape = check_relpos_inputs(
+      q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale, bias, window,
+      std::string(window_border), window_right, window_stride, window_causal);
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -100,10 +101,11 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
                                c10::string_view span_mode, double scale, bool causal,
                                const at::Tensor& out_in, const at::Tensor& lse_in,
                                const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-                               c10::string_view window_border) {
-  const RelposShape shape =
-      check_relpos_inputs(q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
-                          bias, window, std::string(window_border));
+                               c10::string_view window_border, at::OptionalIntArrayRef window_right,
+                               at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal) {
+  const RelposShape shape = check_relpos_inputs(
+      q_in, k_in, v_in, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale, bias, window,
+      std::string(window_border), window_right, window_stride, window_causal);
   check_relpos_backward_inputs(shape, q_in, grad_out_in, grad_lse, out_in, lse_in);
   TORCH_CHECK_VALUE(q_in.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q_in.device());

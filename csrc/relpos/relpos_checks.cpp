@@ -63,7 +63,9 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                                 at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
                                 double threshold, const std::string& span_mode, double scale,
                                 const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-                                const std::string& window_border) {
+                                const std::string& window_border, at::OptionalIntArrayRef window_right,
+                                at::OptionalIntArrayRef window_stride,
+                                at::OptionalIntArrayRef window_causal) {
   RelposShape s;
   TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()),
                    "relpos_attention: q must be a floating-point tensor, got ", q.scalar_type());
@@ -117,15 +119,49 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                       shape_str(bias->sizes()));
   }
 
-  // Fixed window.
+  // Fixed window: cells before / after the centre, stride, causal axes.
+  auto per_axis = [&](const at::OptionalIntArrayRef& a, const char* name, const char* what = "value") {
+    TORCH_CHECK_VALUE(a->size() == grid.size(), "relpos_attention: ", name, " must give one ", what,
+                      " per grid axis (", grid.size(), " for grid ", shape_str(grid), "), got ", a->size(),
+                      ": ", shape_str(*a));
+  };
+  for (const auto& [arg, name] :
+       {std::pair{window_right, "window_right"}, std::pair{window_stride, "window_stride"},
+        std::pair{window_causal, "window_causal"}})
+    TORCH_CHECK_VALUE(!arg.has_value() || window.has_value(), "relpos_attention: ", name,
+                      " needs a window (window = None)");
   if (window.has_value()) {
-    TORCH_CHECK_VALUE(window->size() == grid.size(),
-                      "relpos_attention: window must give one half width per grid axis (", grid.size(),
-                      " for grid ", shape_str(grid), "), got ", window->size(), ": ", shape_str(*window));
+    per_axis(window, "window", "half width");
     for (size_t d = 0; d < window->size(); ++d)
       TORCH_CHECK_VALUE((*window)[d] >= 0, "relpos_attention: window half widths must be >= 0, got ",
                         shape_str(*window), " (axis ", d, ")");
-    s.window = window->vec();
+    s.set_symmetric_window(window->vec());
+    if (window_right.has_value()) {
+      per_axis(window_right, "window_right");
+      for (size_t d = 0; d < grid.size(); ++d)
+        TORCH_CHECK_VALUE((*window_right)[d] >= 0, "relpos_attention: window_right must be >= 0, got ",
+                          shape_str(*window_right), " (axis ", d, ")");
+      s.window_right = window_right->vec();
+    }
+    if (window_stride.has_value()) {
+      per_axis(window_stride, "window_stride");
+      for (size_t d = 0; d < grid.size(); ++d) {
+        const int64_t k = s.window_left[d] + s.window_right[d] + 1;
+        TORCH_CHECK_VALUE((*window_stride)[d] >= 1 && (*window_stride)[d] <= k,
+                          "relpos_attention: window_stride must be in [1, kernel size] on every axis (kernel "
+                          "size = window + window_right + 1 = ",
+                          k, " on axis ", d, "), got ", shape_str(*window_stride));
+      }
+      s.window_stride = window_stride->vec();
+    }
+    if (window_causal.has_value()) {
+      per_axis(window_causal, "window_causal");
+      for (size_t d = 0; d < grid.size(); ++d)
+        TORCH_CHECK_VALUE((*window_causal)[d] == 0 || (*window_causal)[d] == 1,
+                          "relpos_attention: window_causal must be 0 or 1 per grid axis, got ",
+                          shape_str(*window_causal));
+      s.window_causal = window_causal->vec();
+    }
   }
   TORCH_CHECK_VALUE(window_border == "clip" || window_border == "shift",
                     "relpos_attention: window_border must be \"clip\" or \"shift\", got \"", window_border,

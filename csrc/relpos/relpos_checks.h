@@ -27,7 +27,8 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                                 at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
                                 double threshold, const std::string& span_mode, double scale,
                                 const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
-                                const std::string& window_border);
+                                const std::string& window_border, at::OptionalIntArrayRef window_right,
+                                at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal);
 
 // Checks that a CPU sigma tensor holds only positive finite values.
 void check_sigma_values_cpu(const at::Tensor& sigma);

@@ -99,12 +99,9 @@ inline Problem make_problem(const RelposShape& s, const c10::optional<at::Tensor
       for (int d = 0; d < G; ++d) {
         const int64_t n = p.g.n[d], a = p.g.axis[d];
         AxisLimit& lim = p.limits[h * G + d];
-        lim.n = n;
-        lim.span = sp != nullptr ? span_half_width(sp[h * p.G_in + a], threshold, n) : n - 1;
-        lim.win = p.win[d];
-        lim.shift = s.window_shift;
+        lim = window_limit(p, d, sp != nullptr ? span_half_width(sp[h * p.G_in + a], threshold, n) : n - 1);
         p.half[h * G + d] = axis_max_offset(lim);
-        mean_reach[d] += std::min(lim.span, lim.win);
+        mean_reach[d] += std::min(lim.span, std::max(lim.left, lim.right));
       }
     for (int d = 0; d < G; ++d) mean_reach[d] = p.H > 0 ? (mean_reach[d] + p.H / 2) / p.H : 0;
   }

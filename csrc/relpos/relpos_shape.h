@@ -18,8 +18,20 @@ struct RelposShape {
   bool has_sigma = false;
   bool has_bias = false;
   SpanMode mode = SpanMode::kAdd;
-  std::vector<int64_t> window;  // G half widths as given, or empty (no window)
-  bool window_shift = false;    // NATTEN's border rule (window_border == "shift")
+  // The window per axis of the caller's grid (all empty: no window): cells
+  // before and after its centre (a kernel of left + right + 1 cells), the stride
+  // of the query groups sharing one window, and whether the axis is causal
+  // (NATTEN's vocabulary; see AxisLimit in grid_index.h).
+  std::vector<int64_t> window_left, window_right, window_stride, window_causal;
+  bool window_shift = false;  // NATTEN's border rule (window_border == "shift")
+
+  // A window of 2 w_d + 1 cells centred on each query (the `window` argument).
+  void set_symmetric_window(const std::vector<int64_t>& half) {
+    window_left = window_right = half;
+    window_stride.assign(half.size(), 1);
+    window_causal.assign(half.size(), 0);
+  }
+  bool has_window() const { return !window_left.empty(); }
 };
 
 }  // namespace posattn

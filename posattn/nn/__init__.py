@@ -9,6 +9,8 @@
 - :class:`DifferentiableSpan`; the attentions, all built on :class:`MultiHeadSelfAttention`:
   :class:`PositionalSelfAttention` (fused operator), :class:`SDPAttention` (content only,
   for baselines), :class:`AlgebraicSelfAttention` (with :class:`AlgebraicEncoder`).
+- NATTEN's modules on posattn: :class:`NeighborhoodAttention1D` / ``2D`` / ``3D`` (same
+  parameter names, plus an optional learned bias per window offset).
 - Kernelizable attention: :class:`FavorAttention`, :class:`RelativeFavorAttention`,
   :class:`ClippedRelativeAttention` (and its local-window variant :class:`ClippedWindowAttention`).
 - :class:`EncoderBlock`, :class:`TransformerClassifier` (+ :class:`ModelConfig`), and the
@@ -22,6 +24,12 @@ from .attention import MultiHeadSelfAttention, PositionalSelfAttention, SDPAtten
 from .bias import RelativePositionBias
 from .config import ModelConfig, PerformerConfig, PositionalEncodingConfig, SpanConfig
 from .favor import ClippedRelativeAttention, ClippedWindowAttention, FavorAttention, RelativeFavorAttention
+from .neighborhood import (
+    NeighborhoodAttention,
+    NeighborhoodAttention1D,
+    NeighborhoodAttention2D,
+    NeighborhoodAttention3D,
+)
 from .performer import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, performer_config
 from .registry import POSITIONAL_ENCODINGS, build_absolute_encoding, build_relative_encoder, encoding_kind
 from .relative import LookupRelativeEncoder, RelativeEncoder, SinusoidalRelativeEncoder, SirenRelativeEncoder
@@ -29,6 +37,10 @@ from .span import DifferentiableSpan
 from .transformer import EncoderBlock, TransformerClassifier, TreeTransformer
 
 __all__ = [
+    "NeighborhoodAttention",
+    "NeighborhoodAttention1D",
+    "NeighborhoodAttention2D",
+    "NeighborhoodAttention3D",
     "AbsoluteEncoding",
     "LearnableSinusoidEncoding",
     "LearnedAbsoluteEncoding",

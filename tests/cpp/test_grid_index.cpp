@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 #include <vector>
 
@@ -126,6 +127,64 @@ static void natten_window(int64_t n, int64_t k, int64_t i, int64_t& lo, int64_t&
   hi = start + k - 1;
 }
 
+// NATTEN's mask for one axis, key by key, as its Flex backend writes it
+// (natten/backends/flex.py, single_dim_tiling_mask, without dilation): the
+// stride group's leader, the window centre clamped into the axis (max, then
+// min, as torch.clamp), or for a causal axis the keys j <= i within k of the
+// group's last cell.
+static bool natten_keeps(int64_t n, int64_t k, int64_t s, bool causal, int64_t i, int64_t j) {
+  if (causal) {
+    const int64_t leader = std::min((i / s) * s + s - 1, n - 1);
+    return i - j >= 0 && leader - j < k;
+  }
+  const int64_t left = k / 2, right = k / 2 + (k % 2 - 1);
+  const int64_t leader = std::min((i / s) * s + s / 2, n - 1);
+  const int64_t centre = std::min(std::max(leader, left), n - 1 - right);
+  const int64_t w0 = centre - j, w1 = j - centre;
+  return (0 <= w0 && w0 <= left) || (0 <= w1 && w1 <= right);
+}
+
+TEST_CASE("axis key ranges: NATTEN's kernel sizes (odd, even), strides and causal axes", "[index][window]") {
+  for (int64_t n = 1; n <= 12; ++n) {
+    for (int64_t k = 1; k <= n; ++k) {
+      const int64_t left = k / 2, right = k - 1 - k / 2;
+      for (int64_t s = 1; s <= k; ++s) {
+        for (bool causal : {false, true}) {
+          for (bool shift : {false, true}) {
+            for (int64_t span : {n - 1, int64_t{1}}) {
+              if (span > n - 1) continue;
+              const AxisLimit a = make_axis_limit(n, span, left, right, s, shift, causal);
+              int64_t last_lo = -1, last_hi = -1, max_off = 0;
+              for (int64_t i = 0; i < n; ++i) {
+                int64_t lo, hi;
+                axis_key_range(a, i, lo, hi);
+                for (int64_t j = 0; j < n; ++j) {
+                  // the clipped window: NATTEN's centre without the clamp into the axis
+                  const int64_t leader = std::min((i / s) * s + s / 2, n - 1);
+                  const bool window = causal || shift ? natten_keeps(n, k, s, causal, i, j)
+                                                      : j >= leader - left && j <= leader + right;
+                  const bool want = window && std::abs(j - i) <= span;
+                  INFO("n " << n << " k " << k << " s " << s << " causal " << causal << " shift " << shift
+                            << " span " << span << " i " << i << " j " << j);
+                  REQUIRE((j >= lo && j <= hi) == want);
+                }
+                CHECK(lo <= i);
+                CHECK(i <= hi);
+                CHECK(lo >= last_lo);  // monotone: the kernels bound a tile's keys by its ends
+                CHECK(hi >= last_hi);
+                last_lo = lo;
+                last_hi = hi;
+                max_off = std::max({max_off, i - lo, hi - i});
+              }
+              CHECK(axis_max_offset(a) >= max_off);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("axis key ranges: span box, clipped window, shifted window", "[index][window]") {
   for (int64_t n : {1, 2, 5, 8, 13}) {
     for (int64_t win = 0; win < n; ++win) {
@@ -133,10 +192,10 @@ TEST_CASE("axis key ranges: span box, clipped window, shifted window", "[index][
         int64_t last_lo = -1, last_hi = -1, max_off = 0;
         for (int64_t i = 0; i < n; ++i) {
           int64_t lo, hi, wlo, whi;
-          axis_key_range(AxisLimit{n, span, win, false}, i, lo, hi);
+          axis_key_range(make_axis_limit(n, span, win, win, 1, false), i, lo, hi);
           CHECK(lo == std::max<int64_t>({0, i - win, i - span}));
           CHECK(hi == std::min<int64_t>({n - 1, i + win, i + span}));
-          axis_key_range(AxisLimit{n, span, win, true}, i, lo, hi);
+          axis_key_range(make_axis_limit(n, span, win, win, 1, true), i, lo, hi);
           natten_window(n, 2 * win + 1, i, wlo, whi);
           CHECK(lo == std::max(wlo, i - span));
           CHECK(hi == std::min(whi, i + span));
@@ -148,15 +207,15 @@ TEST_CASE("axis key ranges: span box, clipped window, shifted window", "[index][
           last_hi = hi;
           max_off = std::max({max_off, i - lo, hi - i});
         }
-        CHECK(axis_max_offset(AxisLimit{n, span, win, true}) >= max_off);
-        if (span == n - 1) CHECK(axis_max_offset(AxisLimit{n, span, win, true}) == max_off);
+        CHECK(axis_max_offset(make_axis_limit(n, span, win, win, 1, true)) >= max_off);
+        if (span == n - 1) CHECK(axis_max_offset(make_axis_limit(n, span, win, win, 1, true)) == max_off);
       }
     }
   }
   // Without a span, every query of a shifted window keeps min(2 win + 1, n) keys.
   for (int64_t i = 0; i < 10; ++i) {
     int64_t lo, hi;
-    axis_key_range(AxisLimit{10, 9, 2, true}, i, lo, hi);
+    axis_key_range(make_axis_limit(10, 9, 2, 2, 1, true), i, lo, hi);
     CHECK(hi - lo + 1 == 5);
   }
 }

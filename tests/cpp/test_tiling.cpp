@@ -75,7 +75,8 @@ TEST_CASE("tiles are near-cubic, within target, and cover the grid exactly once"
 TEST_CASE("key region: span box around the tile, clipped; causal stops at the tile", "[tiling]") {
   const Grid g = make_grid({10, 12});
   const Box tile = make_box(4, 6, 0, 4);
-  const AxisLimit limits[] = {{10, 2, 9, false}, {12, 3, 11, false}};  // span boxes of half widths 2, 3
+  const AxisLimit limits[] = {make_axis_limit(10, 2, 9, 9, 1, false),
+                              make_axis_limit(12, 3, 11, 11, 1, false)};  // span boxes of half widths 2, 3
   const Box r = key_region(g, tile, limits, false);
   CHECK(r.lo[0] == 2);
   CHECK(r.hi[0] == 8);
@@ -91,7 +92,8 @@ TEST_CASE("key region: span box around the tile, clipped; causal stops at the ti
 TEST_CASE("key region of a shifted window: the union of its queries' windows", "[tiling]") {
   const Grid g = make_grid({10, 12});
   const Box tile = make_box(0, 2, 8, 12);
-  const AxisLimit limits[] = {{10, 9, 2, true}, {12, 11, 1, true}};  // 5-cell and 3-cell windows
+  const AxisLimit limits[] = {make_axis_limit(10, 9, 2, 2, 1, true),
+                              make_axis_limit(12, 11, 1, 1, 1, true)};  // 5-cell and 3-cell windows
   const Box r = key_region(g, tile, limits, false);
   CHECK(r.lo[0] == 0);
   CHECK(r.hi[0] == 5);  // queries 0 and 1 both see 0..4
@@ -160,11 +162,19 @@ TEST_CASE("tile target: dense tiles are large; with a span box, the union of box
 TEST_CASE("query region: exactly the queries whose key ranges meet the key box", "[tiling]") {
   // Per axis: (n, span, win, shift), as in AxisLimit; the grid is 2-D.
   const std::vector<std::vector<AxisLimit>> cases = {
-      {{9, 8, 8, false}, {11, 10, 10, false}},  // no limit: the whole grid
-      {{9, 2, 8, false}, {11, 3, 10, false}},   // span boxes
-      {{9, 8, 1, true}, {11, 10, 2, true}},     // shifted windows (border queries look one way)
-      {{9, 8, 4, true}, {11, 10, 5, true}},     // windows as large as the axis
-      {{9, 1, 3, true}, {11, 2, 1, false}},     // a span inside a shifted window; a plain window
+      {make_axis_limit(9, 8, 8, 8, 1, false),
+       make_axis_limit(11, 10, 10, 10, 1, false)},  // no limit: the whole grid
+      {make_axis_limit(9, 2, 8, 8, 1, false), make_axis_limit(11, 3, 10, 10, 1, false)},  // span boxes
+      {make_axis_limit(9, 8, 1, 1, 1, true),
+       make_axis_limit(11, 10, 2, 2, 1, true)},  // shifted windows (border queries look one way)
+      {make_axis_limit(9, 8, 4, 4, 1, true),
+       make_axis_limit(11, 10, 5, 5, 1, true)},  // windows as large as the axis
+      {make_axis_limit(9, 1, 3, 3, 1, true),
+       make_axis_limit(11, 2, 1, 1, 1, false)},  // a span inside a shifted window; a plain window
+      // NATTEN's vocabulary: even kernels, strided query groups, causal axes
+      {make_axis_limit(9, 8, 2, 1, 2, true), make_axis_limit(11, 10, 3, 2, 3, false)},
+      {make_axis_limit(9, 8, 2, 1, 1, false, true), make_axis_limit(11, 10, 1, 1, 3, true, true)},
+      {make_axis_limit(9, 2, 3, 3, 4, true), make_axis_limit(11, 10, 1, 0, 2, false, true)},
   };
   for (const auto& lim : cases) {
     const Grid g = make_grid({lim[0].n, lim[1].n});

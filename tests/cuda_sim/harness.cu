@@ -188,7 +188,13 @@ RelposRun relpos_setup(const Case& c) {
   s.has_sigma = geti(c, "has_sigma") != 0;
   s.has_bias = geti(c, "has_bias") != 0;
   s.mode = geti(c, "multiply") != 0 ? posattn::SpanMode::kMultiply : posattn::SpanMode::kAdd;
-  s.window = getv(c, "window");
+  if (has(c, "window")) s.set_symmetric_window(getv(c, "window"));
+  if (has(c, "window_left")) {  // NATTEN's vocabulary: per axis cells before / after, stride, causal
+    s.window_left = getv(c, "window_left");
+    s.window_right = getv(c, "window_right");
+    s.window_stride = getv(c, "window_stride");
+    s.window_causal = getv(c, "window_causal");
+  }
   s.window_shift = geti(c, "window_shift") != 0;
   RelposRun r;
   r.p = posattn::make_relpos_params(s, getd(c, "threshold"), getd(c, "scale", 1.0), geti(c, "causal") != 0);

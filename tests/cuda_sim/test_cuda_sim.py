@@ -67,6 +67,7 @@ class Case:
         causal: bool = False,
         window=None,
         window_border: str = "clip",
+        natten: Optional[tuple] = None,
         backward: bool = True,
         glse: bool = True,
         repeats: int = 1,
@@ -79,6 +80,8 @@ class Case:
         self.pos, self.sigma, self.bias = pos, sigma, bias
         self.threshold, self.span_mode, self.causal = threshold, span_mode, causal
         self.window, self.window_border = window, window_border
+        # NATTEN's window vocabulary: (kernel_size, stride, causal), each one value per axis
+        self.natten = natten
         self.backward, self.glse, self.repeats, self.special, self.seed = backward, glse, repeats, special, seed
         # path "tiled": the tiled forward, and the tiled backward unless tiled_backward is False (the
         # extension's choice where the backward's shared memory does not fit: float32 with D = 128)
@@ -122,6 +125,27 @@ def _inputs(c: Case) -> Dict[str, torch.Tensor]:
     return x
 
 
+def _natten_args(c: Case) -> dict:
+    """The reference's arguments for a NATTEN-style window (none without one)."""
+    if c.natten is None:
+        return {}
+    kernel, stride, causal = c.natten
+    return dict(kernel_size=list(kernel), window_stride=list(stride), window_causal=list(causal))
+
+
+def _natten_settings(c: Case) -> dict:
+    """The harness' window lines of a NATTEN-style window: cells before / after the centre, stride, causal."""
+    if c.natten is None:
+        return {}
+    kernel, stride, causal = c.natten
+    return dict(
+        window_left=[k // 2 for k in kernel],
+        window_right=[k - 1 - k // 2 for k in kernel],
+        window_stride=list(stride),
+        window_causal=[int(x) for x in causal],
+    )
+
+
 def _reference(c: Case, x: Dict[str, torch.Tensor], scale: float, gout, glse, out_kernel=None):
     """Forward and gradients of sum(out * gout) + sum(lse * glse), in float64.
 
@@ -141,6 +165,7 @@ def _reference(c: Case, x: Dict[str, torch.Tensor], scale: float, gout, glse, ou
         return_lse=True,
         window=c.window,
         window_border=c.window_border,
+        **_natten_args(c),
     )
     if not c.backward:
         return out.detach(), lse.detach(), {}
@@ -217,6 +242,7 @@ def run_relpos(c: Case, tmp_path: Path):
         causal=c.causal,
         window=None if c.window is None else ([c.window] * len(c.grid) if isinstance(c.window, int) else c.window),
         window_shift=c.window_border == "shift",
+        **_natten_settings(c),
         backward=c.backward,
         repeats=c.repeats,
         has_glse=True,
@@ -317,6 +343,26 @@ GENERAL = [
     Case("general-f32-nonfinite", F32, [9], bias=True, special="nonfinite", D=4),
     Case("general-f64-masked-row", F64, [4, 5], bias=True, causal=True, special="masked_row", D=4),
     Case("general-f32-nan-row-window", F32, [80], window=2, special="nanrow", B=1, H=1),
+    # NATTEN's vocabulary: even kernels, strided query groups, causal axes, both border rules
+    Case(
+        "general-f32-natten-even-stride",
+        F32,
+        [9, 10],
+        natten=((4, 5), (2, 3), (False, False)),
+        window_border="shift",
+        sigma=True,
+        bias=True,
+    ),
+    Case("general-f64-natten-causal-axis-clip", F64, [7, 8], natten=((3, 4), (1, 2), (True, False)), bias=True),
+    Case(
+        "general-bf16-3d-natten",
+        BF16,
+        [4, 5, 6],
+        natten=((2, 3, 4), (2, 1, 3), (False, True, False)),
+        window_border="shift",
+        sigma=True,
+        B=1,
+    ),
     Case("general-f64-nonfinite-2d", F64, [3, 4], bias=True, sigma=True, special="nonfinite", D=4),
     # determinism: the backward twice, bit for bit
     Case("general-f32-deterministic", F32, [6, 7], sigma=True, bias=True, repeats=2, D=8),
@@ -432,6 +478,42 @@ TILED = [
         window=2,
         window_border="shift",
         causal=True,
+        B=1,
+        H=1,
+    ),
+    # NATTEN's vocabulary on the tiled path: strided groups skip key chunks, even kernels, causal axes
+    Case(
+        "tiled-f16-d32-natten-stride",
+        F16,
+        [20, 24],
+        path="tiled",
+        D=32,
+        natten=((6, 5), (3, 2), (False, False)),
+        window_border="shift",
+        sigma=True,
+        B=1,
+        H=1,
+    ),
+    Case(
+        "tiled-bf16-d64-natten-causal-axis",
+        BF16,
+        [13, 11],
+        path="tiled",
+        D=64,
+        natten=((4, 7), (2, 3), (True, False)),
+        window_border="shift",
+        bias=True,
+        B=1,
+        H=1,
+    ),
+    Case(
+        "tiled-f16-d32-1d-natten-causal-stride",
+        F16,
+        [150],
+        path="tiled",
+        D=32,
+        natten=((16,), (8,), (True,)),
+        bias=True,
         B=1,
         H=1,
     ),
