@@ -81,9 +81,8 @@ def _to_groups(x: torch.Tensor, c: DilationClass) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B * c.count, H, n_sub, D)
 
 
-def _from_groups(y: torch.Tensor, B: int) -> torch.Tensor:
+def _from_groups(y: torch.Tensor, B: int, count: int) -> torch.Tensor:
     """(B * count, H, N', ...) -> (B, H, count * N', ...), the inverse of _to_groups' layout."""
-    count = y.shape[0] // B
     y = y.reshape(B, count, *y.shape[1:]).transpose(1, 2)
     return y.reshape(B, y.shape[1], count * y.shape[3], *y.shape[4:])
 
@@ -127,8 +126,8 @@ def dilated_call(
             None if sigma is None else _sigma_for(sigma, grid, c.grid, dilation),
             c.grid,
         )
-        outs.append(_from_groups(out, B))
-        lses.append(_from_groups(lse.unsqueeze(-1), B).squeeze(-1))
+        outs.append(_from_groups(out, B, c.count))
+        lses.append(_from_groups(lse.unsqueeze(-1), B, c.count).squeeze(-1))
         order.append(c.tokens)
     inverse = torch.argsort(torch.cat(order))  # token -> its place in the concatenated classes
     return torch.cat(outs, 2).index_select(2, inverse), torch.cat(lses, 2).index_select(2, inverse)

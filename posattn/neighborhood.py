@@ -70,8 +70,8 @@ def neighborhood_attention(
     scale: Optional[float] = None,
     additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None,
-    return_lse: bool = False,
     *,
+    return_lse: bool = False,
     q_pos: Optional[torch.Tensor] = None,
     rel: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
@@ -175,8 +175,10 @@ def neighborhood_attention(
 
 
 def _fixed_rank(rank: int):
+    # natten's later positional arguments (attention_kwargs, backend, ...) tune its own kernels: here
+    # they are keyword-only, so a positional one is a TypeError rather than taken for another
     def na(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-           additional_keys=None, additional_values=None, return_lse=False, **kwargs):  # fmt: skip
+           additional_keys=None, additional_values=None, *, return_lse=False, **kwargs):  # fmt: skip
         if isinstance(query, torch.Tensor) and query.dim() != rank + 3:
             raise ValueError(
                 f"na{rank}d: query must have shape (B, {', '.join('XYZ'[:rank])}, H, D) ({rank + 3} dims), "
@@ -184,7 +186,7 @@ def _fixed_rank(rank: int):
             )
         return neighborhood_attention(
             query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys, additional_values,
-            return_lse, **kwargs,
+            return_lse=return_lse, **kwargs,
         )  # fmt: skip
 
     na.__name__ = na.__qualname__ = f"na{rank}d"

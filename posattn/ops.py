@@ -129,7 +129,9 @@ def relpos_attention(
         kernel_size: instead of ``window``, NATTEN's kernel: ``k_d >= 1`` cells per
             axis (an int applies to every axis), odd or even: ``k // 2`` before the
             window's centre and ``k - 1 - k // 2`` after (``window=w`` is
-            ``kernel_size=2w+1``). Larger than the axis: the whole axis.
+            ``kernel_size=2w+1``). Larger than the axis: the whole axis. The border
+            rule stays ``window_border``'s (default ``"clip"``); NATTEN's is
+            ``"shift"`` (the default of :func:`posattn.na2d` etc.).
         window_stride: with a window, ``1 <= s_d <= k_d`` per axis (NATTEN's
             stride): queries come in groups of ``s_d`` cells (``[g s, g s + s - 1]``)
             that share the window of the group's middle cell ``g s + s // 2``
@@ -302,13 +304,25 @@ def _check_window(grid, window, window_right, window_stride, window_causal) -> N
     if window is None:
         return
     left = normalise_window(window, grid, cap=False)
-    right = left if window_right is None else axis_ints("window_right", window_right, grid, 0)
+    right = left if window_right is None else axis_ints("window_right", window_right, grid, -(2**63))
+    for d, (a, b) in enumerate(zip(left, right)):
+        if b < 0 or b not in (a, a - 1):
+            raise ValueError(
+                f"relpos_attention: window_right must be >= 0 and equal window or window - 1 on every axis (a kernel of "
+                f"window + window_right + 1 cells, split as NATTEN does), got window {left}, window_right "
+                f"{right} (axis {d})"
+            )
     if window_stride is not None:
         window_spec(None, grid, [a + b + 1 for a, b in zip(left, right)], window_stride)
     if window_causal is not None:
-        ok = len(window_causal) == len(grid) and all(c in (0, 1) and not isinstance(c, bool) for c in window_causal)
-        if not ok:
-            raise ValueError(f"relpos_attention: window_causal must be 0 or 1 per grid axis, got {list(window_causal)}")
+        causal = list(window_causal)
+        if len(causal) != len(grid):
+            raise ValueError(
+                f"relpos_attention: window_causal must give one value per grid axis ({len(grid)} for grid "
+                f"{list(grid)}), got {len(causal)}: {causal}"
+            )
+        if not all(c in (0, 1) and not isinstance(c, bool) for c in causal):
+            raise ValueError(f"relpos_attention: window_causal must be 0 or 1 per grid axis, got {causal}")
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:

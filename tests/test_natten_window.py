@@ -29,6 +29,10 @@ CASES = [
     ([5, 6, 7], [5, 6, 7], [1, 2, 1], [False, False, False], [1, 1, 1], "shift"),  # kernel = grid
     ([1, 40], [1, 8], [1, 8], [False, False], [1, 5], "shift"),  # blocks (stride = kernel), dilated
     ([4, 4, 4, 9], [2, 3, 2, 4], [1, 2, 2, 4], [False, False, False, True], [1, 1, 2, 2], "clip"),  # 4-D
+    # the windowed CPU kernel takes these (stride 1 on the last axis): a causal last axis, a strided
+    # outer axis, an even kernel with the shift border
+    ([9, 70], [4, 6], [3, 1], [False, True], [1, 1], "shift"),
+    ([5, 80], [6, 5], [2, 1], [True, False], [1, 1], "clip"),
 ]
 IDS = ["-".join("x".join(map(str, v)) if isinstance(v, list) else str(v) for v in c[:2] + c[2:5]) for c in CASES]
 
@@ -148,7 +152,7 @@ def test_gradcheck(grid, kw):
 def test_opcheck(stride, causal):
     x = make_relpos_inputs([7, 9], H=2, D=4, Dv=3, pos=True, bias=True, sigma=True, requires_grad=True)
     args = (x["q"], x["k"], x["v"], x["q_pos"], x["rel"], [7, 9], x["sigma"], 0.0, "add", 0.5, False, x["bias"])
-    kwargs = dict(window=[1, 2], window_border="shift", window_right=[2, 1], window_stride=stride, window_causal=causal)
+    kwargs = dict(window=[1, 2], window_border="shift", window_right=[1, 1], window_stride=stride, window_causal=causal)
     torch.library.opcheck(torch.ops.posattn.relpos_attention.default, args, kwargs)
 
 
@@ -157,6 +161,35 @@ def test_kernel_size_is_window_for_odd_sizes():
     a = ops.relpos_attention(**x, grid=[6, 9], window=[1, 3], window_border="shift")
     b = ops.relpos_attention(**x, grid=[6, 9], kernel_size=[3, 7], window_border="shift")
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_empty_batch_with_dilation():
+    x = make_relpos_inputs([7, 5], B=0, H=2, pos=True, bias=True)
+    kw = dict(grid=[7, 5], kernel_size=3, window_dilation=[2, 3])
+    out, lse = ops.relpos_attention(**x, **kw, return_lse=True)
+    assert out.shape == (0, 2, 35, 4) and lse.shape == (0, 2, 35)
+
+
+def test_merge_in_half_precision():
+    """The log-sum-exp merge of two halves of a row's keys in float16 / bfloat16 equals the
+    softmax over all of them (float32 statistics, as the op keeps them)."""
+    from posattn._extra_tokens import merge_attention
+
+    g = torch.Generator().manual_seed(0)
+    s, v = torch.randn(3, 10, generator=g, dtype=torch.float64), torch.randn(10, 4, generator=g, dtype=torch.float64)
+    want = torch.softmax(s, -1) @ v
+    halves = []
+    for part in (slice(0, 6), slice(6, 10)):
+        lse = torch.logsumexp(s[:, part], -1)
+        halves += [(torch.softmax(s[:, part], -1) @ v[part]), lse]
+    for dtype in (torch.float16, torch.bfloat16):
+        out, lse = merge_attention(halves[0].to(dtype), halves[1].float(), halves[2].to(dtype), halves[3].float())
+        assert out.dtype == dtype and lse.dtype == torch.float32
+        torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-6, atol=1e-6)
+    # a side whose keys were all masked (lse -inf, out 0) weighs nothing
+    out, lse = merge_attention(torch.zeros(3, 4), torch.full((3,), float("-inf")), halves[0].float(), halves[1].float())
+    torch.testing.assert_close(out.double(), halves[0], rtol=1e-6, atol=1e-6)
 
 
 def test_dilation_classes_cover_every_token_once():
@@ -234,8 +267,11 @@ def test_bad_additional_tokens_are_clear_errors():
     [
         (dict(window_stride=[4, 1]), r"window_stride must be in \[1, kernel size\]"),
         (dict(window_causal=[2, 0]), "window_causal must be 0 or 1"),
-        (dict(window_right=[-1, 0]), "window_right must be >= 0"),
+        (dict(window_right=[-1, 0]), "window_right must be >= 0 and equal window or window - 1 on every axis"),
+        (dict(window_right=[1, -1]), r"window_right must be >= 0 and equal window or window - 1 .* \(axis 1\)"),
+        (dict(window_right=[3, 0]), r"window_right must be >= 0 and equal .* got window .1, 0., window_right .3, 0."),
         (dict(window_right=[1]), "window_right must give one value per grid axis"),
+        (dict(window_causal=[1]), "window_causal must give one value per grid axis"),
     ],
 )
 def test_the_registered_op_checks_its_window_arguments(kw, match):

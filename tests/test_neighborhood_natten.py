@@ -174,6 +174,8 @@ def test_natten_tuning_arguments_are_accepted_and_unknown_ones_refused():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     with pytest.raises(TypeError, match="unexpected keyword argument.*kernel_sizes"):
         posattn.na1d(q, k, v, kernel_size=5, kernel_sizes=5)
+    with pytest.raises(TypeError):  # natten's 11th positional argument (attention_kwargs) is not return_lse
+        posattn.na1d(q, k, v, 5, 1, 1, False, None, None, None, {})
 
 
 def test_layout_errors_name_the_argument():
@@ -211,22 +213,24 @@ def test_modules_load_natten_weights_and_give_its_outputs(rank, shape, kw):
 
 
 def test_module_relative_position_bias_is_a_bias_per_window_offset():
-    """rpb's entry t on an axis is the bias of an offset of d t cells, for every pair a window keeps."""
+    """rpb's entry t on an axis is the bias of an offset of d t cells (t within the kernel's
+    reach k - 1); the bias is built here offset by offset, independently of offset_bias."""
     torch.manual_seed(1)
     m = posattn.nn.NeighborhoodAttention2D(8, 2, kernel_size=(3, 4), dilation=(2, 1), rel_pos_bias=True).double()
     grid = [8, 9]
-    bias = m.offset_bias(grid)  # (H, U)
-    delta = posattn._grid.relative_offsets(grid)
-    for u in [0, 7, 50, len(delta) // 2, len(delta) - 1]:
-        d0, d1 = delta[u].tolist()
-        if d0 % 2 == 0 and abs(d0 // 2) <= 2 and abs(d1) <= 3:
-            assert torch.equal(bias[:, u], m.rpb[:, d0 // 2 + 2, d1 + 3])
-        else:
-            assert torch.equal(bias[:, u], torch.zeros(2, dtype=torch.float64))
+    delta = posattn._grid.relative_offsets(grid).tolist()
+    want_bias = torch.zeros(2, len(delta), dtype=torch.float64)
+    inside = 0
+    for u, (d0, d1) in enumerate(delta):
+        if d0 % 2 == 0 and -2 <= d0 // 2 <= 2 and -3 <= d1 <= 3:
+            want_bias[:, u] = m.rpb.detach()[:, d0 // 2 + 2, d1 + 3]
+            inside += 1
+    assert inside == 5 * 7
+    torch.testing.assert_close(m.offset_bias(grid), want_bias, rtol=0, atol=0)
     x = torch.randn(2, *grid, 8, dtype=torch.float64)
     q, k, v = m.qkv(x).reshape(2, 72, 3, 2, 4).permute(2, 0, 3, 1, 4)
     want = reference.relpos_attention(
-        q, k, v, grid=grid, bias=bias, kernel_size=(3, 4), window_dilation=(2, 1), window_border="shift",
+        q, k, v, grid=grid, bias=want_bias, kernel_size=(3, 4), window_dilation=(2, 1), window_border="shift",
     )  # fmt: skip
     want = m.proj(want.transpose(1, 2).reshape(2, *grid, 8))
     torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-10)

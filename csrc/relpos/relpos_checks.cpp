@@ -138,9 +138,15 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
     s.set_symmetric_window(window->vec());
     if (window_right.has_value()) {
       per_axis(window_right, "window_right");
+      // NATTEN's split of a kernel of k cells: k / 2 before the centre, k - 1 - k / 2 after. Other
+      // splits would let a strided query group's window miss its own queries (AxisLimit's invariants).
       for (size_t d = 0; d < grid.size(); ++d)
-        TORCH_CHECK_VALUE((*window_right)[d] >= 0, "relpos_attention: window_right must be >= 0, got ",
-                          shape_str(*window_right), " (axis ", d, ")");
+        TORCH_CHECK_VALUE(
+            (*window_right)[d] >= 0 &&
+                ((*window_right)[d] == (*window)[d] || (*window_right)[d] == (*window)[d] - 1),
+            "relpos_attention: window_right must be >= 0 and equal window or window - 1 on every axis (a "
+            "kernel of window + window_right + 1 cells, split as NATTEN does), got window ",
+            shape_str(*window), ", window_right ", shape_str(*window_right), " (axis ", d, ")");
       s.window_right = window_right->vec();
     }
     if (window_stride.has_value()) {

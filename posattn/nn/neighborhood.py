@@ -118,7 +118,7 @@ class NeighborhoodAttention(nn.Module):
             self.dilation,
             self.is_causal,
             self.scale,
-            bias=None if self.rpb is None else self.offset_bias(grid),
+            bias=None if self.rpb is None else self.offset_bias(grid).to(q.dtype),  # q's dtype under autocast
             window_border=self.window_border,
         )
         return self.proj_drop(self.proj(out.reshape(B, *grid, C)))

@@ -185,6 +185,30 @@ TEST_CASE("axis key ranges: NATTEN's kernel sizes (odd, even), strides and causa
   }
 }
 
+TEST_CASE("axis key ranges: capping the window at n - 1 and the stride at n changes nothing",
+          "[index][window]") {
+  // make_relpos_params caps them (a kernel beyond the axis, the int64 range); the rule must not notice
+  for (int64_t n = 1; n <= 10; ++n)
+    for (int64_t k = 1; k <= 2 * n + 3; ++k)
+      for (int64_t s = 1; s <= k; ++s)
+        for (bool shift : {false, true})
+          for (bool causal : {false, true}) {
+            const int64_t left = k / 2, right = k - 1 - k / 2;
+            const AxisLimit raw = make_axis_limit(n, n - 1, left, right, s, shift, causal);
+            const AxisLimit capped = make_axis_limit(n, n - 1, std::min(left, n - 1), std::min(right, n - 1),
+                                                     std::min(s, n), shift, causal);
+            for (int64_t i = 0; i < n; ++i) {
+              int64_t lo1, hi1, lo2, hi2;
+              axis_key_range(raw, i, lo1, hi1);
+              axis_key_range(capped, i, lo2, hi2);
+              INFO("n " << n << " k " << k << " s " << s << " shift " << shift << " causal " << causal
+                        << " i " << i);
+              REQUIRE(lo1 == lo2);
+              REQUIRE(hi1 == hi2);
+            }
+          }
+}
+
 TEST_CASE("axis key ranges: span box, clipped window, shifted window", "[index][window]") {
   for (int64_t n : {1, 2, 5, 8, 13}) {
     for (int64_t win = 0; win < n; ++win) {
