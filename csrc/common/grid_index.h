@@ -118,7 +118,8 @@ POSATTN_HD int64_t span_half_width(double sigma, double threshold, int64_t n) {
 // inside the axis, so that every query keeps min(k, n) keys. A `causal` axis
 // keeps the keys j <= i whose distance to the group's last cell (g s + s - 1,
 // capped at n - 1) is below k (NATTEN's causal neighbourhood). Requires
-// 0 <= span <= n - 1, left, right >= 0 and 1 <= stride <= k. The kept keys are
+// 0 <= span <= n - 1, right = left or left - 1 (>= 0) and 1 <= stride <= k (other
+// splits would let a strided group's window miss its own queries). The kept keys are
 // [lo, hi]; neither bound ever decreases as i grows, and the query always keeps
 // itself.
 struct AxisLimit {
