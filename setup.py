@@ -12,6 +12,10 @@ Environment:
                       compiled for this baseline and again for AVX2 and AVX-512, and each call
                       runs the widest set the CPU has (csrc/cpu/capability.h), so the default
                       build runs on any x86-64-v2 CPU, within a few percent of a native one.
+  POSATTN_NVCC_SPLIT  nvcc --split-compile value (unset: not passed; 0: as many threads as
+                      cores): runs nvcc's optimiser on several threads, which takes the
+                      tiled kernels' translation unit from ~270 s to ~160 s on 2 cores
+                      (scripts/gpu_check.sh sets it to spend less of a lent GPU's time)
 """
 
 import glob
@@ -52,11 +56,15 @@ def extension():
     cxx = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-psabi"]
     if arch:
         cxx.append(f"-march={arch}")
+    nvcc = ["-O3", "-lineinfo"]
+    split = os.environ.get("POSATTN_NVCC_SPLIT")
+    if split:
+        nvcc.append(f"--split-compile={int(split)}")
     if want_cuda() and cu:
         return CUDAExtension(
             "posattn._C",
             cpp + cu,
-            extra_compile_args={"cxx": cxx + ["-DPOSATTN_WITH_CUDA"], "nvcc": ["-O3", "-lineinfo"]},
+            extra_compile_args={"cxx": cxx + ["-DPOSATTN_WITH_CUDA"], "nvcc": nvcc},
             extra_link_args=["-fopenmp"],
         )
     return CppExtension("posattn._C", cpp, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])

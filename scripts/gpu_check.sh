@@ -8,6 +8,8 @@
 #   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
 #   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
 # Usage: bash scripts/gpu_check.sh [build] [test] [sanitize] [bench] [profile]   (default: the first four)
+# Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
+# GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64").
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
 # device, versions and each step's status and seconds), build.log, pytest.log,
 # sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json (profile: ncu.log
@@ -71,7 +73,7 @@ for step in "${steps[@]}"; do
         echo "build: up to date (CUDA kernels registered)" | tee -a "$summary"
         continue
       fi
-      run build 300 "$OUT/build.log" env FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" \
+      run build "${GPU_CHECK_BUILD_SECONDS:-300}" "$OUT/build.log" env FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" POSATTN_NVCC_SPLIT=0 \
         "$PY" setup.py build_ext --inplace
       run registered 60 "$OUT/build.log" "$PY" -c '
 import torch, posattn
@@ -80,18 +82,22 @@ for op in ("relpos_attention", "relpos_attention_backward", "apply_maps", "apply
 print("CUDA kernels registered")'
       ;;
     test)
-      run test 240 "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs \
-        tests/test_relpos_cuda.py tests/test_apply_maps_cuda.py tests/test_apply_maps.py \
-        tests/test_nn_classifier.py tests/test_nn_encoders.py
+      # pytest-xdist, where installed, spreads the tests over processes sharing the GPU.
+      xdist=()
+      "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
+      run test "${GPU_CHECK_TEST_SECONDS:-240}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs "${xdist[@]}" \
+        tests/test_relpos_cuda.py tests/test_relpos_tiled_cuda.py tests/test_apply_maps_cuda.py \
+        tests/test_apply_maps.py tests/test_natten_window.py tests/test_nn_classifier.py \
+        tests/test_nn_encoders.py tests/test_integrations_t5.py tests/test_integrations_swin.py
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        run "sanitize-$tool" 150 "$OUT/sanitizer.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+        run "sanitize-$tool" "${GPU_CHECK_SANITIZE_SECONDS:-150}" "$OUT/sanitizer.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$PY" scripts/gpu_sanitize_cases.py
       done
       ;;
     bench)
-      run bench-relpos 300 "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 \
+      run bench-relpos "${GPU_CHECK_BENCH_SECONDS:-300}" "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 ${GPU_CHECK_BENCH_ARGS:-} \
         --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;

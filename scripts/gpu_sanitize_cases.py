@@ -21,8 +21,16 @@ def relpos_cases(device):
         dict(grid=[150], D=4, Dv=140, kw=dict(pos=False, bias=True, window=[9], window_border="shift", causal=True)),
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
-    for dtype in (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,):
-        for c in cases:
+    # The tiled tensor-core kernels take float16/bfloat16 with D == Dv in {32, 64, 128}:
+    # span with threshold, causal, NATTEN kernels (even size, stride, causal axis).
+    tiled = [
+        dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
+        dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
+        dict(grid=[150], D=32, Dv=32, kw=dict(pos=True, bias=True, kernel_size=[8], window_stride=[3])),
+        dict(grid=[11, 12], D=64, Dv=64, kw=dict(sigma=True, pos=True, kernel_size=[5, 4], window_causal=[True, False])),
+    ]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16) if device.type == "cuda" else (torch.float32,):
+        for c in cases + (tiled if dtype != torch.float32 else []):
             grid, kw = c["grid"], dict(c["kw"])
             N, U, H, G = 1, 1, 2, len(grid)
             for n in grid:
@@ -41,7 +49,7 @@ def relpos_cases(device):
             out, lse = ops.relpos_attention(**x, grid=grid, return_lse=True, **kw)
             grads = torch.autograd.grad((out.float() ** 2).sum() + lse.sum(), list(x.values()))
             assert all(torch.isfinite(t).all() for t in grads)
-            yield f"relpos {dtype} grid {grid}"
+            yield f"relpos {dtype} grid {grid} D={c['D']} {sorted(kw)}"
 
 
 def apply_maps_cases(device):
