@@ -27,7 +27,9 @@ def relpos_cases(device):
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
         dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
         dict(grid=[150], D=32, Dv=32, kw=dict(pos=True, bias=True, kernel_size=[8], window_stride=[3])),
-        dict(grid=[11, 12], D=64, Dv=64, kw=dict(sigma=True, pos=True, kernel_size=[5, 4], window_causal=[True, False])),
+        dict(
+            grid=[11, 12], D=64, Dv=64, kw=dict(sigma=True, pos=True, kernel_size=[5, 4], window_causal=[True, False])
+        ),
     ]
     for dtype in (torch.float32, torch.bfloat16, torch.float16) if device.type == "cuda" else (torch.float32,):
         for c in cases + (tiled if dtype != torch.float32 else []):
