@@ -189,10 +189,13 @@ def make_method(name, grid, x, window, scale):
         return general, params
     if name == "window":
         return (lambda: ops.relpos_attention(q, k, v, grid=grid, scale=scale, window=window, **pos)), params
-    if name == "flex":
-        return flex_method(grid, x, None, scale), params
-    if name == "flex_window":
-        return flex_method(grid, x, window, scale), params
+    if name in ("flex", "flex_window"):
+        B, H, N, _ = q.shape
+        if B * H * N * num_offsets(grid) >= 2**31:
+            # FlexAttention indexes the score_mod's (B, H, N, U) table with 32-bit offsets: past
+            # 2^31 elements it reads out of bounds (an illegal address on an H200, 16x16x16, B=4, H=8)
+            raise ValueError(f"its (B, H, N, U) table has {B * H * N * num_offsets(grid):.3g} >= 2^31 elements")
+        return flex_method(grid, x, None if name == "flex" else window, scale), params
     if name == "eager":
         return (lambda: reference.relpos_attention(q, k, v, grid=grid, scale=scale, **pos)), params
     raise ValueError(name)
