@@ -81,6 +81,26 @@ def test_generation_gives_the_same_tokens(num_beams):
     assert c["decoder.block.1.layer.0.SelfAttention"]["fallback"] == 15
 
 
+def test_the_cache_under_its_older_name_past_key_values():
+    """transformers 5.17 passes the cache as past_key_values= (5.24: cache=); a patched
+    layer that missed it generated other tokens without an error (seen on CUDA, 2026-11-26)."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = patch_t5(tiny_t5(18, 20).eval(), inplace=False)
+    attn = model.decoder.block[0].layer[0].SelfAttention
+    x = torch.randn(2, 5, 64)
+    for name in ("past_key_values", "cache"):
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        out_prefill = attn(x, **{name: cache})[0]
+        assert cache.get_seq_length(0) == 5  # the prefill's keys and values reached the cache
+        step = torch.randn(2, 1, 64)
+        out_step = attn(step, **{name: cache})[0]  # a cached one-token step: T5's own code
+        assert cache.get_seq_length(0) == 6
+        full = attn(torch.cat([x, step], 1))[0]  # the same six tokens at once, causal
+        torch.testing.assert_close(out_prefill, full[:, :5], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out_step, full[:, 5:], rtol=1e-5, atol=1e-5)
+
+
 def test_a_padding_mask_falls_back_and_still_matches():
     original = tiny_t5().eval()
     patched = patch_t5(original, inplace=False)

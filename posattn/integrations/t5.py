@@ -59,6 +59,10 @@ def _no_masking(mask: Optional[torch.Tensor], n: int, causal: bool) -> bool:
 def _patched_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, cache=None, **kwargs):
     """T5Attention.forward on posattn where the call allows it, else T5's own."""
     original = functools.partial(type(self).forward, self)
+    if cache is None and "past_key_values" in kwargs:
+        # transformers before 5.2x names the cache past_key_values (passed by keyword);
+        # it goes back to T5's forward in the same (fifth) place as cache
+        cache = kwargs.pop("past_key_values")
     source = self._posattn_bias_source
     n = hidden_states.shape[1]
     past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
