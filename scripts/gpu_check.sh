@@ -82,6 +82,10 @@ for op in ("relpos_attention", "relpos_attention_backward", "apply_maps", "apply
 print("CUDA kernels registered")'
       ;;
     test)
+      # the CPU op's errors in a plain process (a segfault on the H200 of 2026-11-26);
+      # if it crashes, its native backtrace from cuda-gdb (no gdb on the GPU machine)
+      run cpu-errors 60 "$OUT/pytest.log" bash -c "\"$PY\" scripts/cpu_error_smoke.py || { rc=\$?; \
+        command -v cuda-gdb >/dev/null && cuda-gdb -batch -ex run -ex bt --args \"$PY\" scripts/cpu_error_smoke.py 2>&1 | tail -60; exit \$rc; }"
       # pytest-xdist, where installed, spreads the tests over processes sharing the GPU.
       xdist=()
       "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
