@@ -16,8 +16,7 @@
 //             only the offset kernel below runs.
 //             dq, d q_pos     a block per query (query-major);
 //             dk, dv          a block per key (key-major);
-//             d rel, d bias   a block per (head, offset): the pairs at that offset,
-//                             a warp per pair with its lanes over the channels;
+//             d rel, d bias   a block per (head, offset): the pairs at that offset;
 //             d sigma         per-(head, offset-block) partial sums, summed by the caller.
 //             The row term D_i = dO_i . out_i - d lse_i is computed first (by the caller).
 // Only the keys in a query's kept box are visited (the box's cells, in row-major
@@ -446,31 +445,11 @@ __global__ void __launch_bounds__(kThreads)
     dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
 }
 
-// The sum of v over the warp, in every lane (a butterfly: the same order in every
-// lane and every run).
-template <typename Acc>
-__device__ __forceinline__ Acc warp_sum(Acc v) {
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
-// Per warp of the offset kernel: the pairs of a 32-item chunk that may be kept.
-template <typename Acc>
-struct OffsetSlots {
-  int64_t qrow[32], krow[32];  // flat (b, h, i) and (b, h, j)
-  Acc lse[32], rowd[32], quad[32];
-};
-
 // d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
 // offsets u = b, b + per_head, ... in turn: for each, the pairs (batch, i,
-// i + delta_u). A warp takes 32 pairs at a time: its lanes find which may be kept
-// (index math, limits, lse) one pair each, then the warp computes those pairs one
-// after another with its lanes over the channels (coalesced rows, warp sums), and
-// adds dA * scale * q_pos_i to its own partial row of d rel. The warps' partials and
-// sums are added in warp order at the end of the offset, so d rel and d bias of u
-// are written by this block alone, in a fixed order (deterministic, no atomics);
-// d sigma is summed per block (offsets in order) into dsig_part (H, per_head, G_in),
-// reduced afterwards.
+// i + delta_u) in chunks of blockDim; d rel and d bias of u are written by
+// this block alone, and d sigma is summed per block (offsets in order) into
+// dsig_part (H, per_head, G_in), reduced afterwards.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
     relpos_backward_offset_kernel(RelposParams p, int64_t per_head, const T* __restrict__ gout,
@@ -480,14 +459,11 @@ __global__ void __launch_bounds__(kThreads)
                                   const double* __restrict__ sigma, const T* __restrict__ bias,
                                   const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
                                   double* __restrict__ dsig_part) {
-  constexpr int kWarps = kThreads / 32;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  OffsetSlots<Acc>* slots_all = reinterpret_cast<OffsetSlots<Acc>*>(smem_raw);  // kWarps
-  Acc* part_all = reinterpret_cast<Acc*>(slots_all + kWarps);                   // kWarps x D
-  Acc* red = part_all + kWarps * p.D;                                           // 2 kWarps
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  OffsetSlots<Acc>& slots = slots_all[warp];
-  Acc* part = part_all + warp * p.D;
+  int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);     // blockDim: flat (b, h, i) of a chunk's queries
+  Acc* drel_s = reinterpret_cast<Acc*>(qrow_s + blockDim.x);  // D
+  Acc* w_s = drel_s + p.D;                                    // blockDim: dA * scale of a chunk
+  Acc* red = w_s + blockDim.x;                                // blockDim
   const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
   Head<Acc> hd;
   load_span_head<Acc>(p, h, sigma, hd);
@@ -518,17 +494,14 @@ __global__ void __launch_bounds__(kThreads)
       if (p.has_bias && threadIdx.x == 0) dbias[h * p.U + u] = from_acc<T>(Acc(0));
       continue;
     }
-    __syncthreads();  // the previous offset is done with part_all and red
-    for (int64_t c = lane; c < p.D; c += 32) part[c] = 0;
-    const T* relu = p.has_pos ? relh + u * p.D : nullptr;
-    const Acc bias_u = p.has_bias ? to_acc<Acc>(biash[u]) : Acc(0);
-    Acc sum_dA = 0, sum_dquad = 0;  // the same in every lane of the warp
+    __syncthreads();  // the previous offset is done with drel_s, w_s, qrow_s and red
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
+    Acc sum_dA = 0, sum_dquad = 0;
     const int64_t items = p.B * count;
-    for (int64_t e0 = static_cast<int64_t>(warp) * 32; e0 < items; e0 += kThreads) {
-      // each lane: may pair e0 + lane be kept? (its softmax row is not empty, and
-      // its key is inside the query's window / span box)
-      const int64_t e = e0 + lane;
-      bool cand = false;
+    for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
+      const int64_t e = e0 + threadIdx.x;
+      Acc w = 0;
+      int64_t qrow = 0;
       if (e < items) {
         const int64_t b = e / count;
         int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
@@ -541,72 +514,39 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t bh = b * p.H + h;
         const Acc lse_i = lse[bh * p.N + i];
         if (lse_i != -static_cast<Acc>(INFINITY)) {
-          int64_t lo[kMaxGridDims], hi[kMaxGridDims], row;
-          Acc quad;
+          int64_t lo[kMaxGridDims], hi[kMaxGridDims];
           query_limits<Acc>(p, hd, ci, lo, hi);
-          if (pair_geometry<Acc>(p, hd, ci, cj, lo, hi, quad, row)) {
-            cand = true;
-            slots.qrow[lane] = bh * p.N + i;
-            slots.krow[lane] = bh * p.N + j;
-            slots.lse[lane] = lse_i;
-            slots.rowd[lane] = rowd[bh * p.N + i];
-            slots.quad[lane] = quad;
+          const PairGrad<T, Acc> g = pair_grad<T, Acc>(
+              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D,
+              p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr, gout + (bh * p.N + i) * p.Dv,
+              k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash, lse_i, rowd[bh * p.N + i]);
+          if (g.kept) {
+            w = g.dA * scale;
+            qrow = bh * p.N + i;
+            sum_dA += g.dA;
+            sum_dquad += g.dquad;
           }
         }
       }
-      __syncwarp();
-      // the candidates, in lane order, each by the whole warp (a plain bit loop: the
-      // simulator has no bfind, which __ffs compiles to)
-      const unsigned mask = __ballot_sync(0xffffffffu, cand);
-      for (int src = 0; src < 32; ++src) {
-        if (!((mask >> src) & 1u)) continue;
-        const int64_t qr = slots.qrow[src], kr = slots.krow[src];
-        const Acc quad = slots.quad[src];
-        const T *qi = q + qr * p.D, *kj = k + kr * p.D, *qposi = p.has_pos ? qpos + qr * p.D : nullptr;
-        Acc dotp = 0;
-        for (int64_t c = lane; c < p.D; c += 32) {
-          dotp += to_acc<Acc>(qi[c]) * to_acc<Acc>(kj[c]);
-          if (p.has_pos) dotp += to_acc<Acc>(qposi[c]) * to_acc<Acc>(relu[c]);
-        }
-        const Acc raw = scale * warp_sum(dotp) + bias_u;
-        const Acc s = span_logit<Acc>(p, raw, quad);
-        if (s == -static_cast<Acc>(INFINITY)) continue;  // weight 0, as in the forward (warp-uniform)
-        const Acc prob = exp(s - slots.lse[src]);
-        const T *goi = gout + qr * p.Dv, *vj = v + kr * p.Dv;
-        Acc dpl = 0;
-        for (int64_t c = lane; c < p.Dv; c += 32) dpl += to_acc<Acc>(goi[c]) * to_acc<Acc>(vj[c]);
-        Acc dA, dquad;
-        pair_backward<Acc>(p, s, quad, prob, warp_sum(dpl), slots.rowd[src], dA, dquad);
-        if (p.has_pos) {
-          const Acc w = dA * scale;
-          for (int64_t c = lane; c < p.D; c += 32) part[c] += w * to_acc<Acc>(qposi[c]);
-        }
-        sum_dA += dA;
-        sum_dquad += dquad;
-      }
-      __syncwarp();  // the slots are read before the next chunk writes them
+      w_s[threadIdx.x] = w;
+      qrow_s[threadIdx.x] = qrow;
+      __syncthreads();
+      if (p.has_pos)
+        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D,
+                                min(items - e0, static_cast<int64_t>(blockDim.x)));
+      __syncthreads();
     }
-    if (lane == 0) {
-      red[warp] = sum_dA;
-      red[kWarps + warp] = sum_dquad;
-    }
-    __syncthreads();  // every warp's partial row and sums are written
     if (p.has_pos)
-      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-        Acc a = 0;
-        for (int w = 0; w < kWarps; ++w) a += part_all[w * p.D + c];
-        drel[(h * p.U + u) * p.D + c] = from_acc<T>(a);
-      }
-    if (threadIdx.x == 0) {
-      Acc total_dA = 0, total_dquad = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        total_dA += red[w];
-        total_dquad += red[kWarps + w];
-      }
-      if (p.has_bias) dbias[h * p.U + u] = from_acc<T>(total_dA);
+      for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
+        drel[(h * p.U + u) * p.D + c] = from_acc<T>(drel_s[c]);
+    if (p.has_bias) {
+      const Acc total = block_reduce<Acc>(sum_dA, red, false);
+      if (threadIdx.x == 0) dbias[h * p.U + u] = from_acc<T>(total);
+    }
+    if (p.has_sigma) {
       // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
-      const double total = static_cast<double>(total_dquad);
-      if (p.has_sigma && total != 0.0)
+      const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
+      if (threadIdx.x == 0 && total != 0.0)
         for (int d = 0; d < p.g.ndim; ++d) {
           if (p.g.n[d] <= 1) continue;
           const double x = normalised_offset(delta[d], p.g.n[d]);
@@ -664,8 +604,7 @@ size_t backward_dkv_smem(const RelposParams& p) {
 }
 template <typename T>
 size_t backward_offset_smem(const RelposParams& p) {
-  constexpr int kWarps = kThreads / 32;
-  return sizeof(OffsetSlots<acc_t<T>>) * kWarps + sizeof(acc_t<T>) * (kWarps * p.D + 2 * kWarps);
+  return sizeof(int64_t) * kThreads + sizeof(acc_t<T>) * (p.D + 2 * kThreads);
 }
 
 // out and lse. The caller has checked token_blocks(p) <= INT_MAX and the shared memory.
