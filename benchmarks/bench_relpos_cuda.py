@@ -190,11 +190,11 @@ def make_method(name, grid, x, window, scale):
     if name == "window":
         return (lambda: ops.relpos_attention(q, k, v, grid=grid, scale=scale, window=window, **pos)), params
     if name in ("flex", "flex_window"):
-        B, H, N, _ = q.shape
-        if B * H * N * num_offsets(grid) >= 2**31:
+        table = math.prod(q.shape[:3]) * num_offsets(grid)  # B * H * N * U
+        if table >= 2**31:
             # FlexAttention indexes the score_mod's (B, H, N, U) table with 32-bit offsets: past
             # 2^31 elements it reads out of bounds (an illegal address on an H200, 16x16x16, B=4, H=8)
-            raise ValueError(f"its (B, H, N, U) table has {B * H * N * num_offsets(grid):.3g} >= 2^31 elements")
+            raise ValueError(f"its (B, H, N, U) table has {table:.3g} >= 2^31 elements")
         return flex_method(grid, x, None if name == "flex" else window, scale), params
     if name == "eager":
         return (lambda: reference.relpos_attention(q, k, v, grid=grid, scale=scale, **pos)), params

@@ -1,5 +1,5 @@
 """Where the time of one relpos_attention forward + backward goes on CUDA: the kernels
-torch.profiler sees, by total time (bf16, B=4, H=8, D=64, Gaussian span, by default).
+torch.profiler sees, by total time (bf16, B=4, H=8, D=64, Gaussian span, by default; bench_relpos_cuda.py's inputs).
 
   python benchmarks/profile_relpos_cuda.py --grid 64x64
 """
@@ -10,10 +10,10 @@ import argparse
 
 import torch
 from bench_common import parse_grid
+from bench_relpos_cuda import make_inputs
 from torch.profiler import ProfilerActivity, profile
 
 from posattn import ops
-from posattn._grid import num_offsets
 
 
 def main() -> None:
@@ -25,22 +25,9 @@ def main() -> None:
     p.add_argument("--window", type=int, default=None, help="half width of a window on every axis")
     a = p.parse_args()
     grid = parse_grid(a.grid)
-    N, U, dev, dt = 1, num_offsets(grid), torch.device("cuda"), torch.bfloat16
-    for n in grid:
-        N *= n
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    def rand(*shape, scale=1.0):
-        return (scale * torch.randn(*shape, device=dev, generator=g)).to(dt).requires_grad_()
-
-    x = dict(
-        q=rand(a.batch, a.heads, N, a.dim),
-        k=rand(a.batch, a.heads, N, a.dim),
-        v=rand(a.batch, a.heads, N, a.dim),
-        q_pos=rand(a.batch, a.heads, N, a.dim),
-        rel=rand(a.heads, U, a.dim, scale=0.1),
-        sigma=(0.3 + torch.rand(a.heads, len(grid), device=dev, generator=g)).requires_grad_(),
-    )
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    x = make_inputs(grid, a.batch, a.heads, a.dim, dt, dev)  # the benchmark's inputs
+    N = x["q"].shape[2]
     window = None if a.window is None else [a.window] * len(grid)
     g_out = torch.randn(a.batch, a.heads, N, a.dim, device=dev, dtype=dt)
 

@@ -66,9 +66,8 @@ def run(model, x, seed=3):
 def assert_same(original, patched, x, rtol=1e-5, atol=1e-5):
     out_o, out_p = run(original, x), run(patched, x)
     torch.testing.assert_close(out_p, out_o, rtol=rtol, atol=atol)
-    g = torch.randn(out_o.shape, generator=torch.Generator().manual_seed(2)).to(
-        out_o.device
-    )  # CPU draw: same on every device
+    # drawn on the CPU (a CPU generator cannot draw on CUDA), the same on every device
+    g = torch.randn(out_o.shape, generator=torch.Generator().manual_seed(2)).to(out_o.device)
     params_o, params_p = list(original.parameters()), list(patched.parameters())
     grads_o = torch.autograd.grad((out_o * g).sum(), params_o)
     grads_p = torch.autograd.grad((out_p * g).sum(), params_p)
