@@ -41,6 +41,8 @@ def short_name(mangled: str) -> str:
     if "relpos_tiled_backward" in mangled:  # KEY_MAJOR is the last template argument: ...Lb1EE
         return "tiled dk/dv" if "Lb1EE" in mangled else "tiled dq"
     for key, name in (
+        ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
+        ("round_to_kernel", "tiled offsets: rounding"),
         ("relpos_tiled_forward", "tiled fwd"),
         ("relpos_forward_kernel", "general fwd"),
         ("relpos_backward_dq", "general dq"),
@@ -60,6 +62,8 @@ def kernel_cycles(log: str):
 
 
 def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None):
+    # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma)
+    harness_path, tiled_offsets = ("tiled", 0) if path == "tiled-goffsets" else (path, 1)
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
@@ -74,7 +78,8 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     )
     settings = dict(
         op="relpos",
-        path=path,
+        path=harness_path,
+        tiled_offsets=tiled_offsets,
         B=1,
         H=1,
         D=D,
@@ -89,7 +94,7 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     )
     case = workdir / f"{path}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
     res = simlib.run_case(
-        simlib.harness(dtype, D if path == "tiled" else None),
+        simlib.harness(dtype, D if harness_path == "tiled" else None),
         case,
         settings,
         arrays,
@@ -110,9 +115,14 @@ def main():
         default="2,2;3,4",
         help="window half widths per axis, ';' between windows "
         "(shifted windows: (2w+1) keys per axis for every query). Default: 5x5 (9.8 %%) and 7x9 (24.6 %%) "
-        "of a 16x16 grid",
+        "of a 16x16 grid; 'none' for the dense call only",
     )
-    ap.add_argument("--paths", default="tiled,general", help="kernel paths to run (tiled, general)")
+    ap.add_argument(
+        "--paths",
+        default="tiled,general",
+        help="kernel paths to run (tiled, general, tiled-goffsets: the tiled kernels with the general "
+        "path's offset kernel)",
+    )
     ap.add_argument(
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"
     )
@@ -123,7 +133,9 @@ def main():
         sys.exit("sim_cycles: " + simlib.unavailable())
     grid = args.grid
     N = math.prod(grid)
-    windows = [None] + [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
+    windows = [None]
+    if args.windows != "none":
+        windows += [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
     paths = args.paths.split(",")
     jobs = [
         (path, w, bwd)
@@ -154,9 +166,9 @@ def main():
     print(
         "| call | kept keys per query | "
         + " | ".join(f"{p} fwd cycles | {p} vs dense" for p in paths)
-        + (" | tiled / general |" if len(paths) == 2 else " |")
+        + (" | tiled / general |" if sorted(paths) == ["general", "tiled"] else " |")
     )
-    print("|---|---|" + "---|---|" * len(paths) + ("---|" if len(paths) == 2 else ""))
+    print("|---|---|" + "---|---|" * len(paths) + ("---|" if sorted(paths) == ["general", "tiled"] else ""))
     for w in windows:
         key = None if w is None else tuple(w)
         label = "dense" if w is None else f"window {'x'.join(str(2 * x + 1) for x in w)} (shift)"
@@ -167,7 +179,7 @@ def main():
         kept = rows[(paths[0], key, False)]["kept"]
         ratio = (
             f" | {rows[('tiled', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}"
-            if len(paths) == 2
+            if sorted(paths) == ["general", "tiled"]
             else ""
         )
         print(f"| {label} | {kept} ({100 * kept / N:.1f} %) | " + " | ".join(cells) + ratio + " |")

@@ -82,8 +82,9 @@ def test_tiled_forward_matches_reference_and_general_path(monkeypatch, grid, kw,
     tol = 5e-3 if dtype == torch.float32 else 2e-2  # TF32 rounds operands to 10 mantissa bits
     assert rel_err(out_t, out_ref) < tol and rel_err(lse_t, lse_ref) < tol
     assert rel_err(out_t, out_g) < tol and rel_err(lse_t, lse_g) < tol
-    # the backward: tiled d q, d k, d v, d q_pos (general d rel, d bias, d sigma) against the
-    # float64 reference and against the general path's backward
+    # the backward: tiled d q, d k, d v, d q_pos, and d rel, d bias, d sigma from the tiled offset
+    # kernel where its shared memory fits (else the general one), against the float64 reference and
+    # against the general path's backward
     g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
     loss = (out_t * g.to("cuda", dtype)).sum() + lse_t.sum()

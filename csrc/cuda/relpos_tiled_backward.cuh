@@ -1,8 +1,9 @@
 // Tiled tensor-core backward of relpos_attention for the calls the tiled forward
 // takes (relpos_tiled_forward.cuh): d q, d q_pos (query-major) and d k, d v (key-major),
 // deterministic (every gradient row is owned by one block, every sum in a fixed
-// order, no atomics). d rel, d bias and d sigma come from the general path's
-// offset kernel. Both kernels recompute the logits of a (query box, key box) pair
+// order, no atomics). d rel, d bias and d sigma come from the offset kernel in
+// relpos_tiled_offsets.cuh (or the general path's, where its shared memory does not
+// fit). All three kernels recompute the logits of a (query box, key box) pair
 // as the forward does, then, with P = exp(s - lse) and D_i = dO_i . out_i - d lse_i:
 //   dP = dO V^T, dS = P (dP - D), dA = dS (times exp(-quad) for the multiply span)
 //   key-major:   dV += P^T dO,  dK += scale dA^T Q          (over the query boxes that may keep the keys)
@@ -27,7 +28,7 @@ template <typename CT, int D>
 struct BwdLayout {
   static constexpr int LD = D + kPad, LS = (D > kBK ? D : kBK) + 4, LP = kBK + kPad;
   static_assert(2 * LP >= LD, "a piece of rel must fit the P / dA tiles");
-  static constexpr size_t bytes(int G) {
+  __host__ __device__ static constexpr size_t bytes(int G) {
     return (size_t(5) * 64 * LD + size_t(2) * 64 * LP) * sizeof(CT) + size_t(64) * LS * 4 +
            size_t(64) * 4 * 2         // lse, rowd of the query slots
            + size_t(64) * 8 * 3       // qrel, krel, row_off
@@ -96,16 +97,20 @@ __device__ void fill_bwd_query_slot(const RelposParams& p, const TileHead& hd, c
   m.row_off[r] = ok ? bh * p.N + m.qtok[r] : -1;
 }
 
-// What both kernels do for one (query box, key box) pair once the slots, the
+// What every backward kernel does for one (query box, key box) pair once the slots, the
 // offset box indices and the Q, Q_pos, dO, K, V tiles are in place: the logits
 // (S = Q K^T, the positional term through pieces of rel in the P / dA tiles,
 // bias, span, masks), P, dP = dO V^T and dA * scale, per thread for query slot
 // r and key slots 2 j + half. Leaves P in m.P and dA * scale in m.DS (16-bit),
-// and dA * scale in `das`.
-template <typename CT, int D>
+// and dA * scale in `das`. With OFFSETS (the offset kernel, relpos_tiled_offsets.cuh)
+// m.P and m.DS are not written, and dA itself (d bias) goes to `da` and d quad (the
+// span's exponent) to `dquad`, as the general path's pair_backward defines them;
+// 0 for a masked pair.
+template <typename CT, int D, bool OFFSETS = false>
 __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_t h, const OffsetBox& ob,
                                const BwdSmem<CT>& m, const CT* __restrict__ rel, const CT* __restrict__ bias,
-                               int r, int half, int warp, float* das) {
+                               int r, int half, int warp, float* das, float* da = nullptr,
+                               float* dquad = nullptr) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
   CT* Rs = m.P;  // a piece of rel, while P and dA are not yet written
@@ -146,9 +151,17 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
     // NaN in dP or D (or a +inf lse) stays visible as in the general path and the reference. The
     // tile products still multiply the masked zeros with every row of the tiles: a non-finite
     // input row reaches the gradients of its tile (never beyond the dense reference's NaN)
-    das[j] = kept ? pj * (m.S[r * LS + c] - rowd_r) * g[j] * scale : 0.f;
-    m.P[r * LP + c] = from_acc<CT>(pj);
-    m.DS[r * LP + c] = from_acc<CT>(das[j]);
+    const float ds = kept ? pj * (m.S[r * LS + c] - rowd_r) : 0.f;
+    das[j] = kept ? ds * g[j] * scale : 0.f;
+    if constexpr (OFFSETS) {
+      da[j] = kept ? ds * g[j] : 0.f;
+      // d quad: -dS (added span), -dS * x with x the multiplied logit (multiply span)
+      dquad[j] = kept ? (p.has_sigma && p.mode == SpanMode::kMultiply ? -ds * s[j] : -ds) : 0.f;
+    }
+    if constexpr (!OFFSETS) {  // (the offset kernel needs neither)
+      m.P[r * LP + c] = from_acc<CT>(pj);
+      m.DS[r * LP + c] = from_acc<CT>(das[j]);
+    }
   }
   __syncthreads();
 }

@@ -126,18 +126,24 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
   at::Tensor drel = shape.has_pos ? at::empty_like(rl) : at::empty({0}, q.options());
   at::Tensor dbias = shape.has_bias ? at::empty_like(bs) : at::empty({0}, q.options());
   const RelposParams p = make_relpos_params(shape, threshold, scale, causal);
-  at::Tensor dsig_part = shape.has_sigma ? at::zeros({shape.H, general::offset_blocks_per_head(p), p.G_in},
-                                                     q.options().dtype(at::kDouble))
-                                         : at::Tensor();
-  if (shape.B > 0 && shape.H > 0) {
+  const bool offsets = shape.has_pos || shape.has_bias || shape.has_sigma;  // d rel, d bias, d sigma
+  const bool run = shape.B > 0 && shape.H > 0;
+  // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward); d rel,
+  // d bias, d sigma: the tiled offset kernel where it also fits the device
+  const bool tiled = run && choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout},
+                                               /*backward=*/true) == CudaKernel::kTiled;
+  const bool tiled_offsets = tiled && offsets && tiled_offsets_refusal(p, q.scalar_type()).empty();
+  const int64_t partials = tiled_offsets ? tiled_offset_partials(p) : general::offset_blocks_per_head(p);
+  at::Tensor dsig_part =
+      shape.has_sigma ? at::zeros({shape.H, partials, p.G_in}, q.options().dtype(at::kDouble)) : at::Tensor();
+  if (run) {
     check_blocks(general::token_blocks(p), "the backward");
-    if (shape.has_pos || shape.has_bias || shape.has_sigma)  // the offset kernel runs
+    if (offsets && !tiled_offsets)  // the general offset kernel runs
       check_blocks(general::offset_blocks(p), "the backward (d rel, d bias, d sigma)", "use fewer heads");
     auto stream = c10::cuda::getCurrentCUDAStream();
-    // d q, d k, d v, d q_pos: the tiled kernels where they apply (as in the forward)
-    const bool tiled = choose_cuda_kernel(p, q.scalar_type(), {q, k, v, qp, rl, gout}, /*backward=*/true) ==
-                       CudaKernel::kTiled;
     if (tiled) relpos_tiled_backward(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, dq, dk, dv, dqpos);
+    if (tiled_offsets)
+      relpos_tiled_backward_offsets(p, gout, rowd, q, k, v, qp, rl, sg, bs, lse, drel, dbias, dsig_part);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(),
                                     "relpos_attention_backward_cuda", [&] {
                                       using T = typename CudaType<scalar_t>::type;
@@ -158,7 +164,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out_in, const c10::optiona
                                         check_launch(general::launch_backward_dq<T>(p, t, stream));
                                         check_launch(general::launch_backward_dkv<T>(p, t, stream));
                                       }
-                                      if (shape.has_pos || shape.has_bias || shape.has_sigma) {
+                                      if (offsets && !tiled_offsets) {
                                         check_smem(general::backward_offset_smem<T>(p), shape);
                                         check_launch(general::launch_backward_offset<T>(p, t, stream));
                                       }

@@ -16,6 +16,7 @@
 #include "../common/cuda_glue.cuh"
 #include "../cuda/relpos_tiled_backward.cuh"
 #include "../cuda/relpos_tiled_forward.cuh"
+#include "../cuda/relpos_tiled_offsets.cuh"
 #include "relpos_tiled_cuda.h"
 
 namespace posattn {
@@ -89,6 +90,15 @@ std::string backward_refusal(int G) {
   return "";
 }
 
+template <typename CT, int D>
+std::string offsets_refusal(const TiledArgs& a) {
+  cudaFuncAttributes attr;
+  check_launch(offsets_attributes<CT, D>(&attr));
+  const OffsetGrid og = make_offset_grid(a);
+  if (a.p.H * og.count > INT_MAX) return "its offset kernel needs more thread blocks than a launch allows";
+  return device_refusal(attr, OffsetLayout<CT, D>::bytes(a.p.g.ndim, og.rows), D, "its offset kernel");
+}
+
 // Why the tiled kernel cannot take a call, or empty if it can.
 std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype,
                           std::initializer_list<at::Tensor> tensors) {
@@ -133,6 +143,19 @@ std::string tiled_backward_refusal(const RelposParams& p, at::ScalarType dtype) 
     why = backward_refusal<decltype(ct_tag), decltype(d_tag)::value>(p.g.ndim);
   });
   return why;
+}
+
+std::string tiled_offsets_refusal(const RelposParams& p, at::ScalarType dtype) {
+  const TiledArgs a = make_tiled_args(p);
+  std::string why;
+  by_type_and_dim(dtype, p.D, [&](auto ct_tag, auto d_tag) {
+    why = offsets_refusal<decltype(ct_tag), decltype(d_tag)::value>(a);
+  });
+  return why;
+}
+
+int64_t tiled_offset_partials(const RelposParams& p) {
+  return make_offset_grid(make_tiled_args(p)).count;
 }
 
 void relpos_tiled_forward(const RelposParams& p, const at::Tensor& q, const at::Tensor& k,
@@ -182,6 +205,38 @@ void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const 
     t.dv = out(dv);
     t.dqpos = out(dqpos);
     check_launch(launch_backward<CT, decltype(d_tag)::value>(a, t, stream));
+  });
+}
+
+void relpos_tiled_backward_offsets(const RelposParams& p, const at::Tensor& gout, const at::Tensor& rowd,
+                                   const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& q_pos, const at::Tensor& rel, const at::Tensor& sigma,
+                                   const at::Tensor& bias, const at::Tensor& lse, at::Tensor& drel,
+                                   at::Tensor& dbias, at::Tensor& dsig_part) {
+  const TiledArgs a = make_tiled_args(p);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto f32 = q.options().dtype(at::kFloat);
+  // float32 accumulators, zeroed by the launcher (one set of rows per launch: no atomics)
+  at::Tensor drel_acc = at::empty({p.has_pos ? p.H * p.U * p.D : 0}, f32);
+  at::Tensor dbias_acc = at::empty({p.has_bias ? p.H * p.U : 0}, f32);
+  by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    OffsetTensors<CT> t;
+    t.in.gout = cuda_ptr<const CT>(gout);
+    t.in.q = cuda_ptr<const CT>(q);
+    t.in.k = cuda_ptr<const CT>(k);
+    t.in.v = cuda_ptr<const CT>(v);
+    t.in.qpos = cuda_ptr<const CT>(q_pos);
+    t.in.rel = cuda_ptr<const CT>(rel);
+    t.in.bias = cuda_ptr<const CT>(bias);
+    t.in.rowd = cuda_ptr<const float>(rowd);
+    t.in.lse = cuda_ptr<const float>(lse);
+    t.in.sigma = cuda_ptr<const double>(sigma);
+    t.drel_acc = p.has_pos ? cuda_ptr<float>(drel_acc) : nullptr;
+    t.dbias_acc = p.has_bias ? cuda_ptr<float>(dbias_acc) : nullptr;
+    t.dsig_part = p.has_sigma ? cuda_ptr<double>(dsig_part) : nullptr;
+    check_launch(launch_backward_offsets<CT, decltype(d_tag)::value>(
+        a, t, p.has_pos ? cuda_ptr<CT>(drel) : nullptr, p.has_bias ? cuda_ptr<CT>(dbias) : nullptr, stream));
   });
 }
 

@@ -33,6 +33,7 @@
 #if defined(HARNESS_TILED_D)
 #include "cuda/relpos_tiled_backward.cuh"
 #include "cuda/relpos_tiled_forward.cuh"
+#include "cuda/relpos_tiled_offsets.cuh"
 #endif
 
 #if !defined(HARNESS_T)
@@ -172,6 +173,7 @@ struct RelposRun {
   posattn::RelposParams p;
   bool tiled = false, backward = false;
   bool tiled_backward = false;  // the tiled backward kernels (else the general dq / dkv kernels)
+  bool tiled_offsets = false;   // d rel, d bias, d sigma from the tiled offset kernel (else the general one)
   int repeats = 1;
 };
 
@@ -201,6 +203,7 @@ RelposRun relpos_setup(const Case& c) {
   r.tiled = has(c, "path") && c.at("path").at(0) == "tiled";
   r.backward = geti(c, "backward") != 0;
   r.tiled_backward = r.tiled && geti(c, "tiled_backward", 1) != 0;
+  r.tiled_offsets = r.tiled_backward && geti(c, "tiled_offsets", 1) != 0;
   r.repeats = static_cast<int>(geti(c, "repeats", 1));
   return r;
 }
@@ -281,7 +284,20 @@ int run_relpos(const Case& c) {
   Dev<Acc> rowd(nrow);
   gout.upload(gout_h);
   rowd.upload(rowd_h);
-  const int64_t per_head = posattn::general::offset_blocks_per_head(p);
+  int64_t per_head = posattn::general::offset_blocks_per_head(p);  // d sigma partials per head
+#if defined(HARNESS_TILED_D)
+  const posattn::tiled::OffsetGrid og = posattn::tiled::make_offset_grid(ta);
+  // as the extension: the tiled offset kernel where its shared memory fits an H100 / H200
+  // (the opt-in limit of test_cuda_sim.py's SMEM_OPTIN), else the general one
+  constexpr size_t kSmemOptin = 232448;
+  const bool tiled_offsets =
+      run.tiled_offsets && posattn::tiled::OffsetLayout<T, TD>::bytes(p.g.ndim, og.rows) <= kSmemOptin;
+  if (tiled_offsets) per_head = og.count;
+  Dev<float> drel_acc(tiled_offsets && p.has_pos ? p.H * p.U * p.D : 0),
+      dbias_acc(tiled_offsets && p.has_bias ? p.H * p.U : 0);
+#else
+  const bool tiled_offsets = false;
+#endif
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
   const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
   for (int rep = 0; rep < run.repeats; ++rep) {
@@ -323,7 +339,28 @@ int run_relpos(const Case& c) {
       check(posattn::general::launch_backward_dq<T>(p, bt, nullptr), "general backward dq launch");
       check(posattn::general::launch_backward_dkv<T>(p, bt, nullptr), "general backward dkv launch");
     }
-    check(posattn::general::launch_backward_offset<T>(p, bt, nullptr), "backward offset launch");
+    if (tiled_offsets) {
+#if defined(HARNESS_TILED_D)
+      posattn::tiled::OffsetTensors<T> ot;
+      ot.in.gout = gout.p;
+      ot.in.q = q.p;
+      ot.in.k = k.p;
+      ot.in.v = v.p;
+      ot.in.qpos = qpos.p;
+      ot.in.rel = rel.p;
+      ot.in.bias = bias.p;
+      ot.in.rowd = rowd.p;
+      ot.in.lse = lse.p;
+      ot.in.sigma = sigma.p;
+      ot.drel_acc = drel_acc.p;
+      ot.dbias_acc = dbias_acc.p;
+      ot.dsig_part = dsig_part.p;
+      check(posattn::tiled::launch_backward_offsets<T, TD>(ta, ot, drel.p, dbias.p, nullptr),
+            "tiled backward offsets launch");
+#endif
+    } else {
+      check(posattn::general::launch_backward_offset<T>(p, bt, nullptr), "backward offset launch");
+    }
     check(cudaDeviceSynchronize(), "backward");
     // d sigma: the glue sums the per-block partials over the blocks (dsig_part.sum(1))
     std::vector<double> dsigma(p.has_sigma ? p.H * p.G_in : 0, 0.0);
@@ -352,7 +389,8 @@ int run_relpos(const Case& c) {
   std::ofstream res(g_dir + "/result.txt");
   bool same = true;
   for (size_t r = 1; r < runs.size(); ++r) same = same && runs[r] == runs[0];
-  res << "backward_repeats " << runs.size() << "\nbitwise_equal " << (same ? 1 : 0) << "\n";
+  res << "backward_repeats " << runs.size() << "\nbitwise_equal " << (same ? 1 : 0) << "\noffset_kernel "
+      << (tiled_offsets ? "tiled" : "general") << "\n";
   return 0;
 }
 

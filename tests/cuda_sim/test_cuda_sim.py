@@ -32,7 +32,8 @@ GRAD_TOL = {F64: 1e-10, F32: 5e-5, F16: 4e-3, BF16: 2e-2}
 TF32_TOL = 4e-3  # float32 inputs through TF32 tensor cores (10 mantissa bits)
 TF32_GRAD_TOL = 1e-2
 # the largest dynamic shared memory a kernel may use (H100 / H200 opt-in limit): the
-# extension refuses larger tiled layouts on every device, so the harness never runs them
+# extension refuses larger tiled layouts on such a device (the offset kernel's: it takes the
+# general one), and so does the harness
 SMEM_OPTIN = 232448
 
 
@@ -74,6 +75,7 @@ class Case:
         special: Optional[str] = None,
         seed: int = 0,
         tiled_backward: bool = True,
+        general_offsets: bool = False,
     ):
         self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
         self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
@@ -86,6 +88,9 @@ class Case:
         # path "tiled": the tiled forward, and the tiled backward unless tiled_backward is False (the
         # extension's choice where the backward's shared memory does not fit: float32 with D = 128)
         self.tiled_backward = tiled_backward
+        # d rel, d bias, d sigma from the general offset kernel although the tiled backward runs: the
+        # tiled offset kernel's shared memory (OffsetLayout::bytes) does not fit SMEM_OPTIN
+        self.general_offsets = general_offsets
 
     def __repr__(self):
         return self.name
@@ -421,7 +426,8 @@ TILED = [
         B=1,
         H=1,
     ),
-    Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
+    # (the tiled offset kernel's 256-row accumulator at D = 128 does not fit: the general one runs)
+    Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1, general_offsets=True),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
     # float32 with D = 128: the backward's shared memory fits no GPU, so the general backward follows
     Case(
@@ -525,6 +531,48 @@ TILED = [
     ),
     Case("tiled-f16-d32-nan-row-window", F16, [80], path="tiled", D=32, window=2, special="nanrow", B=1, H=1),
     Case("tiled-bf16-d64-deterministic", BF16, [6, 7], path="tiled", D=64, sigma=True, bias=True, repeats=2, B=1),
+    # the tiled offset kernel (d rel, d bias, d sigma) over several tiles per axis, batch elements
+    # and every parity class of tile offsets: 2 x 2 tiles, 2 x 2 x 1 tiles of 4 x 4 x 4 (a box of
+    # 343 offsets: six 64-row pieces), 3 tiles in 1-D with a span box that skips the far tile offsets
+    Case(
+        "tiled-bf16-d32-offsets-2d-tiles",
+        BF16,
+        [12, 10],
+        path="tiled",
+        D=32,
+        sigma=True,
+        bias=True,
+        span_mode="multiply",
+        repeats=2,
+        B=2,
+        H=1,
+    ),
+    Case(
+        "tiled-f16-d32-offsets-3d-causal",
+        F16,
+        [5, 6, 4],
+        path="tiled",
+        D=32,
+        sigma=True,
+        bias=True,
+        causal=True,
+        B=2,
+        H=1,
+    ),
+    # 7 axes: the tile is one cell wide on the outer axis (its tile offsets are not split by parity)
+    Case("tiled-f16-d32-7d-one-cell-tile-axis", F16, [3, 2, 2, 2, 2, 2, 2], path="tiled", D=32, bias=True, B=1, H=1),
+    Case(
+        "tiled-bf16-d64-offsets-1d-span",
+        BF16,
+        [140],
+        path="tiled",
+        D=64,
+        sigma=True,
+        threshold=0.2,
+        bias=True,
+        B=2,
+        H=1,
+    ),
 ]
 
 
@@ -536,6 +584,10 @@ def test_tiled_path(case, tmp_path):
     assert tiled_bytes(case.dtype, case.D, G, backward=False) <= SMEM_OPTIN
     assert case.tiled_backward == (tiled_bytes(case.dtype, case.D, G, backward=True) <= SMEM_OPTIN)
     check_relpos(case, tmp_path)
+    if case.backward:
+        lines = (tmp_path / "case" / "result.txt").read_text().splitlines()
+        want = "tiled" if case.tiled_backward and not case.general_offsets else "general"
+        assert dict(line.split(None, 1) for line in lines)["offset_kernel"] == want
 
 
 # ---- apply_maps ------------------------------------------------------------------
