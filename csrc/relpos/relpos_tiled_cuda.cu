@@ -99,6 +99,26 @@ std::string offsets_refusal(const TiledArgs& a) {
   return device_refusal(attr, OffsetLayout<CT, D>::bytes(a.p.g.ndim, og.rows), D, "its offset kernel");
 }
 
+// The inputs of the tiled backward kernels (the gradients' pointers left null).
+template <typename CT>
+BwdTensors<CT> backward_inputs(const at::Tensor& gout, const at::Tensor& rowd, const at::Tensor& q,
+                               const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_pos,
+                               const at::Tensor& rel, const at::Tensor& sigma, const at::Tensor& bias,
+                               const at::Tensor& lse) {
+  BwdTensors<CT> t{};
+  t.gout = cuda_ptr<const CT>(gout);
+  t.q = cuda_ptr<const CT>(q);
+  t.k = cuda_ptr<const CT>(k);
+  t.v = cuda_ptr<const CT>(v);
+  t.qpos = cuda_ptr<const CT>(q_pos);
+  t.rel = cuda_ptr<const CT>(rel);
+  t.bias = cuda_ptr<const CT>(bias);
+  t.rowd = cuda_ptr<const float>(rowd);
+  t.lse = cuda_ptr<const float>(lse);
+  t.sigma = cuda_ptr<const double>(sigma);
+  return t;
+}
+
 // Why the tiled kernel cannot take a call, or empty if it can.
 std::string tiled_refusal(const RelposParams& p, at::ScalarType dtype,
                           std::initializer_list<at::Tensor> tensors) {
@@ -189,17 +209,7 @@ void relpos_tiled_backward(const RelposParams& p, const at::Tensor& gout, const 
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     auto out = [](at::Tensor& x) { return x.numel() > 0 ? cuda_ptr<CT>(x) : nullptr; };
-    BwdTensors<CT> t;
-    t.gout = cuda_ptr<const CT>(gout);
-    t.q = cuda_ptr<const CT>(q);
-    t.k = cuda_ptr<const CT>(k);
-    t.v = cuda_ptr<const CT>(v);
-    t.qpos = cuda_ptr<const CT>(q_pos);
-    t.rel = cuda_ptr<const CT>(rel);
-    t.bias = cuda_ptr<const CT>(bias);
-    t.rowd = cuda_ptr<const float>(rowd);
-    t.lse = cuda_ptr<const float>(lse);
-    t.sigma = cuda_ptr<const double>(sigma);
+    BwdTensors<CT> t = backward_inputs<CT>(gout, rowd, q, k, v, q_pos, rel, sigma, bias, lse);
     t.dq = out(dq);
     t.dk = out(dk);
     t.dv = out(dv);
@@ -222,16 +232,7 @@ void relpos_tiled_backward_offsets(const RelposParams& p, const at::Tensor& gout
   by_type_and_dim(q.scalar_type(), p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     OffsetTensors<CT> t;
-    t.in.gout = cuda_ptr<const CT>(gout);
-    t.in.q = cuda_ptr<const CT>(q);
-    t.in.k = cuda_ptr<const CT>(k);
-    t.in.v = cuda_ptr<const CT>(v);
-    t.in.qpos = cuda_ptr<const CT>(q_pos);
-    t.in.rel = cuda_ptr<const CT>(rel);
-    t.in.bias = cuda_ptr<const CT>(bias);
-    t.in.rowd = cuda_ptr<const float>(rowd);
-    t.in.lse = cuda_ptr<const float>(lse);
-    t.in.sigma = cuda_ptr<const double>(sigma);
+    t.in = backward_inputs<CT>(gout, rowd, q, k, v, q_pos, rel, sigma, bias, lse);
     t.drel_acc = p.has_pos ? cuda_ptr<float>(drel_acc) : nullptr;
     t.dbias_acc = p.has_bias ? cuda_ptr<float>(dbias_acc) : nullptr;
     t.dsig_part = p.has_sigma ? cuda_ptr<double>(dsig_part) : nullptr;

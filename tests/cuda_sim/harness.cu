@@ -316,19 +316,22 @@ int run_relpos(const Case& c) {
     bt.drel = drel.p;
     bt.dbias = dbias.p;
     bt.dsig_part = dsig_part.p;
+#if defined(HARNESS_TILED_D)
+    posattn::tiled::BwdTensors<T> tin{};  // the tiled backward kernels' inputs
+    tin.gout = gout.p;
+    tin.q = q.p;
+    tin.k = k.p;
+    tin.v = v.p;
+    tin.qpos = qpos.p;
+    tin.rel = rel.p;
+    tin.bias = bias.p;
+    tin.rowd = rowd.p;
+    tin.lse = lse.p;
+    tin.sigma = sigma.p;
+#endif
     if (run.tiled_backward) {
 #if defined(HARNESS_TILED_D)
-      posattn::tiled::BwdTensors<T> tt{};
-      tt.gout = gout.p;
-      tt.q = q.p;
-      tt.k = k.p;
-      tt.v = v.p;
-      tt.qpos = qpos.p;
-      tt.rel = rel.p;
-      tt.bias = bias.p;
-      tt.rowd = rowd.p;
-      tt.lse = lse.p;
-      tt.sigma = sigma.p;
+      posattn::tiled::BwdTensors<T> tt = tin;
       tt.dq = dq.p;
       tt.dk = dk.p;
       tt.dv = dv.p;
@@ -342,16 +345,7 @@ int run_relpos(const Case& c) {
     if (tiled_offsets) {
 #if defined(HARNESS_TILED_D)
       posattn::tiled::OffsetTensors<T> ot;
-      ot.in.gout = gout.p;
-      ot.in.q = q.p;
-      ot.in.k = k.p;
-      ot.in.v = v.p;
-      ot.in.qpos = qpos.p;
-      ot.in.rel = rel.p;
-      ot.in.bias = bias.p;
-      ot.in.rowd = rowd.p;
-      ot.in.lse = lse.p;
-      ot.in.sigma = sigma.p;
+      ot.in = tin;
       ot.drel_acc = drel_acc.p;
       ot.dbias_acc = dbias_acc.p;
       ot.dsig_part = dsig_part.p;
