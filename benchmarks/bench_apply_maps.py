@@ -30,9 +30,9 @@ from bench_common import record, write_records
 
 import posattn
 from posattn import ops, reference
-from posattn._grid import grid_coords
-from posattn._timing import median_seconds, peak_extra_mib
 from posattn.algebraic import orthogonal, power_table, tree_maps_heap
+from posattn.grid import grid_coords
+from posattn.utils.timing import median_seconds, peak_extra_mib
 
 METHODS = {"gather_einsum": reference.apply_maps, "posattn": ops.apply_maps}
 

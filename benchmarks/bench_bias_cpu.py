@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown, write_records
 
 from posattn import ops
-from posattn._grid import grid_coords, num_offsets, offset_rows
-from posattn._timing import median_seconds, peak_extra_mib
+from posattn.grid import grid_coords, num_offsets, offset_rows
+from posattn.utils.timing import median_seconds, peak_extra_mib
 
 METHODS = ("eager", "flex", "posattn", "window")
 

@@ -35,9 +35,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from posattn._timing import median_seconds, peak_extra_mib  # noqa: E402
+from posattn.utils.timing import median_seconds, peak_extra_mib
 
 T5 = {
     "t5-tiny": dict(vocab_size=512, d_model=64, d_kv=16, num_heads=4, num_layers=2, num_decoder_layers=2, d_ff=128),

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from bench_common import record, write_records
 
 import posattn
-from posattn._timing import median_seconds
 from posattn.nn import ClippedRelativePerformer, NoPosPerformer, Performer, RelativePerformer, TransformerClassifier
+from posattn.utils.timing import median_seconds
 
 THRESHOLD = 0.1
 

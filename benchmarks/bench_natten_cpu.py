@@ -22,21 +22,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import warnings
 
 import torch
+from bench_common import parse_grid, ratio, record, write_records
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench_common import parse_grid, ratio, record, write_records  # noqa: E402
-
-import posattn  # noqa: E402
-from posattn import reference  # noqa: E402
-from posattn._timing import median_seconds  # noqa: E402
+import posattn
+from posattn import reference
+from posattn.utils.timing import median_seconds
 
 
 def natten_call(natten, G, q, k, v, kw, compiled):

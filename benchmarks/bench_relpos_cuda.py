@@ -45,7 +45,7 @@ from bench_common import parse_grid, ratio, record, write_records
 
 import posattn
 from posattn import ops, reference
-from posattn._grid import num_offsets
+from posattn.grid import num_offsets
 
 METHODS = ("sdpa", "posattn", "general", "window", "flex", "eager")
 DTYPES = {

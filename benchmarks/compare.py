@@ -39,15 +39,13 @@ from datetime import date
 from typing import Callable
 
 import torch
+from bench_common import record
+
+import posattn
+from posattn import ops
+from posattn.grid import num_offsets, span_sigma_for_keep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench_common import record  # noqa: E402
-
-import posattn  # noqa: E402
-from posattn import ops  # noqa: E402
-from posattn._grid import num_offsets, span_sigma_for_keep  # noqa: E402
 
 THRESHOLD = 0.1
 

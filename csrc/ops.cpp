@@ -19,7 +19,7 @@ TORCH_LIBRARY(posattn, m) {
   // head and offset on an n-D grid, an optional Gaussian span and a fixed
   // window: `window` cells before each window's centre per axis, `window_right`
   // after (default: as many), `window_stride` queries per window, `window_causal`
-  // 0 / 1 per axis (NATTEN's vocabulary; see posattn/ops.py for the full contract).
+  // 0 / 1 per axis (NATTEN's vocabulary; see posattn/ops/_relpos.py for the full contract).
   // Returns (out (B, H, N, Dv), lse (B, H, N)).
   m.def(
       "relpos_attention(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "

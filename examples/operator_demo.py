@@ -26,8 +26,8 @@ import torch
 
 import posattn
 from posattn import ops, reference
-from posattn._grid import num_offsets, span_half_widths, span_keep_fraction
-from posattn._timing import median_seconds
+from posattn.grid import num_offsets, span_half_widths, span_keep_fraction
+from posattn.utils.timing import median_seconds
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 

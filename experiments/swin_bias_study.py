@@ -31,10 +31,10 @@ from datetime import date
 import torch
 import torch.nn.functional as F
 
-from posattn._grid import grid_coords, offset_rows, window_key_range
-from posattn._timing import freed_memory_returned_to_os, peak_extra_mib
+from posattn.grid import grid_coords, offset_rows, window_key_range
 from posattn.nn import PositionalSelfAttention, TransformerClassifier
 from posattn.training.data import batches, full_test_split, load_splits
+from posattn.utils.timing import freed_memory_returned_to_os, peak_extra_mib
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "swin_bias")
 BACKENDS = ("posattn", "eager")

@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libc10/libtorch, which the extension links)
 
 from . import (
     _C,  # noqa: F401  (registers torch.ops.posattn.*)
+    grid,
     neighborhood,
     nn,
     ops,
@@ -17,5 +18,5 @@ from . import (
 from .neighborhood import na1d, na2d, na3d
 from .ops import apply_maps, relpos_attention
 
-__all__ = ["nn", "ops", "reference", "neighborhood", "relpos_attention", "apply_maps", "na1d", "na2d", "na3d"]
+__all__ = ["grid", "nn", "ops", "reference", "neighborhood", "relpos_attention", "apply_maps", "na1d", "na2d", "na3d"]
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-from ._grid import offset_rows, relative_offsets
+from .grid import offset_rows, relative_offsets
 
 __all__ = ["DilationClass", "dilation_classes", "dilated_call"]
 

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._grid import (
+from .grid import (
     WINDOW_BORDERS,
     check_dilation_with_span,
     grid_coords,

@@ -15,12 +15,9 @@ import os
 import signal
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from cli_helpers import main
 
-from cli_helpers import main  # noqa: E402
-
-from posattn.training.tracking import Tracker  # noqa: E402
+from posattn.training.tracking import Tracker
 
 POINTS = ("before-replace", "after-replace", "after-fsync", "after-log", "count")
 

@@ -133,6 +133,27 @@ def test_attention_dropout_in_training_falls_back():
     assert all(c == {"posattn": 1, "fallback": 1} for c in calls(patched).values())
 
 
+@pytest.mark.parametrize("how", ["bfloat16 model", "bfloat16 autocast"])
+def test_a_dtype_without_a_cpu_kernel_falls_back(how):
+    # relpos_attention has no bfloat16 CPU kernel: the patched model runs T5's own code, as the
+    # unpatched one does (it raised "dtype must be float32 or float64" before the fallback)
+    original = tiny_t5(18, 20).eval()
+    if how == "bfloat16 model":
+        original = original.to(torch.bfloat16)
+    patched = patch_t5(original, inplace=False)
+    ids, dec = inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=how == "bfloat16 autocast"):
+        out_o = original(input_ids=ids, decoder_input_ids=dec).logits
+        out_p = patched(input_ids=ids, decoder_input_ids=dec).logits
+    assert out_p.dtype == out_o.dtype
+    torch.testing.assert_close(out_p, out_o, rtol=0, atol=0)
+    assert all(c == {"posattn": 0, "fallback": 1} for c in calls(patched).values()) and len(calls(patched)) == 4
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=how == "bfloat16 autocast"):
+        got = patched.generate(ids, max_new_tokens=4, do_sample=False)  # the prefill and the cached steps
+        want = original.generate(ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, want)
+
+
 def test_encoder_model_and_inplace_patch():
     model = tiny_t5(34, 27, cls=T5EncoderModel).eval()
     ids, _ = inputs(n_enc=50)

@@ -14,6 +14,7 @@ from conftest import make_relpos_inputs
 
 from posattn import ops, reference
 from posattn._dilation import dilation_classes
+from posattn.ops._checks import check_relpos_args
 
 # (grid, kernel_size, stride, causal, dilation, border): 1-D / 2-D / 3-D, odd sizes, size-1
 # axes, even kernels, kernels as large as the axis, strides up to the kernel, grids the
@@ -281,10 +282,7 @@ def test_the_registered_op_checks_its_window_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
         torch.ops.posattn.relpos_attention(*args, window=[1, 0], **kw)
     with pytest.raises(ValueError, match=match):
-        ops._check_relpos_args(
-            x["q"], x["k"], x["v"], None, None, [6, 9], None, 0.0, "add", 0.5, None, [1, 0], "clip",
-            kw.get("window_right"), kw.get("window_stride"), kw.get("window_causal"),
-        )  # fmt: skip
+        check_relpos_args(ops.RelposArgs(*args, window=[1, 0], **kw))
     with pytest.raises(ValueError, match="needs a window"):
         torch.ops.posattn.relpos_attention(*args, **kw)
 

@@ -218,7 +218,7 @@ def test_module_relative_position_bias_is_a_bias_per_window_offset():
     torch.manual_seed(1)
     m = posattn.nn.NeighborhoodAttention2D(8, 2, kernel_size=(3, 4), dilation=(2, 1), rel_pos_bias=True).double()
     grid = [8, 9]
-    delta = posattn._grid.relative_offsets(grid).tolist()
+    delta = posattn.grid.relative_offsets(grid).tolist()
     want_bias = torch.zeros(2, len(delta), dtype=torch.float64)
     inside = 0
     for u, (d0, d1) in enumerate(delta):

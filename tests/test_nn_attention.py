@@ -6,7 +6,7 @@ import pytest
 import torch
 from nn_helpers import LargestTensor
 
-from posattn._grid import relative_offsets
+from posattn.grid import relative_offsets
 from posattn.nn import DifferentiableSpan, LookupRelativeEncoder, PositionalSelfAttention, SirenRelativeEncoder
 from posattn.nn.attention import split_heads
 

@@ -4,7 +4,7 @@ PositionalSelfAttention and the classifier (pe.bias, model.window)."""
 import pytest
 import torch
 
-from posattn._grid import num_offsets, relative_offsets
+from posattn.grid import num_offsets, relative_offsets
 from posattn.nn import ModelConfig, PositionalSelfAttention, RelativePositionBias, TransformerClassifier
 from posattn.nn.bias import t5_buckets
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posattn._grid import num_offsets, relative_offsets
+from posattn.grid import num_offsets, relative_offsets
 from posattn.nn import (
     LearnableSinusoidEncoding,
     LearnedAbsoluteEncoding,

@@ -185,7 +185,7 @@ def test_bias_only_is_swin_style():
     eager composition with a gathered (H, N, N) bias."""
     grid = [4, 5]
     x = make_relpos_inputs(grid, pos=False, bias=True)
-    from posattn._grid import grid_coords, offset_rows
+    from posattn.grid import grid_coords, offset_rows
 
     c = grid_coords(grid)
     rows = offset_rows(c[None] - c[:, None], grid)

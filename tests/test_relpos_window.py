@@ -13,7 +13,7 @@ import torch
 from conftest import make_relpos_inputs
 
 from posattn import ops, reference
-from posattn._grid import span_half_widths
+from posattn.grid import span_half_widths
 
 GRIDS = [[300], [3, 150], [2, 5, 70], [1, 9, 1, 41], [23, 1]]
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ._common import runs_on_posattn
 
 __all__ = ["patch_swin", "swin_block_runs", "swin_offset_bias"]
 
@@ -75,13 +76,6 @@ def _qkv(attn, x: torch.Tensor, v2: bool) -> torch.Tensor:
     return attn.qkv(x)
 
 
-def _op_dtype(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether relpos_attention takes this dtype on this device."""
-    if device.type == "cuda":
-        return dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-    return dtype in (torch.float32, torch.float64)
-
-
 def _usable(block, x: torch.Tensor, hp: int, wp: int) -> bool:
     """Whether posattn computes this call as timm does: no attention dropout, a dtype
     the op takes on x's device (under autocast, the projection's), and a static
@@ -89,10 +83,7 @@ def _usable(block, x: torch.Tensor, hp: int, wp: int) -> bool:
     attn = block.attn
     if attn.training and attn.attn_drop.p > 0:
         return False
-    dtype = x.dtype
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-    if not _op_dtype(dtype, x.device):
+    if not runs_on_posattn(x):
         return False
     if any(block.shift_size) and not getattr(block, "dynamic_mask", False):
         # timm's static mask is laid out for input_resolution rounded up to the window:

@@ -15,8 +15,9 @@ from typing import Optional
 import torch
 
 from .. import ops
-from .._grid import relative_offsets
+from ..grid import relative_offsets
 from ..nn.bias import check_t5_buckets, t5_buckets
+from ._common import runs_on_posattn
 
 __all__ = ["patch_t5", "t5_offset_bias"]
 
@@ -71,6 +72,7 @@ def _patched_forward(self, hidden_states, mask=None, key_value_states=None, posi
         and not (isinstance(past, torch.Tensor) or past)
         and not (self.training and self.dropout > 0)
         and not kwargs.get("output_attentions", False)
+        and runs_on_posattn(hidden_states)
         and _no_masking(mask, n, causal=self.is_decoder)
     )
     if not usable:
@@ -107,7 +109,9 @@ def patch_t5(model, inplace: bool = True):
     same: no padding mask (T5's mask masks nothing, or only the causal triangle in
     the decoder), no cached keys before the call (a generation's prefill is fine,
     its later one-token steps are not), no attention dropout (eval mode, or
-    ``dropout_rate=0``), no ``output_attentions``. Any other call runs T5's own code
+    ``dropout_rate=0``), no ``output_attentions``, and a dtype the operator has a
+    kernel for on the device (:func:`posattn.ops.has_kernel`; under autocast, the
+    autocast dtype: a bfloat16 model on the CPU runs T5's code). Any other call runs T5's own code
     (``module._posattn_calls`` counts both).
 
     Args:

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .._grid import grid_coords
+from ..grid import grid_coords
 from .relative import sinusoid_features
 
 __all__ = [

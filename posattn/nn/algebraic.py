@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .._grid import grid_coords
 from ..algebraic import orthogonal, power_table, rope_generator_init, tree_maps_heap
+from ..grid import grid_coords
 from .attention import MultiHeadSelfAttention, check_tokens
 
 __all__ = ["AlgebraicEncoder", "AlgebraicSelfAttention", "ALGEBRAIC_KINDS", "apply_maps_auto"]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .._grid import WINDOW_BORDERS, normalise_grid
+from ..grid import WINDOW_BORDERS, normalise_grid
 from .bias import RelativePositionBias
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan

@@ -25,7 +25,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .._grid import relative_offsets
+from ..grid import relative_offsets
 
 __all__ = ["RelativePositionBias", "BIAS_KINDS", "t5_buckets", "check_t5_buckets"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .._grid import WINDOW_BORDERS
+from ..grid import WINDOW_BORDERS
 from ..ops import SPAN_MODES
 from .attention import BACKENDS
 from .bias import BIAS_KINDS, check_t5_buckets

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._grid import grid_coords
+from ..grid import grid_coords
 from .absolute import LearnableSinusoidEncoding
 from .attention import MultiHeadSelfAttention, check_tokens, class_token_attention, split_heads
 

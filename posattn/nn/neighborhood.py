@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .. import neighborhood
-from .._grid import relative_offsets
+from ..grid import relative_offsets
 
 __all__ = ["NeighborhoodAttention", "NeighborhoodAttention1D", "NeighborhoodAttention2D", "NeighborhoodAttention3D"]
 

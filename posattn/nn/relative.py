@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .._grid import num_offsets, relative_offsets
+from ..grid import num_offsets, relative_offsets
 
 __all__ = [
     "RelativeEncoder",

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._grid import span_half_widths, span_keep_fraction
+from ..grid import span_half_widths, span_keep_fraction
 from ..ops import SPAN_MODES
 
 __all__ = ["DifferentiableSpan", "SPAN_MODES", "SPAN_UNITS"]

@@ -9,15 +9,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ..._grid import span_sigma_for_keep
-from ..._timing import freed_memory_returned_to_os, peak_extra_mib
+from ...grid import span_sigma_for_keep
+from ...utils.timing import freed_memory_returned_to_os, median_seconds, peak_extra_mib
 
 __all__ = [
     "METHODS",
@@ -288,16 +287,9 @@ def _step_fn(model, x, y):
 
 def time_step(model, x, y, cfg: ScalingConfig) -> float:
     """Median seconds of one forward + backward step after warm-up."""
-    step = _step_fn(model, x, y)
-    for _ in range(cfg.warmup):
-        step()
-    times = []
-    for _ in range(cfg.repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    seconds = median_seconds(_step_fn(model, x, y), warmup=cfg.warmup, repeats=cfg.repeats)
     model.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    return seconds
 
 
 def step_peak_mib(model, x, y) -> float:
