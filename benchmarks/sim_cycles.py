@@ -28,10 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import simlib
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "cuda_sim"))
-import simlib  # noqa: E402
 
 KERNEL_RE = re.compile(r"^kernel_name = (\S+)", re.M)
 CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
@@ -63,7 +61,7 @@ def kernel_cycles(log: str):
 
 def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None):
     # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma)
-    harness_path, tiled_offsets = ("tiled", 0) if path == "tiled-goffsets" else (path, 1)
+    harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
@@ -78,8 +76,8 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     )
     settings = dict(
         op="relpos",
-        path=harness_path,
-        tiled_offsets=tiled_offsets,
+        **simlib.plan_settings(harness_path),
+        general_offsets=general_offsets,
         B=1,
         H=1,
         D=D,

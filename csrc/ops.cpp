@@ -35,12 +35,21 @@ TORCH_LIBRARY(posattn, m) {
       "str span_mode, float scale, bool causal, Tensor out, Tensor lse, Tensor? bias=None, "
       "int[]? window=None, str window_border=\"clip\", int[]? window_right=None, int[]? window_stride=None, "
       "int[]? window_causal=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // Orthogonal-power (algebraic) encodings: y[b, h, n, a*m:(a+1)*m] =
-  // maps[index[(b,) n, a], h, a] @ x[b, h, n, a*m:(a+1)*m]; x (B, H, N, D), maps
-  // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).
+  // Which kernels would run relpos_attention's forward (or its backward) with these
+  // arguments on their device, and why: "key: value" lines (core/relpos_plan.h,
+  // describe; posattn.ops.relpos_plan reads them into a dict). Checks the arguments
+  // as the operator does; computes nothing.
+  m.def(
+      "relpos_plan(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "
+      "Tensor? sigma, float threshold, str span_mode, float scale, bool causal, "
+      "Tensor? bias=None, int[]? window=None, str window_border=\"clip\", int[]? window_right=None, "
+      "int[]? window_stride=None, int[]? window_causal=None, bool backward=False) -> str");
   // The instruction set the CPU kernels run on this machine: "avx512", "avx2"
   // or "base" (cpu/capability.h; POSATTN_CPU_CAPABILITY picks a lower one).
   m.def("cpu_capability() -> str", &posattn::cpu::kernels_capability_name);
+  // Orthogonal-power (algebraic) encodings: y[b, h, n, a*m:(a+1)*m] =
+  // maps[index[(b,) n, a], h, a] @ x[b, h, n, a*m:(a+1)*m]; x (B, H, N, D), maps
+  // (P, H, A, m, m) with A*m == D, index int64 (N, A) or (B, N, A).
   m.def("apply_maps(Tensor x, Tensor maps, Tensor index) -> Tensor");
   // Gradients of apply_maps: (grad_x, grad_maps); a gradient not asked for is
   // empty (shape (0,)).

@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-MAX_GRID_AXES = 8  # kMaxGridDims of csrc/common/grid_index.h: the kernels' per-axis arrays
+MAX_GRID_AXES = 8  # kMaxGridDims of csrc/core/grid_index.h: the kernels' per-axis arrays
 
 
 INT64_MAX = 2**63 - 1  # the operators take the grid as int64
@@ -220,7 +220,7 @@ def window_key_range(
     """First and last key kept along an axis of ``n`` cells (an int, or an int64
     tensor like ``coord``: one axis length per query) by queries at ``coord`` (any
     int64 shape) under a window of ``left`` cells before its centre and ``right``
-    after (AxisLimit in csrc/common/grid_index.h, the kernels' rule): the centre
+    after (AxisLimit in csrc/core/grid_index.h, the kernels' rule): the centre
     is the query's stride leader (groups of ``stride`` queries share the window
     of the group's middle cell, ``g s + s // 2``, capped at n - 1); the window is
     clipped at the borders (``"clip"``), or moved to stay inside ``[0, n)``

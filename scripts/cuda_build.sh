@@ -11,6 +11,7 @@
 #   CUDA_HOME           the toolkit (default: the /usr/local/cuda-* holding lib64/libcudart.so)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 repo=$(pwd)
 PY=${PYTHON:-python3}
 CUDA_TORCH_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
@@ -30,9 +31,7 @@ export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 
 vpy="$venv/bin/python"
 if ! [ -x "$vpy" ] || ! "$vpy" -c "import torch, sys; sys.exit(not torch.__version__.startswith('$CUDA_TORCH_VERSION'))"; then
-  rm -rf "$venv"
-  "$PY" -m venv "$venv"
-  "$vpy" -m pip install -q "torch==${CUDA_TORCH_VERSION}" 2>&1 | sed "/WARNING: Location/d"
+  new_venv "$venv" "$CUDA_TORCH_VERSION"
   "$vpy" -m pip install -q -r requirements.txt -r requirements-dev.txt 2>&1 | sed "/WARNING: Location/d"
 fi
 # timm (for the Swin integration tests) needs a torchvision built for this torch
@@ -75,11 +74,12 @@ assert "libcudart" in libs or "libtorch_cuda" in libs, "the extension did not lo
 print("cuda_build: posattn from", where, "registers CPU, CUDA and Meta kernels of every op")
 PY
 "$vpy" -m pytest -q -p no:cacheprovider \
-  "$repo/tests/test_relpos_attention.py" "$repo/tests/test_relpos_registration.py" \
-  "$repo/tests/test_relpos_bad_input.py" "$repo/tests/test_relpos_dtype_contract.py" "$repo/tests/test_apply_maps.py" \
-  "$repo/tests/test_relpos_cuda.py" "$repo/tests/test_apply_maps_cuda.py" "$repo/tests/test_natten_window.py"
+  "$repo/tests/ops/relpos/test_relpos_attention.py" "$repo/tests/ops/relpos/test_relpos_registration.py" \
+  "$repo/tests/ops/relpos/test_relpos_bad_input.py" "$repo/tests/ops/relpos/test_relpos_dtype_contract.py" "$repo/tests/ops/apply_maps/test_apply_maps.py" \
+  "$repo/tests/ops/relpos/test_relpos_cuda.py" "$repo/tests/ops/apply_maps/test_apply_maps_cuda.py" "$repo/tests/ops/relpos/test_natten_window.py" \
+  "$repo/tests/ops/relpos/test_relpos_plan.py"
 # timm's Swin against posattn.integrations.patch_swin: timm imports here (not on the CPU torch),
 # so a skip would hide a failure
-POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/test_integrations_swin.py"
-POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/test_readme.py" -k timm
+POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/integrations/test_integrations_swin.py"
+POSATTN_REQUIRE_TIMM=1 "$vpy" -m pytest -q -p no:cacheprovider "$repo/tests/tools/test_readme.py" -k timm
 echo "cuda_build: the CUDA build imports, registers its kernels and passes the operator and Swin tests on the CPU"

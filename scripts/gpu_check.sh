@@ -90,9 +90,10 @@ print("CUDA kernels registered")'
       xdist=()
       "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
       run test "${GPU_CHECK_TEST_SECONDS:-240}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs "${xdist[@]}" \
-        tests/test_relpos_cuda.py tests/test_relpos_tiled_cuda.py tests/test_apply_maps_cuda.py \
-        tests/test_apply_maps.py tests/test_natten_window.py tests/test_nn_classifier.py \
-        tests/test_nn_encoders.py tests/test_integrations_t5.py tests/test_integrations_swin.py
+        tests/ops/relpos/test_relpos_cuda.py tests/ops/relpos/test_relpos_tiled_cuda.py tests/ops/apply_maps/test_apply_maps_cuda.py \
+        tests/ops/apply_maps/test_apply_maps.py tests/ops/relpos/test_natten_window.py tests/nn/test_nn_classifier.py \
+        tests/nn/test_nn_encoders.py tests/integrations/test_integrations_t5.py tests/integrations/test_integrations_swin.py \
+        tests/ops/relpos/test_relpos_plan.py
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do

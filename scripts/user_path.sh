@@ -5,15 +5,14 @@
 # under `python -O`. Exits non-zero on any failure. Run by .ci/run after the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 repo=$(pwd)
 PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 venv="$repo/build/user-venv"
 
-rm -rf "$venv"
-"$PY" -m venv "$venv"
+new_venv "$venv" "$TORCH_VERSION"
 vpy="$venv/bin/python"
-"$vpy" -m pip install -q "torch==${TORCH_VERSION}"
 # the build tools (pinned); posattn builds against the venv's torch, hence no build isolation
 "$vpy" -m pip install -q $(grep -E '^(setuptools|wheel|ninja)==' requirements-dev.txt)
 # `pip install .` resolves posattn's own dependency ranges; the constraints hold them to the tested pins

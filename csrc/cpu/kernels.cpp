@@ -1,5 +1,7 @@
 #include "kernels.h"
 
+#include <string>
+
 namespace posattn {
 namespace cpu {
 
@@ -18,6 +20,24 @@ const Kernels& kernels() {
 
 std::string kernels_capability_name() {
   return capability_name(kernels().capability);
+}
+
+relpos::CpuPlan plan_relpos(const rk::Problem& p, relpos::KernelRequest request) {
+  using relpos::KernelRequest;
+  const Kernels& k = kernels();
+  relpos::CpuPlan plan;
+  plan.isa = capability_name(k.capability);
+  const char* refusal = k.window_refusal(p, request == KernelRequest::kAuto);
+  plan.window = refusal == nullptr && request != KernelRequest::kTiled;
+  if (request == KernelRequest::kTiled)
+    plan.reason = "POSATTN_CPU_KERNEL=tiled";
+  else if (refusal != nullptr)
+    plan.reason = std::string("the windowed kernels decline it: ") + refusal;
+  else
+    plan.reason = request == KernelRequest::kWindow
+                      ? "POSATTN_CPU_KERNEL=window"
+                      : "a small box of keys per query: the windowed kernels are faster";
+  return plan;
 }
 
 }  // namespace cpu

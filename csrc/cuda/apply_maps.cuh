@@ -1,6 +1,6 @@
 // CUDA kernels of apply_maps (float32/float64/float16/bfloat16, accumulation in
 // float or double) and their launchers, torch-free (cuda_common.cuh): the
-// extension's glue (csrc/algebraic/apply_maps_cuda.cu) and the simulator harness
+// extension's glue (csrc/apply_maps/apply_maps_cuda.cu) and the simulator harness
 // (tests/cuda_sim/harness.cu) call the launchers at the end.
 //
 // One thread block per (head, token) when the index is shared by the batch (each
@@ -20,11 +20,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../algebraic/apply_maps_layout.h"
+#include "../core/apply_maps_layout.h"
 #include "cuda_common.cuh"
 
 namespace posattn {
-namespace algebraic {
+namespace apply_maps {
 
 using cuda::acc_t;
 using cuda::from_acc;
@@ -161,5 +161,5 @@ cudaError_t launch_grad_maps(const MapsShape& s, const T* gy, const T* x, const 
                       rows_per_block(s));
 }
 
-}  // namespace algebraic
+}  // namespace apply_maps
 }  // namespace posattn

@@ -4,7 +4,7 @@
 //
 // The files of csrc/cuda/ need only the CUDA toolkit and the project's own
 // headers (no ATen, no c10): the extension's glue (csrc/relpos/*_cuda.cu,
-// csrc/algebraic/apply_maps_cuda.cu) and the simulator harness
+// csrc/apply_maps/apply_maps_cuda.cu) and the simulator harness
 // (tests/cuda_sim/harness.cu) compile the very same kernels and launchers.
 // Element types are the CUDA ones: float, double, __half, __nv_bfloat16.
 #pragma once
@@ -16,21 +16,12 @@
 #include <cassert>
 #include <cstddef>
 
+#include "../core/acc_type.h"
+
 namespace posattn {
 namespace cuda {
 
-// The accumulation type of an element type: float for float / __half /
-// __nv_bfloat16, double for double (as at::acc_type<T, true>).
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccOf<T>::type;
+using posattn::acc_t;  // core/acc_type.h
 
 // Element -> accumulation type and back. Explicit for the 16-bit types: the
 // extension is built with __CUDA_NO_HALF_CONVERSIONS__ (as torch's nvcc flags

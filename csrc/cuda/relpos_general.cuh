@@ -31,14 +31,16 @@
 #include <cstdint>
 #include <limits>
 
-#include "../common/grid_index.h"
-#include "../relpos/relpos_params.h"
-#include "../relpos/relpos_tiling.h"
+#include "../core/grid_index.h"
+#include "../core/relpos_params.h"
+#include "../core/relpos_tensors.h"
+#include "../core/relpos_tiling.h"
 #include "cuda_common.cuh"
 #include "relpos_head.cuh"
 
 namespace posattn {
-namespace general {
+namespace relpos {
+namespace cuda_general {
 
 using cuda::acc_t;
 using cuda::from_acc;
@@ -164,11 +166,7 @@ __device__ inline int64_t box_token(const RelposParams& p, const TokenBox& b, in
 }
 
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_forward_kernel(RelposParams p, const T* __restrict__ q, const T* __restrict__ k,
-                          const T* __restrict__ v, const T* __restrict__ qpos, const T* __restrict__ rel,
-                          const double* __restrict__ sigma, const T* __restrict__ bias, T* __restrict__ out,
-                          Acc* __restrict__ lse) {
+__global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: keys of a chunk
   Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
@@ -176,24 +174,24 @@ __global__ void __launch_bounds__(kThreads)
   Acc* out_s = qpos_s + p.D;                              // Dv
   Acc* red = out_s + p.Dv;                                // blockDim
   Acc* w_s = red + blockDim.x;                            // blockDim: weights of a chunk of keys
-  const int64_t t = blockIdx.x;
-  const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
+  const int64_t blk = blockIdx.x;
+  const int64_t i = blk % p.N, bh = blk / p.N, h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = to_acc<Acc>(q[(bh * p.N + i) * p.D + c]);
-    if (p.has_pos) qpos_s[c] = to_acc<Acc>(qpos[(bh * p.N + i) * p.D + c]);
+    q_s[c] = to_acc<Acc>(t.q[(bh * p.N + i) * p.D + c]);
+    if (p.has_pos) qpos_s[c] = to_acc<Acc>(t.qpos[(bh * p.N + i) * p.D + c]);
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
   Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, t.sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
   const TokenBox kb = make_token_box(p, lo, hi);  // the keys the query may keep
   __syncthreads();
-  const T* kh = k + bh * p.N * p.D;
-  const T* vh = v + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  const T* kh = t.k + bh * p.N * p.D;
+  const T* vh = t.v + bh * p.N * p.Dv;
+  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
   const Acc scale = static_cast<Acc>(p.scale);
   // The logit of key j, or -inf if the pair is masked (weight 0, as on the CPU).
@@ -251,8 +249,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    out[(bh * p.N + i) * p.Dv + c] = from_acc<T>(out_s[c]);
-  if (threadIdx.x == 0) lse[bh * p.N + i] = lse_i;
+    t.out[(bh * p.N + i) * p.Dv + c] = from_acc<T>(out_s[c]);
+  if (threadIdx.x == 0) t.lse[bh * p.N + i] = lse_i;
 }
 
 // What the three backward kernels share: the saved statistics of query i and
@@ -289,12 +287,7 @@ __device__ PairGrad<T, Acc> pair_grad(const RelposParams& p, const Head<Acc>& hd
 
 // dq and d q_pos: a block per (batch, head, query), keys in chunks of blockDim.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_backward_dq_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
-                              const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                              const T* __restrict__ qpos, const T* __restrict__ rel,
-                              const double* __restrict__ sigma, const T* __restrict__ bias,
-                              const Acc* __restrict__ lse, T* __restrict__ dq, T* __restrict__ dqpos) {
+__global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposParams p, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* row_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: offset rows of a chunk
   int64_t* tok_s = row_s + blockDim.x;                    // blockDim: its keys
@@ -304,28 +297,28 @@ __global__ void __launch_bounds__(kThreads)
   Acc* dq_s = go_s + p.Dv;                                // D
   Acc* dqpos_s = dq_s + p.D;                              // D
   Acc* w_s = dqpos_s + p.D;                               // blockDim: dA * scale of a chunk
-  const int64_t t = blockIdx.x;
-  const int64_t i = t % p.N, bh = t / p.N, h = bh % p.H;
+  const int64_t blk = blockIdx.x;
+  const int64_t i = blk % p.N, bh = blk / p.N, h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = to_acc<Acc>(q[(bh * p.N + i) * p.D + c]);
-    qpos_s[c] = p.has_pos ? to_acc<Acc>(qpos[(bh * p.N + i) * p.D + c]) : Acc(0);
+    q_s[c] = to_acc<Acc>(t.q[(bh * p.N + i) * p.D + c]);
+    qpos_s[c] = p.has_pos ? to_acc<Acc>(t.qpos[(bh * p.N + i) * p.D + c]) : Acc(0);
     dq_s[c] = 0;
     dqpos_s[c] = 0;
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    go_s[c] = to_acc<Acc>(gout[(bh * p.N + i) * p.Dv + c]);
+    go_s[c] = to_acc<Acc>(t.gout[(bh * p.N + i) * p.Dv + c]);
   Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, t.sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
   unravel_index(i, p.g.n, p.g.ndim, ci);
   query_limits<Acc>(p, hd, ci, lo, hi);
   const TokenBox kb = make_token_box(p, lo, hi);
   __syncthreads();
-  const Acc lse_i = lse[bh * p.N + i], rowd_i = rowd[bh * p.N + i];
-  const T* kh = k + bh * p.N * p.D;
-  const T* vh = v + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  const Acc lse_i = t.lse[bh * p.N + i], rowd_i = t.rowd[bh * p.N + i];
+  const T* kh = t.k + bh * p.N * p.D;
+  const T* vh = t.v + bh * p.N * p.Dv;
+  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
   if (lse_i != -static_cast<Acc>(INFINITY)) {
     for (int64_t e0 = 0; e0 < kb.count; e0 += blockDim.x) {
@@ -354,8 +347,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    dq[(bh * p.N + i) * p.D + c] = from_acc<T>(dq_s[c]);
-    if (p.has_pos) dqpos[(bh * p.N + i) * p.D + c] = from_acc<T>(dqpos_s[c]);
+    t.dq[(bh * p.N + i) * p.D + c] = from_acc<T>(dq_s[c]);
+    if (p.has_pos) t.dqpos[(bh * p.N + i) * p.D + c] = from_acc<T>(dqpos_s[c]);
   }
 }
 
@@ -363,12 +356,7 @@ __global__ void __launch_bounds__(kThreads)
 // (within the head's reach of it, and not before it with causal attention) in
 // chunks of blockDim.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    relpos_backward_dkv_kernel(RelposParams p, const T* __restrict__ gout, const Acc* __restrict__ rowd,
-                               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                               const T* __restrict__ qpos, const T* __restrict__ rel,
-                               const double* __restrict__ sigma, const T* __restrict__ bias,
-                               const Acc* __restrict__ lse, T* __restrict__ dk, T* __restrict__ dv) {
+__global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposParams p, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: queries of a chunk
   Acc* k_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
@@ -377,18 +365,18 @@ __global__ void __launch_bounds__(kThreads)
   Acc* dv_s = dk_s + p.D;                                 // Dv
   Acc* wp_s = dv_s + p.Dv;                                // blockDim: probabilities of a chunk (for dv)
   Acc* wa_s = wp_s + blockDim.x;                          // blockDim: dA * scale of a chunk (for dk)
-  const int64_t t = blockIdx.x;
-  const int64_t j = t % p.N, bh = t / p.N, h = bh % p.H;
+  const int64_t blk = blockIdx.x;
+  const int64_t j = blk % p.N, bh = blk / p.N, h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    k_s[c] = to_acc<Acc>(k[(bh * p.N + j) * p.D + c]);
+    k_s[c] = to_acc<Acc>(t.k[(bh * p.N + j) * p.D + c]);
     dk_s[c] = 0;
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-    v_s[c] = to_acc<Acc>(v[(bh * p.N + j) * p.Dv + c]);
+    v_s[c] = to_acc<Acc>(t.v[(bh * p.N + j) * p.Dv + c]);
     dv_s[c] = 0;
   }
   Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
+  load_span_head<Acc>(p, h, t.sigma, hd);
   int64_t cj[kMaxGridDims], qlo[kMaxGridDims], qhi[kMaxGridDims];
   unravel_index(j, p.g.n, p.g.ndim, cj);
   {  // the queries that may keep key j, exactly per axis (tiling::query_region)
@@ -405,11 +393,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   const TokenBox qb = make_token_box(p, qlo, qhi);
   __syncthreads();
-  const T* qh = q + bh * p.N * p.D;
-  const T* qposh = p.has_pos ? qpos + bh * p.N * p.D : nullptr;
-  const T* goh = gout + bh * p.N * p.Dv;
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  const T* qh = t.q + bh * p.N * p.D;
+  const T* qposh = p.has_pos ? t.qpos + bh * p.N * p.D : nullptr;
+  const T* goh = t.gout + bh * p.N * p.Dv;
+  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
   for (int64_t e0 = 0; e0 < qb.count; e0 += blockDim.x) {
     const int64_t e = e0 + threadIdx.x;
@@ -417,14 +405,14 @@ __global__ void __launch_bounds__(kThreads)
     int64_t i = 0;
     if (e < qb.count) i = box_token(p, qb, e);
     if (e < qb.count && !(p.causal && i < j)) {
-      const Acc lse_i = lse[bh * p.N + i];
+      const Acc lse_i = t.lse[bh * p.N + i];
       if (lse_i != -static_cast<Acc>(INFINITY)) {
         int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
         unravel_index(i, p.g.n, p.g.ndim, ci);
         query_limits<Acc>(p, hd, ci, lo, hi);
         const PairGrad<T, Acc> g =
             pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, qh + i * p.D, p.has_pos ? qposh + i * p.D : nullptr,
-                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, rowd[bh * p.N + i]);
+                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, t.rowd[bh * p.N + i]);
         if (g.kept) {
           wp = g.prob;
           wa = g.dA * scale;
@@ -440,9 +428,10 @@ __global__ void __launch_bounds__(kThreads)
     accumulate_rows<T, Acc>(dk_s, wa_s, tok_s, qh, p.D, count);
     __syncthreads();
   }
-  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) dk[(bh * p.N + j) * p.D + c] = from_acc<T>(dk_s[c]);
+  for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
+    t.dk[(bh * p.N + j) * p.D + c] = from_acc<T>(dk_s[c]);
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
+    t.dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
 }
 
 // d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
@@ -452,13 +441,7 @@ __global__ void __launch_bounds__(kThreads)
 // dsig_part (H, per_head, G_in), reduced afterwards.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    relpos_backward_offset_kernel(RelposParams p, int64_t per_head, const T* __restrict__ gout,
-                                  const Acc* __restrict__ rowd, const T* __restrict__ q,
-                                  const T* __restrict__ k, const T* __restrict__ v,
-                                  const T* __restrict__ qpos, const T* __restrict__ rel,
-                                  const double* __restrict__ sigma, const T* __restrict__ bias,
-                                  const Acc* __restrict__ lse, T* __restrict__ drel, T* __restrict__ dbias,
-                                  double* __restrict__ dsig_part) {
+    relpos_backward_offset_kernel(RelposParams p, int64_t per_head, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int64_t* qrow_s = reinterpret_cast<int64_t*>(smem_raw);     // blockDim: flat (b, h, i) of a chunk's queries
   Acc* drel_s = reinterpret_cast<Acc*>(qrow_s + blockDim.x);  // D
@@ -466,9 +449,9 @@ __global__ void __launch_bounds__(kThreads)
   Acc* red = w_s + blockDim.x;                                // blockDim
   const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
   Head<Acc> hd;
-  load_span_head<Acc>(p, h, sigma, hd);
-  const T* relh = p.has_pos ? rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? bias + h * p.U : nullptr;
+  load_span_head<Acc>(p, h, t.sigma, hd);
+  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
   double dsig[kMaxGridDims] = {};  // this block's d sigma per kept axis (thread 0)
   for (int64_t u = blk; u < p.U; u += per_head) {
@@ -490,8 +473,8 @@ __global__ void __launch_bounds__(kThreads)
     if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
     if (!reachable) {  // no kept pair: zero gradients (uniform across the block: no barrier skipped)
       for (int64_t c = threadIdx.x; c < (p.has_pos ? p.D : 0); c += blockDim.x)
-        drel[(h * p.U + u) * p.D + c] = from_acc<T>(Acc(0));
-      if (p.has_bias && threadIdx.x == 0) dbias[h * p.U + u] = from_acc<T>(Acc(0));
+        t.drel[(h * p.U + u) * p.D + c] = from_acc<T>(Acc(0));
+      if (p.has_bias && threadIdx.x == 0) t.dbias[h * p.U + u] = from_acc<T>(Acc(0));
       continue;
     }
     __syncthreads();  // the previous offset is done with drel_s, w_s, qrow_s and red
@@ -512,14 +495,15 @@ __global__ void __launch_bounds__(kThreads)
         }
         const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
         const int64_t bh = b * p.H + h;
-        const Acc lse_i = lse[bh * p.N + i];
+        const Acc lse_i = t.lse[bh * p.N + i];
         if (lse_i != -static_cast<Acc>(INFINITY)) {
           int64_t lo[kMaxGridDims], hi[kMaxGridDims];
           query_limits<Acc>(p, hd, ci, lo, hi);
-          const PairGrad<T, Acc> g = pair_grad<T, Acc>(
-              p, hd, ci, cj, lo, hi, q + (bh * p.N + i) * p.D,
-              p.has_pos ? qpos + (bh * p.N + i) * p.D : nullptr, gout + (bh * p.N + i) * p.Dv,
-              k + (bh * p.N + j) * p.D, v + (bh * p.N + j) * p.Dv, relh, biash, lse_i, rowd[bh * p.N + i]);
+          const PairGrad<T, Acc> g =
+              pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, t.q + (bh * p.N + i) * p.D,
+                                p.has_pos ? t.qpos + (bh * p.N + i) * p.D : nullptr,
+                                t.gout + (bh * p.N + i) * p.Dv, t.k + (bh * p.N + j) * p.D,
+                                t.v + (bh * p.N + j) * p.Dv, relh, biash, lse_i, t.rowd[bh * p.N + i]);
           if (g.kept) {
             w = g.dA * scale;
             qrow = bh * p.N + i;
@@ -532,16 +516,16 @@ __global__ void __launch_bounds__(kThreads)
       qrow_s[threadIdx.x] = qrow;
       __syncthreads();
       if (p.has_pos)
-        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, qpos, p.D,
+        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, t.qpos, p.D,
                                 min(items - e0, static_cast<int64_t>(blockDim.x)));
       __syncthreads();
     }
     if (p.has_pos)
       for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
-        drel[(h * p.U + u) * p.D + c] = from_acc<T>(drel_s[c]);
+        t.drel[(h * p.U + u) * p.D + c] = from_acc<T>(drel_s[c]);
     if (p.has_bias) {
       const Acc total = block_reduce<Acc>(sum_dA, red, false);
-      if (threadIdx.x == 0) dbias[h * p.U + u] = from_acc<T>(total);
+      if (threadIdx.x == 0) t.dbias[h * p.U + u] = from_acc<T>(total);
     }
     if (p.has_sigma) {
       // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
@@ -550,31 +534,16 @@ __global__ void __launch_bounds__(kThreads)
         for (int d = 0; d < p.g.ndim; ++d) {
           if (p.g.n[d] <= 1) continue;
           const double x = normalised_offset(delta[d], p.g.n[d]);
-          const double is = 1.0 / sigma[h * p.G_in + p.g.axis[d]];
+          const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[d]];
           dsig[d] += -total * x * x * is * is * is;
         }
     }
   }
   if (p.has_sigma && threadIdx.x == 0)
-    for (int d = 0; d < p.g.ndim; ++d) dsig_part[(h * per_head + blk) * p.G_in + p.g.axis[d]] = dsig[d];
+    for (int d = 0; d < p.g.ndim; ++d) t.dsig_part[(h * per_head + blk) * p.G_in + p.g.axis[d]] = dsig[d];
 }
 
 // ---- launchers ---------------------------------------------------------------
-
-// The tensors of a call (contiguous, on the device; optional ones null when not
-// given). T is the element type (float, double, __half, __nv_bfloat16); the
-// statistics are in acc_t<T>; sigma is always float64.
-template <typename T>
-struct Tensors {
-  const T *q = nullptr, *k = nullptr, *v = nullptr, *qpos = nullptr, *rel = nullptr, *bias = nullptr;
-  const double* sigma = nullptr;
-  T* out = nullptr;                // (B, H, N, Dv), written by the forward
-  acc_t<T>* lse = nullptr;         // (B, H, N), written by the forward, read by the backward
-  const T* gout = nullptr;         // (B, H, N, Dv), backward
-  const acc_t<T>* rowd = nullptr;  // (B, H, N): dO . out - d lse, backward
-  T *dq = nullptr, *dk = nullptr, *dv = nullptr, *dqpos = nullptr, *drel = nullptr, *dbias = nullptr;
-  double* dsig_part = nullptr;  // (H, offset_blocks_per_head(p), G_in), zeroed
-};
 
 // Blocks per head of the offset kernel: every offset once, at most kOffsetBlocks.
 inline int64_t offset_blocks_per_head(const RelposParams& p) {
@@ -609,36 +578,33 @@ size_t backward_offset_smem(const RelposParams& p) {
 
 // out and lse. The caller has checked token_blocks(p) <= INT_MAX and the shared memory.
 template <typename T>
-cudaError_t launch_forward(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   return cuda::launch(relpos_forward_kernel<T, acc_t<T>>, token_blocks(p), kThreads, forward_smem<T>(p),
-                      stream, p, t.q, t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, t.out, t.lse);
+                      stream, p, t);
 }
 
 // dq and d q_pos (query-major).
 template <typename T>
-cudaError_t launch_backward_dq(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_backward_dq(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   return cuda::launch(relpos_backward_dq_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
-                      backward_dq_smem<T>(p), stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel,
-                      t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.dq, t.dqpos);
+                      backward_dq_smem<T>(p), stream, p, t);
 }
 
 // dk and dv (key-major).
 template <typename T>
-cudaError_t launch_backward_dkv(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_backward_dkv(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   return cuda::launch(relpos_backward_dkv_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
-                      backward_dkv_smem<T>(p), stream, p, t.gout, t.rowd, t.q, t.k, t.v, t.qpos, t.rel,
-                      t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.dk, t.dv);
+                      backward_dkv_smem<T>(p), stream, p, t);
 }
 
 // d rel, d bias and the d sigma partials (nothing to do without q_pos, bias and sigma).
 template <typename T>
-cudaError_t launch_backward_offset(const RelposParams& p, const Tensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_backward_offset(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   if (!(p.has_pos || p.has_bias || p.has_sigma)) return cudaSuccess;
   return cuda::launch(relpos_backward_offset_kernel<T, acc_t<T>>, offset_blocks(p), kThreads,
-                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t.gout, t.rowd, t.q,
-                      t.k, t.v, t.qpos, t.rel, t.sigma, t.bias, static_cast<const acc_t<T>*>(t.lse), t.drel,
-                      t.dbias, t.dsig_part);
+                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t);
 }
 
-}  // namespace general
+}  // namespace cuda_general
+}  // namespace relpos
 }  // namespace posattn

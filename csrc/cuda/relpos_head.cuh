@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "../common/grid_index.h"
-#include "../relpos/relpos_params.h"
+#include "../core/grid_index.h"
+#include "../core/relpos_params.h"
 #include "cuda_common.cuh"
 
 namespace posattn {

@@ -17,7 +17,8 @@
 #include "relpos_tiled_common.cuh"
 
 namespace posattn {
-namespace tiled {
+namespace relpos {
+namespace cuda_tiled {
 
 // Shared memory of both kernels: five input tiles (row stride LD), two 64 x 64
 // tiles (P and dA, or dA and the scattered dA box; stride LP) that also hold a
@@ -73,16 +74,6 @@ __device__ BwdSmem<CT> carve(unsigned char* smem, int G) {
   m.kc = m.khi + 64 * G;
   return m;
 }
-
-// The tensors of a backward call (flash-attention's params style: one struct for
-// both kernels; each writes two of the four gradients).
-template <typename CT>
-struct BwdTensors {
-  const CT* __restrict__ gout, * __restrict__ q, * __restrict__ k, * __restrict__ v, * __restrict__ qpos, * __restrict__ rel, * __restrict__ bias;
-  const float* __restrict__ rowd, * __restrict__ lse;  // D_i = dO_i . out_i - d lse_i; the forward's lse
-  const double* __restrict__ sigma;
-  CT* __restrict__ dq, * __restrict__ dk, * __restrict__ dv, * __restrict__ dqpos;
-};
 
 // Query slot r of a backward kernel: fill_query_slot, plus the row's lse, rowd
 // and the offset of its rows in q, q_pos and grad_out (-1 for an empty slot).
@@ -183,17 +174,31 @@ __device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<C
   __syncwarp();  // S is free for the next accumulator
 }
 
+// Where a backward block works (blockIdx.x = (batch, head) row bh times the tiles per
+// head, plus its tile) and its thread's place: warp, query slot r (two threads per
+// slot) and which half of the slot's columns.
+struct BlockCoords {
+  int64_t tile_index, bh, h;
+  int warp, r, half;
+  __device__ explicit BlockCoords(const TiledArgs& a)
+      : tile_index(blockIdx.x % a.tiles),
+        bh(blockIdx.x / a.tiles),
+        h(bh % a.p.H),
+        warp(threadIdx.x / 32),
+        r(threadIdx.x >> 1),
+        half(threadIdx.x & 1) {}
+};
+
 // dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
 // of the tile's shape over the queries that may keep its keys (tiling::query_region).
 template <typename CT, int D>
-__device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m,
+__device__ void dkv_block(const TiledArgs& a, const RelposTensors<CT>& t, const BwdSmem<CT>& m,
                           const TileHead& hd) {
-  using L = BwdLayout<CT, D>;
-  constexpr int LD = L::LD, LP = L::LP;
+  constexpr int LD = BwdLayout<CT, D>::LD, LP = BwdLayout<CT, D>::LP;
   const RelposParams& p = a.p;
-  const int G = p.g.ndim;
-  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
-  const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  const BlockCoords bc(a);
+  const int64_t tile_index = bc.tile_index, bh = bc.bh, h = bc.h;
+  const int warp = bc.warp, r = bc.r, half = bc.half;
   WarpAcc<CT, D / 16> dKacc, dVacc;  // warp w: key slots 16 w ... 16 w + 15
   dKacc.zero();
   dVacc.zero();
@@ -206,7 +211,7 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
   __syncthreads();
   load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
   load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
-  const int64_t first_key = ravel_index(kb.lo, p.g.n, G);
+  const int64_t first_key = ravel_index(kb.lo, p.g.n, p.g.ndim);
   // The queries that may keep these keys (exactly, per axis: for shifted windows the
   // head's reach would be twice too wide), cut into boxes of the tile's shape.
   const BoxChunks chunks =
@@ -243,14 +248,13 @@ __device__ void dkv_block(const TiledArgs& a, const BwdTensors<CT>& t, const Bwd
 
 // dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
 template <typename CT, int D>
-__device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdSmem<CT>& m,
+__device__ void dq_block(const TiledArgs& a, const RelposTensors<CT>& t, const BwdSmem<CT>& m,
                          const TileHead& hd) {
-  using L = BwdLayout<CT, D>;
-  constexpr int LD = L::LD, LP = L::LP;
+  constexpr int LD = BwdLayout<CT, D>::LD, LP = BwdLayout<CT, D>::LP;
   const RelposParams& p = a.p;
-  const int G = p.g.ndim;
-  const int64_t tile_index = blockIdx.x % a.tiles, bh = blockIdx.x / a.tiles, h = bh % p.H;
-  const int warp = threadIdx.x / 32, r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  const BlockCoords bc(a);
+  const int64_t tile_index = bc.tile_index, bh = bc.bh, h = bc.h;
+  const int warp = bc.warp, r = bc.r, half = bc.half;
   WarpAcc<CT, D / 16> dQacc, dQpacc;  // warp w: query slots 16 w ... 16 w + 15
   dQacc.zero();
   dQpacc.zero();
@@ -267,7 +271,7 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
       make_box_chunks(a, tiling::key_region(p.g, qb, p.has_box ? hd.lim : nullptr, p.causal));
   for (int64_t chunk = 0; chunk < chunks.n; ++chunk) {
     const tiling::Box kb = region_chunk(a, chunks, chunk);
-    if (p.causal && ravel_index(kb.lo, p.g.n, G) > last_query) continue;  // uniform
+    if (p.causal && ravel_index(kb.lo, p.g.n, p.g.ndim) > last_query) continue;  // uniform
     const OffsetBox ob = make_offset_box(p, hd, qb, kb);
     if (ob.R == 0) continue;
     __syncthreads();  // the previous key box is done with the slots and tiles
@@ -316,7 +320,7 @@ __device__ void dq_block(const TiledArgs& a, const BwdTensors<CT>& t, const BwdS
 
 // Both backward kernels: the shared memory, the head, then the block's work.
 template <typename CT, int D, bool KEY_MAJOR>
-__global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledArgs a, BwdTensors<CT> t) {
+__global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledArgs a, RelposTensors<CT> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
 #else
@@ -331,17 +335,11 @@ __global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledAr
 #endif
 }
 
-template <typename CT, int D>
-cudaError_t backward_attributes(bool key_major, cudaFuncAttributes* attr) {
-  return key_major ? cudaFuncGetAttributes(attr, relpos_tiled_backward_kernel<CT, D, true>)
-                   : cudaFuncGetAttributes(attr, relpos_tiled_backward_kernel<CT, D, false>);
-}
-
 // d k, d v (key-major kernel) and d q, d q_pos (query-major kernel). The caller has
 // checked that the kernels apply (BwdLayout<CT, D>::bytes(G) within the device's
 // opt-in limit, sm_80+) and that a.blocks fits a launch.
 template <typename CT, int D>
-cudaError_t launch_backward(const TiledArgs& a, const BwdTensors<CT>& t, cudaStream_t stream) {
+cudaError_t launch_backward(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream) {
   const size_t smem = BwdLayout<CT, D>::bytes(a.p.g.ndim);
   cudaError_t err =
       cuda::launch(relpos_tiled_backward_kernel<CT, D, true>, a.blocks, kThreads, smem, stream, a, t);
@@ -349,5 +347,6 @@ cudaError_t launch_backward(const TiledArgs& a, const BwdTensors<CT>& t, cudaStr
   return cuda::launch(relpos_tiled_backward_kernel<CT, D, false>, a.blocks, kThreads, smem, stream, a, t);
 }
 
-}  // namespace tiled
+}  // namespace cuda_tiled
+}  // namespace relpos
 }  // namespace posattn

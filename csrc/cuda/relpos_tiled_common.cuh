@@ -13,14 +13,16 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../common/grid_index.h"
-#include "../relpos/relpos_params.h"
-#include "../relpos/relpos_tiling.h"
+#include "../core/grid_index.h"
+#include "../core/relpos_params.h"
+#include "../core/relpos_tensors.h"
+#include "../core/relpos_tiling.h"
 #include "cuda_common.cuh"
 #include "relpos_head.cuh"
 
 namespace posattn {
-namespace tiled {
+namespace relpos {
+namespace cuda_tiled {
 
 constexpr int kBQ = 64;        // query slots of a tile
 constexpr int kBK = 64;        // key slots of a chunk
@@ -360,5 +362,6 @@ __device__ void finish_logits(const RelposParams& p, const TileHead& hd, int64_t
   }
 }
 
-}  // namespace tiled
+}  // namespace cuda_tiled
+}  // namespace relpos
 }  // namespace posattn

@@ -26,14 +26,15 @@
 #include "relpos_tiled_common.cuh"
 
 namespace posattn {
-namespace tiled {
+namespace relpos {
+namespace cuda_tiled {
 
 template <typename CT, int D>
-__global__ void __launch_bounds__(kThreads)
-    relpos_tiled_forward_kernel(TiledArgs a, const CT* __restrict__ q, const CT* __restrict__ k,
-                                const CT* __restrict__ v, const CT* __restrict__ qpos,
-                                const CT* __restrict__ rel, const double* __restrict__ sigma,
-                                const CT* __restrict__ bias, CT* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(kThreads) relpos_tiled_forward_kernel(TiledArgs a, RelposTensors<CT> t) {
+  const CT* __restrict__ q = t.q, * __restrict__ k = t.k, * __restrict__ v = t.v, * __restrict__ qpos = t.qpos, * __restrict__ rel = t.rel, * __restrict__ bias = t.bias;
+  const double* __restrict__ sigma = t.sigma;
+  CT* __restrict__ out = t.out;
+  float* __restrict__ lse = t.lse;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
 #else
@@ -183,15 +184,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// The tensors of a forward call (contiguous, 16-byte aligned; optional ones null).
-template <typename CT>
-struct FwdTensors {
-  const CT *q = nullptr, *k = nullptr, *v = nullptr, *qpos = nullptr, *rel = nullptr, *bias = nullptr;
-  const double* sigma = nullptr;
-  CT* out = nullptr;     // (B, H, N, D)
-  float* lse = nullptr;  // (B, H, N)
-};
-
 template <typename CT, int D>
 cudaError_t forward_attributes(cudaFuncAttributes* attr) {
   return cudaFuncGetAttributes(attr, relpos_tiled_forward_kernel<CT, D>);
@@ -201,11 +193,11 @@ cudaError_t forward_attributes(cudaFuncAttributes* attr) {
 // shared memory: Layout<CT, D>::bytes(G) within the device's opt-in limit) and
 // that a.blocks fits a launch.
 template <typename CT, int D>
-cudaError_t launch_forward(const TiledArgs& a, const FwdTensors<CT>& t, cudaStream_t stream) {
+cudaError_t launch_forward(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream) {
   return cuda::launch(relpos_tiled_forward_kernel<CT, D>, a.blocks, kThreads,
-                      Layout<CT, D>::bytes(a.p.g.ndim), stream, a, t.q, t.k, t.v, t.qpos, t.rel, t.sigma,
-                      t.bias, t.out, t.lse);
+                      Layout<CT, D>::bytes(a.p.g.ndim), stream, a, t);
 }
 
-}  // namespace tiled
+}  // namespace cuda_tiled
+}  // namespace relpos
 }  // namespace posattn

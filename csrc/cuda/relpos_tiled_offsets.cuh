@@ -33,7 +33,8 @@
 #include "relpos_tiled_backward.cuh"
 
 namespace posattn {
-namespace tiled {
+namespace relpos {
+namespace cuda_tiled {
 
 // The tile-offset grid of a call: per axis the tiles (nt) and the offsets
 // between them (2 nt - 1), and the largest block box (rows of the accumulator,
@@ -108,22 +109,11 @@ __device__ inline OffsetBox block_offset_box(const TiledArgs& a, const TileHead&
   return o;
 }
 
-// The tensors of the offset kernel: the backward's inputs, and its outputs as
-// float32 accumulators (H, U, D) and (H, U), zeroed before the first launch, and
-// the d sigma partials (H, count, G_in) in float64, zeroed (the caller sums them
-// over the tile offsets).
-template <typename CT>
-struct OffsetTensors {
-  BwdTensors<CT> in;
-  float *drel_acc = nullptr, *dbias_acc = nullptr;
-  double* dsig_part = nullptr;
-};
-
 // One block: tile offset number `cls_index` of parity class `parity` (bit d: dT_d
 // odd when counted from -(nt_d - 1); always 0 on an axis not split) of head h.
 template <typename CT, int D>
 __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int parity,
-                              const OffsetTensors<CT>& t, const BwdSmem<CT>& m, float* acc, float* bacc,
+                              const RelposTensors<CT>& t, const BwdSmem<CT>& m, float* acc, float* bacc,
                               const TileHead& hd, int64_t h, int64_t cls_index) {
   using L = BwdLayout<CT, D>;
   constexpr int LD = L::LD, LS = L::LS, LP = L::LP, LA = OffsetLayout<CT, D>::LA;
@@ -196,13 +186,13 @@ __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int pari
       visited = true;
       __syncthreads();  // the previous pair of tiles is done with the slots and tiles
       if (threadIdx.x < kBQ) {
-        fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.in.lse, t.in.rowd, m);
+        fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
         m.qbox[threadIdx.x] = query_box_index(p, fb, m.qc, m.qtok, threadIdx.x);
       }
       __syncthreads();
-      load_rows<CT, D, LD>(m.Q, t.in.q, m.row_off, kBQ);
-      if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.in.qpos, m.row_off, kBQ);
-      load_rows<CT, D, LD>(m.dO, t.in.gout, m.row_off, kBQ);
+      load_rows<CT, D, LD>(m.Q, t.q, m.row_off, kBQ);
+      if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
+      load_rows<CT, D, LD>(m.dO, t.gout, m.row_off, kBQ);
       __syncthreads();  // row_off is rewritten for the keys
       if (threadIdx.x < kBK) {
         const int c = threadIdx.x;
@@ -211,11 +201,11 @@ __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int pari
         m.row_off[c] = m.ktok[c] >= 0 ? bh * p.N + m.ktok[c] : -1;
       }
       __syncthreads();
-      load_rows<CT, D, LD>(m.K, t.in.k, m.row_off, kBK);
-      load_rows<CT, D, LD>(m.V, t.in.v, m.row_off, kBK);
+      load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
+      load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
       __syncthreads();
       float das[32], da[32], dquad[32];
-      pair_gradients<CT, D, true>(p, hd, h, fb, m, t.in.rel, t.in.bias, r, half, warp, das, da, dquad);
+      pair_gradients<CT, D, true>(p, hd, h, fb, m, t.rel, t.bias, r, half, warp, das, da, dquad);
       if (p.has_sigma) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
@@ -285,7 +275,7 @@ __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int pari
       if (threadIdx.x == 0 && p.g.n[d] > 1) {
         double total = 0.0;
         for (int i = 0; i < static_cast<int>(blockDim.x); ++i) total += red[i];
-        const double is = 1.0 / t.in.sigma[h * p.G_in + p.g.axis[d]];
+        const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[d]];
         t.dsig_part[(h * og.count + dT_index) * p.G_in + p.g.axis[d]] = -total * is * is * is;
       }
     }
@@ -295,7 +285,7 @@ __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int pari
 template <typename CT, int D>
 __global__ void __launch_bounds__(kThreads)
     relpos_tiled_offsets_kernel(TiledArgs a, OffsetGrid og, int parity, int64_t per_head,
-                                OffsetTensors<CT> t) {
+                                RelposTensors<CT> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 tensor cores need sm_80; the host never launches this below it
 #else
@@ -306,7 +296,7 @@ __global__ void __launch_bounds__(kThreads)
   float* bacc = acc + og.rows * OffsetLayout<CT, D>::LA;
   const int64_t h = blockIdx.x / per_head;
   TileHead hd;
-  load_span_head<float>(a.p, h, t.in.sigma, hd);
+  load_span_head<float>(a.p, h, t.sigma, hd);
   offsets_block<CT, D>(a, og, parity, t, m, acc, bacc, hd, h, blockIdx.x % per_head);
 #endif
 }
@@ -319,19 +309,13 @@ __global__ void round_to_kernel(const float* __restrict__ src, CT* __restrict__ 
     dst[i] = from_acc<CT>(src[i]);
 }
 
-template <typename CT, int D>
-cudaError_t offsets_attributes(cudaFuncAttributes* attr) {
-  return cudaFuncGetAttributes(attr, relpos_tiled_offsets_kernel<CT, D>);
-}
-
-// d rel (drel, (H, U, D)) and d bias (dbias, (H, U)) in CT, through the float32
+// d rel (t.drel, (H, U, D)) and d bias (t.dbias, (H, U)) in CT, through the float32
 // accumulators t.drel_acc / t.dbias_acc, and the d sigma partials t.dsig_part
 // (H, og.count, G_in), each only where the call has q_pos / bias / sigma. The
 // caller has checked OffsetLayout<CT, D>::bytes(G, og.rows) against the device's
 // opt-in limit and that H * og.count fits a launch.
 template <typename CT, int D>
-cudaError_t launch_backward_offsets(const TiledArgs& a, const OffsetTensors<CT>& t, CT* drel, CT* dbias,
-                                    cudaStream_t stream) {
+cudaError_t launch_backward_offsets(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream) {
   const RelposParams& p = a.p;
   if (!(p.has_pos || p.has_bias || p.has_sigma)) return cudaSuccess;
   const OffsetGrid og = make_offset_grid(a);
@@ -353,12 +337,13 @@ cudaError_t launch_backward_offsets(const TiledArgs& a, const OffsetTensors<CT>&
   if (err == cudaSuccess && p.has_pos)
     err = cuda::launch(round_to_kernel<CT>,
                        (p.H * p.U * D + 255) / 256 < 4096 ? (p.H * p.U * D + 255) / 256 : 4096, 256, 0,
-                       stream, static_cast<const float*>(t.drel_acc), drel, p.H * p.U * D);
+                       stream, static_cast<const float*>(t.drel_acc), t.drel, p.H * p.U * D);
   if (err == cudaSuccess && p.has_bias)
     err = cuda::launch(round_to_kernel<CT>, (p.H * p.U + 255) / 256 < 4096 ? (p.H * p.U + 255) / 256 : 4096,
-                       256, 0, stream, static_cast<const float*>(t.dbias_acc), dbias, p.H * p.U);
+                       256, 0, stream, static_cast<const float*>(t.dbias_acc), t.dbias, p.H * p.U);
   return err;
 }
 
-}  // namespace tiled
+}  // namespace cuda_tiled
+}  // namespace relpos
 }  // namespace posattn

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "../common/grid_index.h"
-#include "../common/shape_str.h"
+#include "../core/grid_index.h"
+#include "../aten/shape_str.h"
 
 namespace posattn {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "relpos_shape.h"
+#include "../core/relpos_shape.h"
 
 namespace posattn {
 

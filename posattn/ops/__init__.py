@@ -10,7 +10,16 @@ list (:class:`RelposArgs`), ``_kernels`` where each operator has a kernel.
 from ._apply_maps import apply_maps
 from ._checks import SPAN_MODES, lse_dtype
 from ._kernels import cpu_capability, has_kernel
-from ._relpos import relpos_attention
+from ._relpos import relpos_attention, relpos_plan
 from ._schema import RelposArgs
 
-__all__ = ["relpos_attention", "apply_maps", "has_kernel", "cpu_capability", "SPAN_MODES", "RelposArgs", "lse_dtype"]
+__all__ = [
+    "relpos_attention",
+    "relpos_plan",
+    "apply_maps",
+    "has_kernel",
+    "cpu_capability",
+    "SPAN_MODES",
+    "RelposArgs",
+    "lse_dtype",
+]

@@ -5,7 +5,7 @@ its fake kernels for ``torch.compile`` and its autograd (the backward is
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 
@@ -134,6 +134,35 @@ def relpos_attention(
         The backward is deterministic on every device (no atomics: every
         gradient element is summed in a fixed order).
     """
+    args, dilation, _ = _prepare(
+        q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border,
+        kernel_size, window_stride, window_causal, window_dilation, additional_keys, additional_values,
+    )  # fmt: skip
+    return_lse = flag_arg("return_lse", return_lse)
+
+    def call(q, k, v, q_pos, rel, bias, sigma, grid):
+        return torch.ops.posattn.relpos_attention(
+            *args._replace(q=q, k=k, v=v, q_pos=q_pos, rel=rel, bias=bias, sigma=sigma, grid=grid)
+        )
+
+    if dilation is not None:
+        out, lse = dilated_call(call, q, k, v, q_pos, rel, bias, sigma, args.grid, dilation)
+    else:
+        out, lse = call(q, k, v, q_pos, rel, bias, sigma, args.grid)
+    if additional_keys is not None:
+        out, lse = merge_attention(out, lse, *attend_extra(q, additional_keys, additional_values, args.scale))
+    return (out, lse) if return_lse else out
+
+
+def _prepare(
+    q, k, v, q_pos=None, rel=None, grid=None, sigma=None, threshold=0.0, span_mode="add", scale=None, causal=False,
+    bias=None, window=None, window_border="clip", kernel_size=None, window_stride=None, window_causal=None,
+    window_dilation=None, additional_keys=None, additional_values=None,
+):  # fmt: skip
+    """relpos_attention's arguments checked and in the operator's terms: its
+    RelposArgs (NATTEN's window vocabulary turned into the schema's window
+    arguments), the dilation per axis (None without one), and whether extra tokens
+    were given."""
     check_q(q)
     grid_list = normalise_grid(grid, q.shape[2])
     spec = window_spec(window, grid_list, kernel_size, window_stride, window_causal, window_dilation)
@@ -146,23 +175,66 @@ def relpos_attention(
         q, k, v, q_pos, rel, grid_list, sigma, real_arg("threshold", threshold), span_mode, scale,
         flag_arg("causal", causal), bias, left, window_border, right, stride, wcausal,
     )  # fmt: skip
-    return_lse = flag_arg("return_lse", return_lse)
     check_relpos_args(args)
     check_extra_tokens(q, v, additional_keys, additional_values)
-
-    def call(q, k, v, q_pos, rel, bias, sigma, grid):
-        return torch.ops.posattn.relpos_attention(
-            *args._replace(q=q, k=k, v=v, q_pos=q_pos, rel=rel, bias=bias, sigma=sigma, grid=grid)
-        )
-
     if dilation is not None and any(d > 1 for d in dilation):
         check_dilation_with_span(dilation, args.threshold)
-        out, lse = dilated_call(call, q, k, v, q_pos, rel, bias, sigma, grid_list, dilation)
     else:
-        out, lse = call(q, k, v, q_pos, rel, bias, sigma, grid_list)
-    if additional_keys is not None:
-        out, lse = merge_attention(out, lse, *attend_extra(q, additional_keys, additional_values, scale))
-    return (out, lse) if return_lse else out
+        dilation = None
+    return args, dilation, additional_keys is not None
+
+
+def relpos_plan(*args, backward: bool = False, **kwargs) -> Dict[str, str]:
+    """Which kernels :func:`relpos_attention` runs for these arguments (the same,
+    positional or by keyword; ``return_lse`` is ignored) on their device, and why,
+    without computing anything: the plan the operator follows
+    (``torch.ops.posattn.relpos_plan``; csrc/core/relpos_plan.h). ``backward``: the
+    plan of the gradients' call instead of the forward's.
+
+    Returns a dict of strings: ``device`` ("cpu" or "cuda"); on the CPU ``isa`` (the
+    instruction set, :func:`cpu_capability`), ``forward`` and ``backward`` ("tiled"
+    or "window"); on CUDA ``forward`` or ``backward`` ("tiled" or "general"), with
+    ``backward`` also ``offsets`` (which kernel computes d rel, d bias and d sigma)
+    and ``offsets_reason``, ``smem`` (bytes of shared memory per block) and
+    ``error`` where the call cannot run; ``reason`` (why that kernel: the other
+    kernel's refusal, or ``POSATTN_CPU_KERNEL`` / ``POSATTN_CUDA_KERNEL``). With
+    ``window_dilation``, ``op_calls`` counts the operator's calls (one per sub-grid
+    shape) and the plan is that of the first; with ``additional_keys``,
+    ``extra_tokens`` says how they are attended. The environment variables are read
+    as the operator reads them, on every call.
+
+    Example::
+
+        >>> ops.relpos_plan(q, k, v, grid=[64, 64], window=3)["forward"]
+        'window'
+    """
+    kwargs.pop("return_lse", None)
+    if len(args) > 11:  # relpos_attention's positional return_lse
+        args = args[:11] + args[12:]
+    a, dilation, extra = _prepare(*args, **kwargs)
+    if not isinstance(backward, bool):
+        raise TypeError(f"relpos_plan: backward must be True or False, got {backward!r}")
+    plans = []
+
+    def call(q, k, v, q_pos, rel, bias, sigma, grid):
+        plans.append(
+            torch.ops.posattn.relpos_plan(
+                *a._replace(q=q, k=k, v=v, q_pos=q_pos, rel=rel, bias=bias, sigma=sigma, grid=grid), backward
+            )
+        )
+        B, H, N, _ = q.shape
+        return q.new_empty(B, H, N, v.shape[-1]), q.new_empty(B, H, N)
+
+    if dilation is not None:
+        dilated_call(call, a.q, a.k, a.v, a.q_pos, a.rel, a.bias, a.sigma, a.grid, dilation)
+    else:
+        call(a.q, a.k, a.v, a.q_pos, a.rel, a.bias, a.sigma, a.grid)
+    plan = dict(line.split(": ", 1) for line in plans[0].splitlines() if line)
+    if dilation is not None:
+        plan["op_calls"] = str(len(plans))
+    if extra:
+        plan["extra_tokens"] = "dense products in PyTorch, merged through the log-sum-exp"
+    return plan
 
 
 # --- torch.compile support -------------------------------------------------

@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "common/cpu_blas.h"
-#include "common/cpu_vec.h"
+#include "cpu/blas.h"
+#include "cpu/vec.h"
 
 using namespace posattn::cpu;
 

@@ -1,4 +1,4 @@
-// The CPU tiled kernel's geometry (relpos_cpu_tile.h) against the index math of
+// The CPU tiled kernel's geometry (cpu/relpos_tile.h) against the index math of
 // grid_index.h: for every query of a tile and every key of a chunk, the
 // offset-box entry base[r] + line_e[l] + t is the offset k - q, and the rel row
 // that for_each_offset_line gives that entry is offset_row(k - q).
@@ -6,10 +6,10 @@
 
 #include <vector>
 
-#include "relpos/relpos_cpu_tile.h"
+#include "cpu/relpos_tile.h"
 
 using namespace posattn;
-using namespace posattn::relpos_cpu;
+using namespace posattn::relpos::cpu_kernels;
 
 namespace {
 
@@ -23,7 +23,7 @@ Problem dense_problem(std::vector<int64_t> grid) {
   for (int64_t n : grid) s.N *= n;
   s.grid = grid;
   s.has_pos = true;
-  return make_problem(s, c10::nullopt, 0.0, 1.0, false);
+  return make_problem(make_relpos_params(s, 0.0, 1.0, false), at::Tensor());
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "common/grid_index.h"
+#include "core/grid_index.h"
 
 using namespace posattn;
 

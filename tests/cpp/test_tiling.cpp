@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "relpos/relpos_tiling.h"
+#include "core/relpos_tiling.h"
 
 using namespace posattn;
 using namespace posattn::tiling;

@@ -24,12 +24,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <type_traits>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cuda/apply_maps.cuh"
 #include "cuda/relpos_general.cuh"
+#include "cuda/relpos_plan.cuh"
 #if defined(HARNESS_TILED_D)
 #include "cuda/relpos_tiled_backward.cuh"
 #include "cuda/relpos_tiled_forward.cuh"
@@ -169,13 +171,26 @@ float host_float(__nv_bfloat16 x) {
 
 // ---- relpos_attention ------------------------------------------------------
 
+namespace rp = posattn::relpos;
+
+// A case's call, and the plans of its forward and backward as the extension makes
+// them (cuda/relpos_plan.cuh) for the device the case names: `smem_optin` (the
+// opt-in shared memory of the GPU the case plans for: the simulator's own limit is
+// not a real device's) and `request` (POSATTN_CUDA_KERNEL: auto, general or tiled).
 struct RelposRun {
   posattn::RelposParams p;
-  bool tiled = false, backward = false;
-  bool tiled_backward = false;  // the tiled backward kernels (else the general dq / dkv kernels)
-  bool tiled_offsets = false;   // d rel, d bias, d sigma from the tiled offset kernel (else the general one)
+  rp::DType dtype;
+  rp::CudaPlan fwd, bwd;
+  bool backward = false;
   int repeats = 1;
 };
+
+rp::DType harness_dtype() {
+  if (std::is_same<T, double>::value) return rp::DType::kFloat64;
+  if (std::is_same<T, float>::value) return rp::DType::kFloat32;
+  if (std::is_same<T, __half>::value) return rp::DType::kFloat16;
+  return rp::DType::kBFloat16;
+}
 
 RelposRun relpos_setup(const Case& c) {
   posattn::RelposShape s;
@@ -200,15 +215,42 @@ RelposRun relpos_setup(const Case& c) {
   s.window_shift = geti(c, "window_shift") != 0;
   RelposRun r;
   r.p = posattn::make_relpos_params(s, getd(c, "threshold"), getd(c, "scale", 1.0), geti(c, "causal") != 0);
-  r.tiled = has(c, "path") && c.at("path").at(0) == "tiled";
+  r.dtype = harness_dtype();
   r.backward = geti(c, "backward") != 0;
-  r.tiled_backward = r.tiled && geti(c, "tiled_backward", 1) != 0;
-  r.tiled_offsets = r.tiled_backward && geti(c, "tiled_offsets", 1) != 0;
   r.repeats = static_cast<int>(geti(c, "repeats", 1));
+  const std::string req = has(c, "request") ? c.at("request").at(0) : "auto";
+  if (req != "auto" && req != "general" && req != "tiled") fail("request must be auto, general or tiled");
+  const rp::KernelRequest request = req == "general" ? rp::KernelRequest::kGeneral
+                                    : req == "tiled" ? rp::KernelRequest::kTiled
+                                                     : rp::KernelRequest::kAuto;
+  rp::CudaDevice dev;
+  dev.smem_optin = static_cast<size_t>(geti(c, "smem_optin"));
+  dev.tensor_cores = true;  // built for compute_80
+  dev.allow_tf32 = true;    // float32 cases ask for the tiled path through TF32
+  r.fwd = rp::plan_cuda(r.p, r.dtype, false, true, request, dev);
+  r.bwd = rp::plan_cuda(r.p, r.dtype, true, true, request, dev);
+  // a benchmark's comparison (benchmarks/sim_cycles.py): the tiled backward with the general offset kernel
+  if (geti(c, "general_offsets") != 0) r.bwd.offsets = rp::CudaPlan::Kernels::kGeneral;
+  if (r.bwd.offsets == rp::CudaPlan::Kernels::kGeneral)
+    r.bwd.dsig_partials = posattn::relpos::cuda_general::offset_blocks_per_head(r.p);
+  if (!r.fwd.error.empty()) fail("the plan refuses the forward: " + r.fwd.error);
+  if (r.backward && !r.bwd.error.empty()) fail("the plan refuses the backward: " + r.bwd.error);
   return r;
 }
 
+// The tiled kernels of this binary's head dim for a plan that takes them.
+void check_tiled_dim(const posattn::RelposParams& p) {
+#if defined(HARNESS_TILED_D)
+  if (p.D != HARNESS_TILED_D)
+    fail("this harness runs the tiled kernels with D = " + std::to_string(HARNESS_TILED_D));
+#else
+  (void)p;
+  fail("this harness has no tiled kernels (build with -DHARNESS_TILED_D)");
+#endif
+}
+
 int run_relpos(const Case& c) {
+  using Kernels = rp::CudaPlan::Kernels;
   const RelposRun run = relpos_setup(c);
   const posattn::RelposParams& p = run.p;
   const size_t nq = p.B * p.H * p.N * p.D, nv = p.B * p.H * p.N * p.Dv, nrow = p.B * p.H * p.N;
@@ -226,46 +268,34 @@ int run_relpos(const Case& c) {
   Dev<Acc> lse(nrow);  // float32 for the tiled kernels' T (never double there)
   out.poison();
   lse.poison();
-  posattn::general::Tensors<T> gt;
-  gt.q = q.p;
-  gt.k = k.p;
-  gt.v = v.p;
-  gt.qpos = qpos.p;
-  gt.rel = rel.p;
-  gt.bias = bias.p;
-  gt.sigma = sigma.p;
-  gt.out = out.p;
-  gt.lse = lse.p;
+  posattn::RelposTensors<T> t;  // what the entry point fills (relpos/relpos_args.h)
+  t.q = q.p;
+  t.k = k.p;
+  t.v = v.p;
+  t.qpos = qpos.p;
+  t.rel = rel.p;
+  t.bias = bias.p;
+  t.sigma = sigma.p;
+  t.out = out.p;
+  t.lse = lse.p;
+  if (run.fwd.path == Kernels::kTiled) {
+    check_tiled_dim(p);
 #if defined(HARNESS_TILED_D)
-  constexpr int TD = HARNESS_TILED_D;
-  const posattn::tiled::TiledArgs ta = posattn::tiled::make_tiled_args(p);
-  if (run.tiled && (p.D != TD || p.Dv != TD))
-    fail("this harness runs the tiled kernels with D = Dv = " + std::to_string(TD));
-#endif
-  if (run.tiled) {
-#if defined(HARNESS_TILED_D)
-    posattn::tiled::FwdTensors<T> ft;
-    ft.q = q.p;
-    ft.k = k.p;
-    ft.v = v.p;
-    ft.qpos = qpos.p;
-    ft.rel = rel.p;
-    ft.bias = bias.p;
-    ft.sigma = sigma.p;
-    ft.out = out.p;
-    ft.lse = lse.p;
-    check(posattn::tiled::launch_forward<T, TD>(ta, ft, nullptr), "tiled forward launch");
-#else
-    fail("this harness has no tiled kernels (build with -DHARNESS_TILED_D)");
+    if constexpr (!std::is_same<T, double>::value)
+      check(
+          rp::cuda_tiled::launch_forward<T, HARNESS_TILED_D>(rp::cuda_tiled::make_tiled_args(p), t, nullptr),
+          "tiled forward launch");
 #endif
   } else {
-    check(posattn::general::launch_forward<T>(p, gt, nullptr), "general forward launch");
+    check(rp::cuda_general::launch_forward<T>(p, t, nullptr), "general forward launch");
   }
   check(cudaDeviceSynchronize(), "forward");
   const std::vector<T> out_h = out.download();
   const std::vector<Acc> lse_h = lse.download();
   write_array("out", out_h);
   write_array("lse", lse_h);
+  std::ofstream res(g_dir + "/result.txt");
+  res << "forward " << rp::kernels_name(run.fwd.path) << "\n";
   if (!run.backward) return 0;
 
   // the glue's host-side work: D_i = dO_i . out_i - d lse_i
@@ -284,20 +314,16 @@ int run_relpos(const Case& c) {
   Dev<Acc> rowd(nrow);
   gout.upload(gout_h);
   rowd.upload(rowd_h);
-  int64_t per_head = posattn::general::offset_blocks_per_head(p);  // d sigma partials per head
-#if defined(HARNESS_TILED_D)
-  const posattn::tiled::OffsetGrid og = posattn::tiled::make_offset_grid(ta);
-  // as the extension: the tiled offset kernel where its shared memory fits an H100 / H200
-  // (the opt-in limit of test_cuda_sim.py's SMEM_OPTIN), else the general one
-  constexpr size_t kSmemOptin = 232448;
-  const bool tiled_offsets =
-      run.tiled_offsets && posattn::tiled::OffsetLayout<T, TD>::bytes(p.g.ndim, og.rows) <= kSmemOptin;
-  if (tiled_offsets) per_head = og.count;
+  const rp::CudaPlan& plan = run.bwd;
+  const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
   Dev<float> drel_acc(tiled_offsets && p.has_pos ? p.H * p.U * p.D : 0),
       dbias_acc(tiled_offsets && p.has_bias ? p.H * p.U : 0);
-#else
-  const bool tiled_offsets = false;
-#endif
+  t.gout = gout.p;
+  t.rowd = rowd.p;
+  t.drel_acc = drel_acc.p;
+  t.dbias_acc = dbias_acc.p;
+  const int64_t per_head = plan.dsig_partials;  // d sigma partials per head
+  if (plan.path == Kernels::kTiled || tiled_offsets) check_tiled_dim(p);
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
   const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
   for (int rep = 0; rep < run.repeats; ++rep) {
@@ -306,55 +332,29 @@ int run_relpos(const Case& c) {
     Dev<double> dsig_part(p.has_sigma ? p.H * per_head * p.G_in : 0);
     for (Dev<T>* d : {&dq, &dk, &dv, &dqpos, &drel, &dbias}) d->poison();
     dsig_part.zero();
-    posattn::general::Tensors<T> bt = gt;
-    bt.gout = gout.p;
-    bt.rowd = rowd.p;
-    bt.dq = dq.p;
-    bt.dk = dk.p;
-    bt.dv = dv.p;
-    bt.dqpos = dqpos.p;
-    bt.drel = drel.p;
-    bt.dbias = dbias.p;
-    bt.dsig_part = dsig_part.p;
+    t.dq = dq.p;
+    t.dk = dk.p;
+    t.dv = dv.p;
+    t.dqpos = dqpos.p;
+    t.drel = drel.p;
+    t.dbias = dbias.p;
+    t.dsig_part = dsig_part.p;
 #if defined(HARNESS_TILED_D)
-    posattn::tiled::BwdTensors<T> tin{};  // the tiled backward kernels' inputs
-    tin.gout = gout.p;
-    tin.q = q.p;
-    tin.k = k.p;
-    tin.v = v.p;
-    tin.qpos = qpos.p;
-    tin.rel = rel.p;
-    tin.bias = bias.p;
-    tin.rowd = rowd.p;
-    tin.lse = lse.p;
-    tin.sigma = sigma.p;
-#endif
-    if (run.tiled_backward) {
-#if defined(HARNESS_TILED_D)
-      posattn::tiled::BwdTensors<T> tt = tin;
-      tt.dq = dq.p;
-      tt.dk = dk.p;
-      tt.dv = dv.p;
-      tt.dqpos = dqpos.p;
-      check(posattn::tiled::launch_backward<T, TD>(ta, tt, nullptr), "tiled backward launch");
-#endif
-    } else {
-      check(posattn::general::launch_backward_dq<T>(p, bt, nullptr), "general backward dq launch");
-      check(posattn::general::launch_backward_dkv<T>(p, bt, nullptr), "general backward dkv launch");
+    if constexpr (!std::is_same<T, double>::value) {
+      const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
+      if (plan.path == Kernels::kTiled)
+        check(rp::cuda_tiled::launch_backward<T, HARNESS_TILED_D>(ta, t, nullptr), "tiled backward launch");
+      if (tiled_offsets)
+        check(rp::cuda_tiled::launch_backward_offsets<T, HARNESS_TILED_D>(ta, t, nullptr),
+              "tiled backward offsets launch");
     }
-    if (tiled_offsets) {
-#if defined(HARNESS_TILED_D)
-      posattn::tiled::OffsetTensors<T> ot;
-      ot.in = tin;
-      ot.drel_acc = drel_acc.p;
-      ot.dbias_acc = dbias_acc.p;
-      ot.dsig_part = dsig_part.p;
-      check(posattn::tiled::launch_backward_offsets<T, TD>(ta, ot, drel.p, dbias.p, nullptr),
-            "tiled backward offsets launch");
 #endif
-    } else {
-      check(posattn::general::launch_backward_offset<T>(p, bt, nullptr), "backward offset launch");
+    if (plan.path == Kernels::kGeneral) {
+      check(rp::cuda_general::launch_backward_dq<T>(p, t, nullptr), "general backward dq launch");
+      check(rp::cuda_general::launch_backward_dkv<T>(p, t, nullptr), "general backward dkv launch");
     }
+    if (plan.has_offsets && !tiled_offsets)
+      check(rp::cuda_general::launch_backward_offset<T>(p, t, nullptr), "backward offset launch");
     check(cudaDeviceSynchronize(), "backward");
     // d sigma: the glue sums the per-block partials over the blocks (dsig_part.sum(1))
     std::vector<double> dsigma(p.has_sigma ? p.H * p.G_in : 0, 0.0);
@@ -380,18 +380,18 @@ int run_relpos(const Case& c) {
     runs.push_back(bytes);
   }
   for (size_t g = 0; g < runs[0].size(); ++g) write_array(names[g], runs[0][g]);
-  std::ofstream res(g_dir + "/result.txt");
   bool same = true;
   for (size_t r = 1; r < runs.size(); ++r) same = same && runs[r] == runs[0];
-  res << "backward_repeats " << runs.size() << "\nbitwise_equal " << (same ? 1 : 0) << "\noffset_kernel "
-      << (tiled_offsets ? "tiled" : "general") << "\n";
+  res << "backward " << rp::kernels_name(plan.path) << "\noffsets "
+      << (plan.has_offsets ? rp::kernels_name(plan.offsets) : "none") << "\nbackward_repeats " << runs.size()
+      << "\nbitwise_equal " << (same ? 1 : 0) << "\n";
   return 0;
 }
 
 // ---- apply_maps --------------------------------------------------------------
 
 int run_apply_maps(const Case& c) {
-  posattn::algebraic::MapsShape s;
+  posattn::apply_maps::MapsShape s;
   s.B = geti(c, "B");
   s.H = geti(c, "H");
   s.N = geti(c, "N");
@@ -412,11 +412,12 @@ int run_apply_maps(const Case& c) {
   y.poison();
   gx.poison();
   gmaps.zero();
-  check(posattn::algebraic::launch_apply<T>(s, x.p, maps.p, index.p, y.p, false, nullptr),
+  check(posattn::apply_maps::launch_apply<T>(s, x.p, maps.p, index.p, y.p, false, nullptr),
         "apply_maps launch");
-  check(posattn::algebraic::launch_apply<T>(s, gy.p, maps.p, index.p, gx.p, true, nullptr),
+  check(posattn::apply_maps::launch_apply<T>(s, gy.p, maps.p, index.p, gx.p, true, nullptr),
         "apply_maps (x^T) launch");
-  check(posattn::algebraic::launch_grad_maps<T>(s, gy.p, x.p, index.p, gmaps.p, nullptr), "grad maps launch");
+  check(posattn::apply_maps::launch_grad_maps<T>(s, gy.p, x.p, index.p, gmaps.p, nullptr),
+        "grad maps launch");
   check(cudaDeviceSynchronize(), "apply_maps");
   write_array("y", y.download());
   write_array("gx", gx.download());

@@ -31,19 +31,6 @@ FWD_TOL = {F64: 1e-12, F32: 1e-5, F16: 2e-3, BF16: 1e-2}
 GRAD_TOL = {F64: 1e-10, F32: 5e-5, F16: 4e-3, BF16: 2e-2}
 TF32_TOL = 4e-3  # float32 inputs through TF32 tensor cores (10 mantissa bits)
 TF32_GRAD_TOL = 1e-2
-# the largest dynamic shared memory a kernel may use (H100 / H200 opt-in limit): the
-# extension refuses larger tiled layouts on such a device (the offset kernel's: it takes the
-# general one), and so does the harness
-SMEM_OPTIN = 232448
-
-
-def tiled_bytes(dtype: torch.dtype, D: int, G: int, backward: bool) -> int:
-    """Shared memory of the tiled kernels (Layout / BwdLayout ::bytes in csrc/cuda/)."""
-    size = 4 if dtype == F32 else 2
-    LD, LS, LP = D + 8, max(D, 64) + 4, 72
-    if backward:
-        return (5 * 64 * LD + 2 * 64 * LP) * size + 64 * LS * 4 + 64 * 8 + 64 * 24 + 64 * 16 + 64 * G * 16
-    return (4 * 64 * LD + 64 * LP) * size + 64 * LS * 4 + 192 * 8 + 128 * 8 + 64 * G * 12 + 64 * G * 4
 
 
 class Case:
@@ -85,11 +72,12 @@ class Case:
         # NATTEN's window vocabulary: (kernel_size, stride, causal), each one value per axis
         self.natten = natten
         self.backward, self.glse, self.repeats, self.special, self.seed = backward, glse, repeats, special, seed
-        # path "tiled": the tiled forward, and the tiled backward unless tiled_backward is False (the
-        # extension's choice where the backward's shared memory does not fit: float32 with D = 128)
+        # what the plan (cuda/relpos_plan.cuh, for the device of simlib.plan_settings) must choose:
+        # path "tiled": the tiled forward, and the tiled backward unless tiled_backward is False (where
+        # the backward's shared memory does not fit: float32 with D = 128); general_offsets: d rel,
+        # d bias, d sigma from the general offset kernel although the tiled backward runs (where the
+        # tiled offset kernel's shared memory does not fit)
         self.tiled_backward = tiled_backward
-        # d rel, d bias, d sigma from the general offset kernel although the tiled backward runs: the
-        # tiled offset kernel's shared memory (OffsetLayout::bytes) does not fit SMEM_OPTIN
         self.general_offsets = general_offsets
 
     def __repr__(self):
@@ -232,7 +220,7 @@ def run_relpos(c: Case, tmp_path: Path):
     glse = (torch.randn(c.B, c.H, N, generator=g, dtype=F64) * (0.5 if c.glse else 0.0)).to(acc).to(F64)
     settings = dict(
         op="relpos",
-        path=c.path,
+        **simlib.plan_settings(c.path),
         B=c.B,
         H=c.H,
         D=c.D,
@@ -251,7 +239,6 @@ def run_relpos(c: Case, tmp_path: Path):
         backward=c.backward,
         repeats=c.repeats,
         has_glse=True,
-        tiled_backward=c.tiled_backward,
     )
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = gout.to(c.dtype)
@@ -276,8 +263,16 @@ def check_relpos(c: Case, tmp_path: Path):
     lse = run.read("lse", acc, (c.B, c.H, N))
     errors = {"out": _rel_err("out", out, out_ref), "lse": _rel_err("lse", lse, lse_ref)}
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors  # (False for a NaN error)
+    plan = run.result()  # the kernels the harness ran: the extension's plan for this call
+    assert plan["forward"] == c.path, plan
     if not c.backward:
         return errors
+    assert plan["backward"] == ("tiled" if c.path == "tiled" and c.tiled_backward else "general"), plan
+    has_offsets = c.pos or c.bias or c.sigma
+    want = (
+        "none" if not has_offsets else "tiled" if plan["backward"] == "tiled" and not c.general_offsets else "general"
+    )
+    assert plan["offsets"] == want, plan
     U = math.prod(2 * n - 1 for n in c.grid)
     shapes = dict(
         q=(c.B, c.H, N, c.D),
@@ -578,16 +573,8 @@ TILED = [
 
 @pytest.mark.parametrize("case", TILED, ids=repr)
 def test_tiled_path(case, tmp_path):
-    # the calls the extension hands to the tiled kernels: the forward's shared memory fits a GPU,
-    # and the tiled backward runs exactly where its own does (else the general backward)
-    G = max(1, sum(n > 1 for n in case.grid))
-    assert tiled_bytes(case.dtype, case.D, G, backward=False) <= SMEM_OPTIN
-    assert case.tiled_backward == (tiled_bytes(case.dtype, case.D, G, backward=True) <= SMEM_OPTIN)
+    # check_relpos also checks that the plan chose the kernels the case names
     check_relpos(case, tmp_path)
-    if case.backward:
-        lines = (tmp_path / "case" / "result.txt").read_text().splitlines()
-        want = "tiled" if case.tiled_backward and not case.general_offsets else "general"
-        assert dict(line.split(None, 1) for line in lines)["offset_kernel"] == want
 
 
 # ---- apply_maps ------------------------------------------------------------------
@@ -698,7 +685,7 @@ def test_sigma_checked_on_the_device(path, bad, tmp_path):
     x["sigma"][1, 0] = bad
     settings = dict(
         op="relpos",
-        path=c.path,
+        **simlib.plan_settings(c.path),
         B=c.B,
         H=c.H,
         D=c.D,

@@ -1,0 +1,220 @@
+"""Running posattn's CUDA kernels on the simulated GPU (../shared/gpusim): building
+the harness (tests/cuda_sim/harness.cu, one binary per element type and tiled head
+dim), writing a case, running it under the simulator and reading back what the
+kernels computed. Used by the simulated-GPU tests (tests/cuda_sim/) and by
+benchmarks/sim_cycles.py.
+
+The harness needs no torch; this module does (it turns tensors into the harness'
+raw files and back). Environment:
+  GPUSIM_KIT    the simulator kit (default: ../shared/gpusim beside the checkout)
+  GPUSIM_HOME   its build (default ~/.cache/posattn-gpusim, as the kit's setup.sh)
+  CUDA_HOME     the toolkit whose nvcc builds the harness (default: nvcc on PATH)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+HARNESS = REPO / "tests" / "cuda_sim" / "harness.cu"
+CSRC = REPO / "csrc"
+BUILD = REPO / "build" / "cuda_sim"
+
+# the element type names of the harness (-DHARNESS_T)
+TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bf16"}
+# torch's nvcc flags that change what the kernels may use (no implicit half conversions)
+TORCH_HALF_FLAGS = [
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+]
+# the simulator crashes in __assertfail and __trap: failed device-side checks print their message instead
+FLAGS = TORCH_HALF_FLAGS + ["-DPOSATTN_DEVICE_ASSERT_PRINTS"]
+ASSERT_PREFIX = "posattn device assertion failed: "
+
+
+def kit_dir() -> Path:
+    return Path(os.environ.get("GPUSIM_KIT", REPO.parent / "shared" / "gpusim")).resolve()
+
+
+def sim_home() -> Path:
+    return Path(os.environ.get("GPUSIM_HOME", Path.home() / ".cache" / "posattn-gpusim"))
+
+
+def nvcc() -> Optional[str]:
+    home = os.environ.get("CUDA_HOME")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def unavailable() -> Optional[str]:
+    """Why kernels cannot run on the simulator here (None: they can)."""
+    if not (kit_dir() / "run.sh").exists():
+        return f"no simulator kit at {kit_dir()} (set GPUSIM_KIT)"
+    if not ((sim_home() / "STAMP").exists() and (sim_home() / "lib" / "libcudart.so.13").exists()):
+        return f"the simulator is not built in {sim_home()}: run bash scripts/cuda_sim.sh (or {kit_dir()}/setup.sh)"
+    if nvcc() is None:
+        return "nvcc not found (set CUDA_HOME)"
+    return None
+
+
+def _sources_hash() -> str:
+    h = hashlib.sha256()
+    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + [HARNESS]
+    for f in files:
+        h.update(str(f.relative_to(REPO)).encode())
+        h.update(f.read_bytes())
+    h.update(" ".join(FLAGS).encode())
+    return h.hexdigest()[:12]
+
+
+def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
+    """The harness binary for `dtype` (with the tiled kernels of head dim `tiled_d`),
+    built if its sources changed. Safe to call from several processes at once."""
+    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_tiled{tiled_d}" if tiled_d else "")
+    BUILD.mkdir(parents=True, exist_ok=True)
+    binary = BUILD / f"{name}-{_sources_hash()}"
+    with open(BUILD / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.exists():
+            for old in BUILD.glob(f"{name}-*"):
+                old.unlink()
+            cmd = [
+                nvcc(),
+                "-O3",
+                "-std=c++17",
+                *FLAGS,
+                "-diag-suppress",
+                "177",
+                "-gencode",
+                "arch=compute_80,code=compute_80",
+                "-cudart",
+                "shared",
+                f"-I{CSRC}",
+                f"-DHARNESS_T={TYPE_NAMES[dtype]}",
+                "-o",
+                str(binary) + ".tmp",
+                str(HARNESS),
+            ]
+            if tiled_d:
+                cmd.insert(-3, f"-DHARNESS_TILED_D={tiled_d}")
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
+            os.replace(str(binary) + ".tmp", binary)
+    return binary
+
+
+# ---- cases -----------------------------------------------------------------------
+
+# The device the relpos cases plan for (case.txt's smem_optin): an H100 / H200, whose
+# opt-in shared memory per block this is. The harness makes the extension's plan
+# (csrc/cuda/relpos_plan.cuh) for it, and runs and reports what the plan chose.
+PLAN_SMEM_OPTIN = 232448
+
+
+def plan_settings(path: str) -> Dict[str, object]:
+    """case.txt lines that make the harness plan a relpos call as the extension does on
+    an H100 / H200: path "tiled" with POSATTN_CUDA_KERNEL=auto (the tiled kernels where
+    they take the call), "general" with POSATTN_CUDA_KERNEL=general."""
+    if path not in ("tiled", "general"):
+        raise ValueError(f"path must be tiled or general, got {path!r}")
+    return dict(request="auto" if path == "tiled" else "general", smem_optin=PLAN_SMEM_OPTIN)
+
+
+def write_tensor(path: Path, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.view(torch.int16)
+    path.write_bytes(t.numpy().tobytes())
+
+
+def read_tensor(path: Path, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    raw = bytearray(path.read_bytes())
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.frombuffer(raw, dtype=torch.int16).view(dtype).reshape(shape).clone()
+    return torch.frombuffer(raw, dtype=dtype).reshape(shape).clone()
+
+
+@dataclass
+class SimRun:
+    """What a harness run left: its directory, exit status, output and wall time."""
+
+    dir: Path
+    returncode: int
+    output: str
+    seconds: float
+
+    def read(self, name: str, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        return read_tensor(self.dir / f"{name}.out.bin", dtype, shape)
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of the run's output (the harness' message and the simulator log's last lines)."""
+        return "\n".join(self.output.splitlines()[-lines:])
+
+    def result(self) -> Dict[str, str]:
+        lines = (self.dir / "result.txt").read_text().splitlines()
+        return dict(line.split(None, 1) for line in lines if line.strip())
+
+
+def run_case(
+    binary: Path,
+    case_dir: Path,
+    settings: Dict[str, object],
+    arrays: Dict[str, torch.Tensor],
+    timing: bool = False,
+    timeout: float = 900,
+    rundir: Optional[Path] = None,
+) -> SimRun:
+    """Writes the case (settings as case.txt lines, arrays as NAME.bin) and runs the
+    harness on the simulator (timing: GPGPU-Sim's cycle model, much slower; rundir:
+    keep the simulator's run directory, with its log, there)."""
+    case_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = " ".join(str(int(x)) for x in value)
+        elif isinstance(value, bool):
+            value = int(value)
+        lines.append(f"{key} {value}")
+    (case_dir / "case.txt").write_text("\n".join(lines) + "\n")
+    for name, t in arrays.items():
+        write_tensor(case_dir / f"{name}.bin", t)
+    env = dict(os.environ)
+    env.pop("GPUSIM_TIMING", None)
+    if timing:
+        env["GPUSIM_TIMING"] = "1"
+    env.pop("GPUSIM_RUNDIR", None)
+    if rundir is not None:
+        env["GPUSIM_RUNDIR"] = str(rundir)
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["bash", str(kit_dir() / "run.sh"), str(binary), str(case_dir.resolve())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    return SimRun(case_dir, done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
+
+
+if __name__ == "__main__":  # scripts/cuda_sim.sh: the suite must run, not skip
+    import sys
+
+    why = unavailable()
+    if why:
+        sys.exit("cuda_sim: cannot run the kernels on the simulator: " + why)

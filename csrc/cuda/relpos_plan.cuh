@@ -1,0 +1,207 @@
+// The CUDA plan of a relpos_attention call (core/relpos_plan.h): which kernels run
+// its forward or backward, computed from its RelposParams and the device's
+// limits alone (torch-free), so that the entry points (relpos/relpos_cuda.cu), the
+// simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
+// follow one rule. The tiled tensor-core kernels take float16 / bfloat16 (and
+// float32 through TF32 where allowed) with D == Dv in {32, 64, 128} on sm_80+
+// where their shared memory fits; the general kernels take every other call.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../core/relpos_params.h"
+#include "../core/relpos_plan.h"
+#include "relpos_general.cuh"
+#include "relpos_tiled_offsets.cuh"
+
+namespace posattn {
+namespace relpos {
+
+// What the plan needs to know of the device (filled once per call by the entry
+// point: relpos_cuda.cu, cuda_device(); by the harness for the device it emulates).
+struct CudaDevice {
+  size_t smem_optin = 0;      // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  bool tensor_cores = false;  // the build has sm_80+ code for this device (the tiled kernels need it)
+  bool allow_tf32 = false;    // torch.backends.cuda.matmul.allow_tf32: float32 on the tiled kernels
+};
+
+// Calls fn(T{}) with the CUDA element type of dt.
+template <typename Fn>
+void by_cuda_type(DType dt, Fn fn) {
+  switch (dt) {
+    case DType::kFloat64:
+      return fn(double{});
+    case DType::kFloat32:
+      return fn(float{});
+    case DType::kFloat16:
+      return fn(__half{});
+    default:
+      return fn(__nv_bfloat16{});
+  }
+}
+
+// Calls fn(CT{}, std::integral_constant<int, D>{}) for the tiled kernels' element
+// type (float16, bfloat16 or float32) and head dim (32, 64 or 128; checked before).
+template <typename Fn>
+void by_tiled_type_and_dim(DType dt, int64_t D, Fn fn) {
+  auto by_dim = [&](auto ct_tag) {
+    if (D == 32)
+      fn(ct_tag, std::integral_constant<int, 32>{});
+    else if (D == 64)
+      fn(ct_tag, std::integral_constant<int, 64>{});
+    else
+      fn(ct_tag, std::integral_constant<int, 128>{});
+  };
+  if (dt == DType::kFloat16)
+    by_dim(__half{});
+  else if (dt == DType::kFloat32)
+    by_dim(float{});
+  else
+    by_dim(__nv_bfloat16{});
+}
+
+namespace plan_detail {
+
+inline std::string smem_refusal(size_t need, const CudaDevice& dev, const char* what, int64_t D) {
+  if (need <= dev.smem_optin) return "";
+  return std::string(what) + " needs " + std::to_string(need) +
+         " bytes of shared memory per block for D = " + std::to_string(D) + ", more than the device's " +
+         std::to_string(dev.smem_optin);
+}
+
+inline std::string blocks_error(int64_t blocks, const char* what, const char* remedy) {
+  return "relpos_attention (CUDA): " + std::string(what) + " needs " + std::to_string(blocks) +
+         " thread blocks, more than a launch allows (" + std::to_string(INT_MAX) + "); " + remedy;
+}
+
+// Why the tiled kernels cannot take the call (empty: they can); `smem`: their shared memory.
+inline std::string tiled_refusal(const RelposParams& p, DType dt, bool backward, bool aligned16,
+                                 const CudaDevice& dev, size_t* smem) {
+  if (dt == DType::kFloat32 && !dev.allow_tf32)
+    return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
+  if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
+  if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
+  if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
+  if (!aligned16) return "an input is not 16-byte aligned";
+  if (!dev.tensor_cores)
+    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
+  std::string why;
+  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    *smem = cuda_tiled::Layout<CT, D>::bytes(p.g.ndim);
+    why = smem_refusal(*smem, dev, "it", D);
+    if (why.empty() && backward) {
+      *smem = cuda_tiled::BwdLayout<CT, D>::bytes(p.g.ndim);
+      why = smem_refusal(*smem, dev, "its backward", D);
+    }
+  });
+  return why;
+}
+
+// Why the tiled offset kernel cannot compute d rel, d bias, d sigma (empty: it can).
+inline std::string tiled_offsets_refusal(const cuda_tiled::TiledArgs& a, DType dt, const CudaDevice& dev,
+                                         size_t* smem) {
+  const cuda_tiled::OffsetGrid og = cuda_tiled::make_offset_grid(a);
+  if (a.p.H * og.count > INT_MAX) return "its offset kernel needs more thread blocks than a launch allows";
+  std::string why;
+  by_tiled_type_and_dim(dt, a.p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    *smem = cuda_tiled::OffsetLayout<CT, D>::bytes(a.p.g.ndim, og.rows);
+    why = smem_refusal(*smem, dev, "its offset kernel", D);
+  });
+  return why;
+}
+
+// The general kernels' shared memory past the 48 KiB every device gives: an error (else empty).
+inline std::string general_smem_error(size_t bytes, const RelposParams& p, const CudaDevice& dev) {
+  if (bytes <= 48 * 1024 || bytes <= dev.smem_optin) return "";
+  return "relpos_attention (CUDA): head dims D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
+         " need " + std::to_string(bytes) + " bytes of shared memory per block, more than the device's " +
+         std::to_string(dev.smem_optin);
+}
+
+}  // namespace plan_detail
+
+// The kernels of a forward (backward = false) or backward call with element type
+// dt: the tiled path where it takes the call and `request` allows (aligned16: every
+// input is 16-byte aligned), else the general one; in a backward, d rel, d bias
+// and d sigma from the tiled offset kernel where the tiled path runs and its
+// shared memory fits, else from the general one. plan.error says why a call
+// cannot run at all (too many blocks, too much shared memory, a refused request).
+inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool aligned16,
+                          KernelRequest request, const CudaDevice& dev) {
+  using namespace plan_detail;
+  using Kernels = CudaPlan::Kernels;
+  CudaPlan plan;
+  plan.has_offsets = backward && (p.has_pos || p.has_bias || p.has_sigma);
+  size_t smem = 0;
+  const std::string why =
+      request == KernelRequest::kGeneral ? "" : tiled_refusal(p, dt, backward, aligned16, dev, &smem);
+  if (request == KernelRequest::kTiled && !why.empty()) {
+    plan.error =
+        "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;
+    return plan;
+  }
+  if (request != KernelRequest::kGeneral && why.empty()) {
+    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
+    if (a.blocks > INT_MAX) {
+      plan.error = blocks_error(a.blocks, "the tiled kernels", "split the batch");
+      return plan;
+    }
+    plan.path = Kernels::kTiled;
+    plan.path_reason =
+        request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled" : "the tiled kernels take it";
+    plan.smem = smem;
+    if (plan.has_offsets) {
+      size_t osmem = 0;
+      plan.offsets_reason = tiled_offsets_refusal(a, dt, dev, &osmem);
+      if (plan.offsets_reason.empty()) {
+        plan.offsets = Kernels::kTiled;
+        plan.offsets_reason = "the tiled offset kernel takes it";
+        plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
+        plan.smem = std::max(plan.smem, osmem);
+      }
+    }
+  } else {
+    plan.path_reason = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
+                                                          : "the tiled kernels cannot take it: " + why;
+    if (plan.has_offsets) plan.offsets_reason = "the general path computes them";
+    if (cuda_general::token_blocks(p) > INT_MAX) {
+      plan.error = blocks_error(cuda_general::token_blocks(p), backward ? "the backward" : "the forward",
+                                "split the batch");
+      return plan;
+    }
+    by_cuda_type(dt, [&](auto t_tag) {
+      using T = decltype(t_tag);
+      plan.smem = backward
+                      ? std::max(cuda_general::backward_dq_smem<T>(p), cuda_general::backward_dkv_smem<T>(p))
+                      : cuda_general::forward_smem<T>(p);
+    });
+    plan.error = general_smem_error(plan.smem, p, dev);
+    if (!plan.error.empty()) return plan;
+  }
+  if (plan.has_offsets && plan.offsets == Kernels::kGeneral) {
+    if (cuda_general::offset_blocks(p) > INT_MAX) {
+      plan.error = blocks_error(cuda_general::offset_blocks(p), "the backward (d rel, d bias, d sigma)",
+                                "use fewer heads");
+      return plan;
+    }
+    size_t osmem = 0;
+    by_cuda_type(dt, [&](auto t_tag) { osmem = cuda_general::backward_offset_smem<decltype(t_tag)>(p); });
+    plan.error = general_smem_error(osmem, p, dev);
+    plan.smem = std::max(plan.smem, osmem);
+  }
+  if (backward && plan.dsig_partials == 0) plan.dsig_partials = cuda_general::offset_blocks_per_head(p);
+  return plan;
+}
+
+}  // namespace relpos
+}  // namespace posattn

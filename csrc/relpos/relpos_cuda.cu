@@ -1,0 +1,228 @@
+// The CUDA entry points of relpos_attention, its backward and its plan (ATen
+// glue): the checked call, its plan (cuda/relpos_plan.cuh: which kernels run it),
+// the outputs, the RelposTensors the kernels take, the stream and device guard,
+// and the launches: the tiled tensor-core kernels (cuda/relpos_tiled.cuh, one
+// translation unit per element type and head dim in cuda/tiled/) or the general
+// ones (cuda/relpos_general.cuh). The kernels are torch-free and also run on the
+// simulated GPU (tests/cuda_sim/). The backward is deterministic: no atomics.
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "../aten/cuda_glue.cuh"
+#include "../cuda/relpos_general.cuh"
+#include "../cuda/relpos_plan.cuh"
+#include "../cuda/relpos_tiled.cuh"
+#include "relpos_args.h"
+
+namespace posattn {
+namespace relpos {
+namespace {
+
+using cuda_tiled::TiledKernels;
+
+// Whether this build has sm_80+ code for the current device (the tiled kernels
+// trap below it), read once per device from a tiled kernel's attributes.
+bool tensor_core_code() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};  // 0: not read yet, 1: no, 2: yes
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  int known = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (known == 0) {
+    cudaFuncAttributes attr;
+    check_launch(TiledKernels<__half, 32>::attributes(&attr));
+    known = attr.ptxVersion >= 80 && attr.binaryVersion >= 80 ? 2 : 1;
+    if (device < kMaxDevices) cache[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
+// The current device as the plan sees it.
+CudaDevice cuda_device() {
+  CudaDevice dev;
+  dev.smem_optin = device_smem_optin();
+  dev.tensor_cores = tensor_core_code();
+  dev.allow_tf32 = at::globalContext().allowTF32CuBLAS();
+  return dev;
+}
+
+bool aligned16(std::initializer_list<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors)
+    if (t.defined() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  return true;
+}
+
+// The plan of a checked call on the current device; `gout`: the backward's grad_out.
+CudaPlan plan_call(const RelposCall& c, bool backward, const at::Tensor& gout = at::Tensor()) {
+  const KernelRequest request =
+      kernel_request("POSATTN_CUDA_KERNEL", KernelRequest::kGeneral, KernelRequest::kTiled);
+  return plan_cuda(c.params, relpos_dtype(c.q.scalar_type()), backward,
+                   aligned16({c.q, c.k, c.v, c.q_pos, c.rel, gout}), request, cuda_device());
+}
+
+// sigma as double for the kernels (a small (H, G) tensor; no host sync).
+at::Tensor sigma_double(const at::Tensor& sg) {
+  return sg.defined() ? sg.to(at::kDouble).contiguous() : at::Tensor();
+}
+
+// Calls fn(std::integral_constant<int, D>{}) for the call's head dim (32, 64 or 128: the plan's tiled path).
+template <typename Fn>
+void by_tiled_dim(int64_t D, Fn fn) {
+  if (D == 32)
+    fn(std::integral_constant<int, 32>{});
+  else if (D == 64)
+    fn(std::integral_constant<int, 64>{});
+  else
+    fn(std::integral_constant<int, 128>{});
+}
+
+template <typename T>
+void launch_forward(const RelposCall& c, const CudaPlan& plan, const RelposTensors<T>& t,
+                    cudaStream_t stream) {
+  if constexpr (!std::is_same<T, double>::value) {
+    if (plan.path == CudaPlan::Kernels::kTiled) {
+      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(c.params);
+      by_tiled_dim(c.params.D,
+                   [&](auto d) { check_launch(TiledKernels<T, decltype(d)::value>::forward(a, t, stream)); });
+      return;
+    }
+  }
+  check_launch(cuda_general::launch_forward<T>(c.params, t, stream));
+}
+
+template <typename T>
+void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTensors<T>& t,
+                     cudaStream_t stream) {
+  using Kernels = CudaPlan::Kernels;
+  const RelposParams& p = c.params;
+  const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
+  if constexpr (!std::is_same<T, double>::value) {
+    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
+    by_tiled_dim(p.D, [&](auto d) {
+      using K = TiledKernels<T, decltype(d)::value>;
+      if (plan.path == Kernels::kTiled) check_launch(K::backward(a, t, stream));
+      if (tiled_offsets) check_launch(K::backward_offsets(a, t, stream));
+    });
+  }
+  if (plan.path == Kernels::kGeneral) {
+    check_launch(cuda_general::launch_backward_dq<T>(p, t, stream));
+    check_launch(cuda_general::launch_backward_dkv<T>(p, t, stream));
+  }
+  if (plan.has_offsets && !tiled_offsets) check_launch(cuda_general::launch_backward_offset<T>(p, t, stream));
+}
+
+std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(POSATTN_RELPOS_HEAD_PARAMS,
+                                                         POSATTN_RELPOS_TAIL_PARAMS) {
+  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
+                                    bias, window, window_border, window_right, window_stride, window_causal);
+  TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const RelposShape& s = c.shape;
+  at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, c.q.options());
+  at::Tensor lse = at::empty({s.B, s.H, s.N}, c.q.options().dtype(lse_dtype(c.q.scalar_type())));
+  if (s.B == 0 || s.H == 0) return {out, lse};
+  const CudaPlan plan = plan_call(c, /*backward=*/false);
+  TORCH_CHECK_VALUE(plan.error.empty(), plan.error);
+  const at::Tensor sg = sigma_double(c.sigma);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.q.scalar_type(), "relpos_attention_cuda", [&] {
+    using T = typename CudaType<scalar_t>::type;
+    RelposTensors<T> t = relpos_inputs<T>(c, sg);
+    t.out = ptr_or_null<T>(out);
+    t.lse = ptr_or_null<acc_t<T>>(lse);
+    launch_forward(c, plan, t, stream);
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_lse,
+                               POSATTN_RELPOS_HEAD_PARAMS, const at::Tensor& out, const at::Tensor& lse,
+                               POSATTN_RELPOS_TAIL_PARAMS) {
+  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
+                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposShape& s = c.shape;
+  check_relpos_backward_inputs(s, q, grad_out, grad_lse, out, lse);
+  TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const at::Tensor gout = grad_out.contiguous();
+  at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);
+  at::Tensor dqpos = empty_if(s.has_pos, c.q), drel = empty_if(s.has_pos, c.rel);
+  at::Tensor dbias = empty_if(s.has_bias, c.bias);
+  at::Tensor dsigma;
+  if (s.B == 0 || s.H == 0) {
+    for (at::Tensor* g : {&dq, &dk, &dv, &dqpos, &drel, &dbias})
+      if (g->defined()) g->zero_();
+    if (s.has_sigma) dsigma = at::zeros_like(*sigma);
+  } else {
+    const CudaPlan plan = plan_call(c, /*backward=*/true, gout);
+    TORCH_CHECK_VALUE(plan.error.empty(), plan.error);
+    const auto acc = lse_dtype(c.q.scalar_type());
+    const at::Tensor lse_c = lse.to(acc).contiguous();
+    // D_i = dO_i . out_i - d lse_i, the softmax backward's row term
+    at::Tensor rowd = (gout.to(acc) * out.to(acc)).sum(-1);
+    if (grad_lse.has_value()) rowd = rowd - grad_lse->to(acc);
+    rowd = rowd.contiguous();
+    const bool tiled_offsets = plan.has_offsets && plan.offsets == CudaPlan::Kernels::kTiled;
+    const auto f32 = c.q.options().dtype(at::kFloat);
+    // the tiled offset kernel's float32 accumulators (zeroed by its launcher)
+    const at::Tensor drel_acc = tiled_offsets && s.has_pos ? at::empty({c.rel.numel()}, f32) : at::Tensor();
+    const at::Tensor dbias_acc =
+        tiled_offsets && s.has_bias ? at::empty({c.bias.numel()}, f32) : at::Tensor();
+    const at::Tensor dsig_part =
+        s.has_sigma ? at::zeros({s.H, plan.dsig_partials, c.params.G_in}, c.q.options().dtype(at::kDouble))
+                    : at::Tensor();
+    const at::Tensor sg = sigma_double(c.sigma);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.q.scalar_type(),
+                                    "relpos_attention_backward_cuda", [&] {
+                                      using T = typename CudaType<scalar_t>::type;
+                                      RelposTensors<T> t = relpos_inputs<T>(c, sg);
+                                      t.gout = ptr_or_null<const T>(gout);
+                                      t.rowd = ptr_or_null<const acc_t<T>>(rowd);
+                                      t.lse = ptr_or_null<acc_t<T>>(lse_c);
+                                      t.dq = ptr_or_null<T>(dq);
+                                      t.dk = ptr_or_null<T>(dk);
+                                      t.dv = ptr_or_null<T>(dv);
+                                      t.dqpos = ptr_or_null<T>(dqpos);
+                                      t.drel = ptr_or_null<T>(drel);
+                                      t.dbias = ptr_or_null<T>(dbias);
+                                      t.dsig_part = ptr_or_null<double>(dsig_part);
+                                      t.drel_acc = ptr_or_null<float>(drel_acc);
+                                      t.dbias_acc = ptr_or_null<float>(dbias_acc);
+                                      launch_backward(c, plan, t, stream);
+                                    });
+    // d sigma in sigma's own dtype (float32 is allowed with half inputs: it is a
+    // sum over every pair of terms in 1 / sigma^3, which overflows float16).
+    if (s.has_sigma) dsigma = dsig_part.sum(1).to(sigma->scalar_type());
+  }
+  return {dq, dk, dv, or_empty(dqpos, c.q), or_empty(drel, c.q), or_empty(dsigma, c.q), or_empty(dbias, c.q)};
+}
+
+std::string relpos_plan_cuda(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARAMS, bool backward) {
+  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
+                                    bias, window, window_border, window_right, window_stride, window_causal);
+  TORCH_CHECK_VALUE(q.is_cuda(), "relpos_plan (CUDA): q must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(q.device());
+  return describe(plan_call(c, backward), backward);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posattn, CUDA, m) {
+  m.impl("relpos_attention", &relpos_attention_cuda);
+  m.impl("relpos_attention_backward", &relpos_attention_backward_cuda);
+  m.impl("relpos_plan", &relpos_plan_cuda);
+}
+
+}  // namespace relpos
+}  // namespace posattn

@@ -1,0 +1,101 @@
+"""The GPU machine's one-call script (scripts/gpu_check.sh) and what it runs, checked
+without a GPU: shell syntax, every file it names exists, its step handling, and the
+sanitizer cases and the CUDA benchmark run end to end on the CPU (tiny sizes)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from helpers import ROOT
+
+SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
+
+
+def test_gpu_check_syntax_and_the_files_it_runs():
+    subprocess.run(["bash", "-n", SCRIPT], check=True)
+    text = open(SCRIPT).read()
+    paths = set(re.findall(r"\b((?:tests|benchmarks|scripts)/[\w/.-]+\.(?:py|sh))\b", text))
+    assert {
+        "scripts/gpu_sanitize_cases.py",
+        "benchmarks/bench_relpos_cuda.py",
+        "tests/ops/relpos/test_relpos_cuda.py",
+        "tests/ops/apply_maps/test_apply_maps_cuda.py",
+    } <= paths
+    missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, missing
+    for step in ("build", "test", "sanitize", "bench", "profile"):
+        assert f"    {step})" in text
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        assert tool in text
+
+
+def test_gpu_check_refuses_an_unknown_step(tmp_path):
+    r = subprocess.run(
+        ["bash", SCRIPT, "benchmark"], capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)}
+    )
+    assert r.returncode == 2 and "unknown step 'benchmark'" in r.stderr
+    assert "gpu_check" in (tmp_path / "summary.txt").read_text()
+
+
+def test_gpu_check_skips_a_step_past_its_deadline(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_SECONDS": "0"}
+    r = subprocess.run(["bash", SCRIPT, "bench"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1
+    assert "bench-relpos: SKIPPED" in (tmp_path / "summary.txt").read_text()
+
+
+def test_sanitizer_cases_run_on_the_cpu():
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_sanitize_cases.py"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("ok relpos") == 4 and r.stdout.count("ok apply_maps") == 3
+
+
+def test_cuda_benchmark_runs_on_the_cpu(tmp_path):
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "bench_relpos_cuda.py",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--grid",
+            "5x6",
+            "--batch",
+            "1",
+            "--heads",
+            "2",
+            "--dim",
+            "8",
+            "--methods",
+            "sdpa,posattn,window,eager",
+            "--keep",
+            "0.3",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(out_json),
+            "--markdown",
+            str(out_md),
+        ],
+        cwd=os.path.join(ROOT, "benchmarks"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "eager       output check" in r.stdout
+    records = json.loads(out_json.read_text())
+    assert {rec["baseline"] for rec in records} == {"sdpa", "eager", "posattn dense"}
+    assert all(rec["speedup"] and rec["speedup"] > 0 for rec in records)
+    assert "| 5x6 | posattn |" in out_md.read_text()
