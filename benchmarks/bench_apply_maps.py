@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
-import subprocess
-import sys
 from datetime import date
 
 import torch
-from bench_common import record, write_records
+from bench_common import child_argv, child_peak_mib, record, write_records
 
 import posattn
 from posattn import ops, reference
@@ -87,24 +84,9 @@ def child(args):
 
 
 def peak_memory(name, layout, tokens, args):
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        f"{layout}:{tokens}:{name}",
-        "--batch",
-        str(args.batch),
-        "--heads",
-        str(args.heads),
-        "--dim",
-        str(args.dim),
-        "--threads",
-        str(args.threads),
+    return child_peak_mib(__file__, child_argv(f"{layout}:{tokens}:{name}", args, "batch", "heads", "dim", "threads"))[
+        0
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        return float("nan")
-    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"]
 
 
 def tree_benchmark(nodes: int, heads: int, m: int, device: str, repeats: int):

@@ -78,6 +78,15 @@ def child_peak_mib(script: str, argv: list[str]) -> tuple[float, Optional[str]]:
     return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"], None
 
 
+def child_argv(child: str, args: argparse.Namespace, *names: str, **extra: str) -> list[str]:
+    """The argv of a ``--child`` measurement process: ``--child CHILD``, then ``--NAME value``
+    for each of ``names`` (attributes of ``args``, underscores as dashes) and ``extra``."""
+    argv = ["--child", child]
+    for name, value in [*((n, getattr(args, n)) for n in names), *extra.items()]:
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
 def add_run_arguments(p: argparse.ArgumentParser, repeats: int, eager_limit_gib: float) -> None:
     """The options every operator benchmark takes: timing, threads, memory, outputs."""
     import torch

@@ -27,7 +27,16 @@ import math
 
 import torch
 import torch.nn.functional as F
-from bench_common import add_run_arguments, child_peak_mib, parse_grid, ratio, record, results_markdown, write_records
+from bench_common import (
+    add_run_arguments,
+    child_argv,
+    child_peak_mib,
+    parse_grid,
+    ratio,
+    record,
+    results_markdown,
+    write_records,
+)
 
 from posattn import ops
 from posattn.grid import grid_coords, num_offsets, offset_rows, span_sigma_for_keep
@@ -107,25 +116,7 @@ def child_peak_memory(args):
 
 
 def peak_memory(method, grid_str, args):
-    return child_peak_mib(
-        __file__,
-        [
-            "--child",
-            method,
-            "--grid",
-            grid_str,
-            "--batch",
-            str(args.batch),
-            "--heads",
-            str(args.heads),
-            "--dim",
-            str(args.dim),
-            "--keep",
-            str(args.keep),
-            "--threads",
-            str(args.threads),
-        ],
-    )
+    return child_peak_mib(__file__, child_argv(method, args, "batch", "heads", "dim", "keep", "threads", grid=grid_str))
 
 
 # --- main ---------------------------------------------------------------------

@@ -302,7 +302,35 @@ def clipped_relative_attention(
     return num / den.unsqueeze(-1)
 
 
-class ClippedRelativeAttention(MultiHeadSelfAttention):
+class _ClippedAttention(MultiHeadSelfAttention):
+    """What the two clipped-relative attentions share: half the heads relative with
+    offsets clipped at ``clip`` on an ``ndim``-axis grid, FAVOR+ features for the rest."""
+
+    min_heads = 2  # at least one relative head and one other
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ndim: int,
+        clip: int = 4,
+        num_features: Optional[int] = None,
+        feature_redraw_interval: int = 1000,
+        kernel: str = "favor",
+    ):
+        if clip < 1 or ndim < 1:
+            raise ValueError(f"{type(self).__name__}: clip and ndim must be >= 1, got {clip}, {ndim}")
+        super().__init__(dim, heads)
+        self.ndim, self.clip = ndim, clip
+        self._favor_args = (num_features, feature_redraw_interval, kernel)
+        self.attend = self.favor_kernel()
+
+    def favor_kernel(self) -> "_FavorKernel":
+        """A FAVOR+ (or softmax) kernel with the constructor's feature settings."""
+        return _FavorKernel(self.head_dim, *self._favor_args)
+
+
+class ClippedRelativeAttention(_ClippedAttention):
     """Strategy 2 of Horn et al. as in the paper's code: the first ``heads // 2``
     heads are FAVOR+ attention over content; the other heads score key j for
     query i by position alone,
@@ -326,29 +354,15 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
     ``forward(x, grid, has_cls=False)``: x (B, T, dim).
     """
 
-    min_heads = 2  # at least one content and one relative head
-
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        ndim: int,
-        clip: int = 4,
-        num_features: Optional[int] = None,
-        feature_redraw_interval: int = 1000,
-        kernel: str = "favor",
-    ):
-        if clip < 1 or ndim < 1:
-            raise ValueError(f"ClippedRelativeAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
-        super().__init__(dim, heads)
-        self.ndim, self.clip = ndim, clip
-        self.content_heads = heads // 2
+    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, **favor):
+        """``favor``: num_features, feature_redraw_interval, kernel (see :class:`FavorAttention`)."""
+        super().__init__(dim, heads, ndim, clip, **favor)
+        self.content_heads = heads // 2  # at least one content and one relative head
         self.rel_heads = heads - self.content_heads
         # q and v for every head, k for the content heads only
         self.qkv = nn.Linear(dim, 2 * dim + self.content_heads * self.head_dim)
         self.rel = nn.Parameter(torch.zeros(clip + 1, self.head_dim))
-        self.attend = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
-        self.attend_rel = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
+        self.attend_rel = self.favor_kernel()
 
     def heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, dim) -> q, v (B, H, T, D) and the content heads' k (B, H // 2, T, D)."""
@@ -378,7 +392,7 @@ class ClippedRelativeAttention(MultiHeadSelfAttention):
         return f"dim={self.dim}, heads={self.heads} ({self.rel_heads} relative), clip={self.clip}"
 
 
-class ClippedWindowAttention(MultiHeadSelfAttention):
+class ClippedWindowAttention(_ClippedAttention):
     """A local-window variant of strategy 2 (posattn's earlier reading of it, kept as
     ``performer.clipped_form: window``; the paper's model is :class:`ClippedRelativeAttention`): half the heads (``heads // 2``) use learned
     relative embeddings by Manhattan distance, clipped at ``clip``, over the
@@ -391,25 +405,11 @@ class ClippedWindowAttention(MultiHeadSelfAttention):
     token attends content-only to all tokens in the relative heads.
     """
 
-    min_heads = 2  # at least one relative and one FAVOR+ head
-
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        ndim: int,
-        clip: int = 4,
-        num_features: Optional[int] = None,
-        feature_redraw_interval: int = 1000,
-        kernel: str = "favor",
-    ):
-        if clip < 1 or ndim < 1:
-            raise ValueError(f"ClippedWindowAttention: clip and ndim must be >= 1, got {clip}, {ndim}")
-        super().__init__(dim, heads)
-        self.ndim, self.clip = ndim, clip
-        self.rel_heads = heads // 2
+    def __init__(self, dim: int, heads: int, ndim: int, clip: int = 4, **favor):
+        """``favor``: num_features, feature_redraw_interval, kernel (see :class:`FavorAttention`)."""
+        super().__init__(dim, heads, ndim, clip, **favor)
+        self.rel_heads = heads // 2  # at least one relative and one FAVOR+ head
         self.rel = nn.Parameter(torch.randn(self.rel_heads, clip + 1, self.head_dim) * 0.02)
-        self.attend = _FavorKernel(self.head_dim, num_features, feature_redraw_interval, kernel)
 
     def window(self, grid: Sequence[int], device=None):
         """Neighbour indices (N, W), validity (N, W) and Manhattan rows (W,) of the window."""

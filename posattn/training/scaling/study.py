@@ -238,10 +238,20 @@ def model_for(
     from ...nn import TransformerClassifier
 
     spec = dict(METHODS[method][1])
-    spec.update(
+    spec.update(_model_spec(cfg, grid, depth, num_classes=10))
+    if method in SPAN_KEEP:
+        spec["span"] = {"enabled": True, "threshold": cfg.threshold, "units": "cells", "init": sigma_cells}
+    spec.update(overrides)
+    return TransformerClassifier(**spec)
+
+
+def _model_spec(cfg: ScalingConfig, grid: Sequence[int], depth: int, num_classes: int) -> dict:
+    """The TransformerClassifier arguments every model of the study shares: the config's
+    sizes, no dropout, mean pooling, a linear head."""
+    return dict(
         grid=list(grid),
         in_channels=cfg.in_channels,
-        num_classes=10,
+        num_classes=num_classes,
         dim=cfg.dim,
         depth=depth,
         heads=cfg.heads,
@@ -251,10 +261,6 @@ def model_for(
         pooling="mean",
         head="linear",
     )
-    if method in SPAN_KEEP:
-        spec["span"] = {"enabled": True, "threshold": cfg.threshold, "units": "cells", "init": sigma_cells}
-    spec.update(overrides)
-    return TransformerClassifier(**spec)
 
 
 def keep_fraction(model, grid: Sequence[int]) -> float:
@@ -466,23 +472,8 @@ def gradient_point(cfg: ScalingConfig, encoding: str, residual: bool, norm: str,
 
     torch.manual_seed(seed)
     n, c = int(cfg.gradient_tokens), cfg.in_channels
-    model = TransformerClassifier(
-        grid=[n],
-        in_channels=c,
-        num_classes=c,
-        dim=cfg.dim,
-        depth=depth,
-        heads=cfg.heads,
-        ffn_dim=cfg.ffn_dim,
-        dropout=0.0,
-        input_dropout=0.0,
-        attention="sdpa",
-        pe={"name": encoding},
-        norm=norm,
-        residual=residual,
-        pooling="mean",
-        head="linear",
-    )
+    spec = _model_spec(cfg, [n], depth, num_classes=c)
+    model = TransformerClassifier(**spec, attention="sdpa", pe={"name": encoding}, norm=norm, residual=residual)
     x = torch.randn(cfg.gradient_batch, n, c)
     y = x[:, : n // 2].mean(1).argmax(-1)  # which channel is largest over the first half: needs positions
     loss = F.cross_entropy(model(x), y)
