@@ -32,8 +32,7 @@ CpuPlan plan_call(const Problem& p) {
 
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(POSATTN_RELPOS_HEAD_PARAMS,
                                                         POSATTN_RELPOS_TAIL_PARAMS) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   check_cpu(q);
   const RelposShape& s = c.shape;
   if (s.has_sigma) check_sigma_values_cpu(c.sigma);
@@ -57,8 +56,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 relpos_attention_backward_cpu(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_lse,
                               POSATTN_RELPOS_HEAD_PARAMS, const at::Tensor& out, const at::Tensor& lse,
                               POSATTN_RELPOS_TAIL_PARAMS) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   const RelposShape& s = c.shape;
   check_relpos_backward_inputs(s, q, grad_out, grad_lse, out, lse);
   check_cpu(q);
@@ -136,8 +134,7 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out, const c10::optional<at
 
 std::string relpos_plan_cpu(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARAMS,
                             bool /*backward: the same kernels as the forward*/) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   TORCH_CHECK_VALUE(q.device().is_cpu(), "relpos_plan: the CPU kernel got q on ", q.device());
   if (c.shape.has_sigma) check_sigma_values_cpu(c.sigma);
   return describe(plan_call(make_problem(c.params, c.sigma)));

@@ -122,8 +122,7 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
 
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(POSATTN_RELPOS_HEAD_PARAMS,
                                                          POSATTN_RELPOS_TAIL_PARAMS) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   const RelposShape& s = c.shape;
@@ -148,8 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_lse,
                                POSATTN_RELPOS_HEAD_PARAMS, const at::Tensor& out, const at::Tensor& lse,
                                POSATTN_RELPOS_TAIL_PARAMS) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   const RelposShape& s = c.shape;
   check_relpos_backward_inputs(s, q, grad_out, grad_lse, out, lse);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
@@ -209,8 +207,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
 }
 
 std::string relpos_plan_cuda(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARAMS, bool backward) {
-  const RelposCall c = checked_call(q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal,
-                                    bias, window, window_border, window_right, window_stride, window_causal);
+  const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_plan (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   return describe(plan_call(c, backward), backward);
