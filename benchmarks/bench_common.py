@@ -53,6 +53,15 @@ def write_records(path: Optional[str], records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def write_markdown(path: Optional[str], text: str) -> None:
+    """Writes a results table (the --markdown option) when a path was given."""
+    if not path:
+        return
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    print(f"wrote {path}")
+
+
 def parse_grid(s: str) -> list[int]:
     """``"32x32"`` -> [32, 32]; exits with a message naming --grid otherwise."""
     try:

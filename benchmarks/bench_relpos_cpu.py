@@ -35,6 +35,7 @@ from bench_common import (
     ratio,
     record,
     results_markdown,
+    write_markdown,
     write_records,
 )
 
@@ -256,10 +257,7 @@ def main():
         for line in summary_lines(res, args):
             print(line)
     write_records(args.json, records(results, args))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(results, args) + "\n")
-        print(f"wrote {args.markdown}")
+    write_markdown(args.markdown, markdown(results, args))
 
 
 if __name__ == "__main__":

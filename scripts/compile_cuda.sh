@@ -2,8 +2,7 @@
 # Compiles every CUDA source (csrc/**/*.cu) to an object file with nvcc, so the
 # CUDA kernels never rot on machines without a GPU. Nothing is linked or run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 
 mapfile -t sources < <(find csrc -name '*.cu' | sort)
 if [ ${#sources[@]} -eq 0 ]; then

@@ -10,10 +10,7 @@
 #   CUDA_TORCH_VERSION  the CUDA torch to build against (default 2.14.1)
 #   CUDA_HOME           the toolkit (default: the /usr/local/cuda-* holding lib64/libcudart.so)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. scripts/lib.sh
-repo=$(pwd)
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 CUDA_TORCH_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
 venv="$repo/build/cuda-venv"
 src="$repo/build/cuda-src"

@@ -8,8 +8,7 @@
 #   bash scripts/cuda_sim.sh [pytest args, e.g. -k tiled]
 # Expects scripts/setup.sh to have run (torch, posattn, pytest, pytest-xdist).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 
 kit=${GPUSIM_KIT:-$(cd .. && pwd)/shared/gpusim}
 if [ ! -f "$kit/setup.sh" ]; then

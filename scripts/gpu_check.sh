@@ -20,8 +20,7 @@
 # skipped when the extension is already built for this device). Exits non-zero if any
 # step failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -5,8 +5,7 @@
 #   ruff check --fix . && ruff format . && git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' '*.inc' | xargs clang-format -i
 # The tools are pinned in requirements-dev.txt. Exits non-zero on any finding.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .

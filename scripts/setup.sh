@@ -2,9 +2,8 @@
 # Installs everything posattn needs on a fresh Debian machine with Python 3.11
 # and builds the extension in place against the installed (pinned) torch.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 
-PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 # System packages: Catch2 for the C++ unit tests, Fashion-MNIST for the offline demo.

@@ -3,8 +3,7 @@
 # (but the simulated-GPU cases: scripts/cuda_sim.sh).
 # Expects scripts/setup.sh to have run. Exits non-zero on any failure.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 
 prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 cmake -S . -B build/cpp -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null

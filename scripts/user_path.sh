@@ -4,10 +4,7 @@
 # and a sweep in the thesis' format, both from a working directory outside the checkout, the sweep
 # under `python -O`. Exits non-zero on any failure. Run by .ci/run after the test suite.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. scripts/lib.sh
-repo=$(pwd)
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/lib.sh"
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 venv="$repo/build/user-venv"
 

@@ -157,23 +157,6 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
   __syncthreads();
 }
 
-// Writes a warp's accumulator (its 16 slots' rows of a gradient) to dst through
-// the warp's rows of the S scratch: thread (r, half) owns half of slot r's row,
-// and slot r's row belongs to the thread's own warp, so a warp barrier suffices.
-// The caller has made sure that no warp still reads S.
-template <typename CT, int D>
-__device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S,
-                                           const int* tok, int64_t base, int warp, int r, int half) {
-  constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
-  acc.store(S + warp * 16 * LS, LS);
-  __syncwarp();
-  if (tok[r] >= 0) {
-    CT* row = dst + (base + tok[r]) * D + half * OC;
-    for (int j = 0; j < OC; ++j) row[j] = from_acc<CT>(S[r * LS + half * OC + j]);
-  }
-  __syncwarp();  // S is free for the next accumulator
-}
-
 // Where a backward block works (blockIdx.x = (batch, head) row bh times the tiles per
 // head, plus its tile) and its thread's place: warp, query slot r (two threads per
 // slot) and which half of the slot's columns.
@@ -189,25 +172,38 @@ struct BlockCoords {
         half(threadIdx.x & 1) {}
 };
 
+// Writes a warp's accumulator (its 16 slots' rows of a gradient) to dst through
+// the warp's rows of the S scratch: thread (r, half) owns half of slot r's row,
+// and slot r's row belongs to the thread's own warp, so a warp barrier suffices.
+// The caller has made sure that no warp still reads S.
+template <typename CT, int D>
+__device__ __forceinline__ void store_rows(CT* __restrict__ dst, const WarpAcc<CT, D / 16>& acc, float* S,
+                                           const int* tok, const BlockCoords& bc, int64_t N) {
+  constexpr int LS = BwdLayout<CT, D>::LS, OC = D / 2;
+  const int r = bc.r, half = bc.half;
+  acc.store(S + bc.warp * 16 * LS, LS);
+  __syncwarp();
+  if (tok[r] >= 0) {
+    CT* row = dst + (bc.bh * N + tok[r]) * D + half * OC;
+    for (int j = 0; j < OC; ++j) row[j] = from_acc<CT>(S[r * LS + half * OC + j]);
+  }
+  __syncwarp();  // S is free for the next accumulator
+}
+
 // dK, dV: a block per (batch, head, key box = a tile of the grid); the query boxes
 // of the tile's shape over the queries that may keep its keys (tiling::query_region).
 template <typename CT, int D>
 __device__ void dkv_block(const TiledArgs& a, const RelposTensors<CT>& t, const BwdSmem<CT>& m,
-                          const TileHead& hd) {
+                          const TileHead& hd, const BlockCoords& bc) {
   constexpr int LD = BwdLayout<CT, D>::LD, LP = BwdLayout<CT, D>::LP;
   const RelposParams& p = a.p;
-  const BlockCoords bc(a);
-  const int64_t tile_index = bc.tile_index, bh = bc.bh, h = bc.h;
-  const int warp = bc.warp, r = bc.r, half = bc.half;
-  WarpAcc<CT, D / 16> dKacc, dVacc;  // warp w: key slots 16 w ... 16 w + 15
-  dKacc.zero();
-  dVacc.zero();
+  WarpAcc<CT, D / 16> dKacc(0.f), dVacc(0.f);  // warp w: key slots 16 w ... 16 w + 15
 
-  const tiling::Box kb = tiling::tile_box(p.g, a.tile, tile_index);
+  const tiling::Box kb = tiling::tile_box(p.g, a.tile, bc.tile_index);
   if (threadIdx.x < kBK) fill_key_slot(p, kb, threadIdx.x, m.ktok, m.kc, m.krel);
   __syncthreads();
   if (threadIdx.x < kBK)
-    m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bh * p.N + m.ktok[threadIdx.x] : -1;
+    m.row_off[threadIdx.x] = m.ktok[threadIdx.x] >= 0 ? bc.bh * p.N + m.ktok[threadIdx.x] : -1;
   __syncthreads();
   load_rows<CT, D, LD>(m.K, t.k, m.row_off, kBK);
   load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
@@ -224,7 +220,7 @@ __device__ void dkv_block(const TiledArgs& a, const RelposTensors<CT>& t, const 
     if (ob.R == 0) continue;
     __syncthreads();  // the previous query box is done with the slots and tiles
     if (threadIdx.x < kBQ) {
-      fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
+      fill_bwd_query_slot(p, hd, qb, threadIdx.x, bc.bh, t.lse, t.rowd, m);
       m.qbox[threadIdx.x] = query_box_index(p, ob, m.qc, m.qtok, threadIdx.x);
     } else {
       const int c = threadIdx.x - kBQ;
@@ -236,32 +232,26 @@ __device__ void dkv_block(const TiledArgs& a, const RelposTensors<CT>& t, const 
     load_rows<CT, D, LD>(m.dO, t.gout, m.row_off, kBQ);
     __syncthreads();
     float das[32];
-    pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
+    pair_gradients<CT, D>(p, hd, bc.h, ob, m, t.rel, t.bias, bc.r, bc.half, bc.warp, das);
     // dV += P^T dO, dK += (scale dA)^T Q: warp w owns key rows 16 w ... 16 w + 15
-    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + warp * 16, LP, m.dO, LD, dVacc);
-    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + warp * 16, LP, m.Q, LD, dKacc);
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.P + bc.warp * 16, LP, m.dO, LD, dVacc);
+    warp_mma_acc<CT, kBQ, D / 16, true, false>(m.DS + bc.warp * 16, LP, m.Q, LD, dKacc);
   }
   __syncthreads();  // every warp is done with S
-  store_rows<CT, D>(t.dk, dKacc, m.S, m.ktok, bh * p.N, warp, r, half);
-  store_rows<CT, D>(t.dv, dVacc, m.S, m.ktok, bh * p.N, warp, r, half);
+  store_rows<CT, D>(t.dk, dKacc, m.S, m.ktok, bc, p.N);
+  store_rows<CT, D>(t.dv, dVacc, m.S, m.ktok, bc, p.N);
 }
 
 // dQ, dQpos: a block per (batch, head, query tile); the key boxes of its key region.
 template <typename CT, int D>
 __device__ void dq_block(const TiledArgs& a, const RelposTensors<CT>& t, const BwdSmem<CT>& m,
-                         const TileHead& hd) {
+                         const TileHead& hd, const BlockCoords& bc) {
   constexpr int LD = BwdLayout<CT, D>::LD, LP = BwdLayout<CT, D>::LP;
   const RelposParams& p = a.p;
-  const BlockCoords bc(a);
-  const int64_t tile_index = bc.tile_index, bh = bc.bh, h = bc.h;
-  const int warp = bc.warp, r = bc.r, half = bc.half;
-  WarpAcc<CT, D / 16> dQacc, dQpacc;  // warp w: query slots 16 w ... 16 w + 15
-  dQacc.zero();
-  dQpacc.zero();
-  CT* Tp = m.P;  // dA scattered to 64 offset-box entries (P itself is not needed here)
+  WarpAcc<CT, D / 16> dQacc(0.f), dQpacc(0.f);  // warp w: query slots 16 w ... 16 w + 15
 
-  const tiling::Box qb = tiling::tile_box(p.g, a.tile, tile_index);
-  if (threadIdx.x < kBQ) fill_bwd_query_slot(p, hd, qb, threadIdx.x, bh, t.lse, t.rowd, m);
+  const tiling::Box qb = tiling::tile_box(p.g, a.tile, bc.tile_index);
+  if (threadIdx.x < kBQ) fill_bwd_query_slot(p, hd, qb, threadIdx.x, bc.bh, t.lse, t.rowd, m);
   __syncthreads();
   load_rows<CT, D, LD>(m.Q, t.q, m.row_off, kBQ);
   if (p.has_pos) load_rows<CT, D, LD>(m.Qp, t.qpos, m.row_off, kBQ);
@@ -279,7 +269,7 @@ __device__ void dq_block(const TiledArgs& a, const RelposTensors<CT>& t, const B
       const int c = threadIdx.x;
       fill_key_slot(p, kb, c, m.ktok, m.kc, m.krel);
       m.kbox[c] = key_box_index(p, ob, m.kc, m.ktok, c);
-      m.row_off[c] = m.ktok[c] >= 0 ? bh * p.N + m.ktok[c] : -1;
+      m.row_off[c] = m.ktok[c] >= 0 ? bc.bh * p.N + m.ktok[c] : -1;
     } else {
       const int s = threadIdx.x - kBK;
       m.qbox[s] = query_box_index(p, ob, m.qc, m.qtok, s);
@@ -289,19 +279,20 @@ __device__ void dq_block(const TiledArgs& a, const RelposTensors<CT>& t, const B
     load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
     __syncthreads();
     float das[32];
-    pair_gradients<CT, D>(p, hd, h, ob, m, t.rel, t.bias, r, half, warp, das);
+    pair_gradients<CT, D>(p, hd, bc.h, ob, m, t.rel, t.bias, bc.r, bc.half, bc.warp, das);
     // dQ += (scale dA) K
-    warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + warp * 16 * LP, LP, m.K, LD, dQacc);
+    warp_mma_acc<CT, kBK, D / 16, false, false>(m.DS + bc.warp * 16 * LP, LP, m.K, LD, dQacc);
     // dQpos += (scale dA) scattered to the offset box, times its rows of rel (64 at a time; V is dead: it
     // holds them)
     if (p.has_pos) {
+      CT* Tp = m.P;  // dA scattered to 64 offset-box entries (P itself is not needed here)
       CT* Rs = m.V;
       for (int64_t p0 = 0; p0 < ob.R; p0 += kBK) {
         __syncthreads();  // the previous piece's product is done with Tp and Rs (and the dQ product with DS)
         for (int i = threadIdx.x; i < 64 * LP; i += blockDim.x) Tp[i] = from_acc<CT>(0.f);
-        if (threadIdx.x < kBK) m.row_off[threadIdx.x] = offset_box_rel_row(p, ob, h, p0 + threadIdx.x);
+        if (threadIdx.x < kBK) m.row_off[threadIdx.x] = offset_box_rel_row(p, ob, bc.h, p0 + threadIdx.x);
         __syncthreads();
-        const int qbr = m.qbox[r];
+        const int r = bc.r, half = bc.half, qbr = m.qbox[r];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const int64_t e = static_cast<int64_t>(qbr) + m.kbox[2 * j + half] - p0;
@@ -309,13 +300,13 @@ __device__ void dq_block(const TiledArgs& a, const RelposTensors<CT>& t, const B
         }
         load_rows<CT, D, LD>(Rs, t.rel, m.row_off, kBK);
         __syncthreads();
-        warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + warp * 16 * LP, LP, Rs, LD, dQpacc);
+        warp_mma_acc<CT, kBK, D / 16, false, false>(Tp + bc.warp * 16 * LP, LP, Rs, LD, dQpacc);
       }
     }
   }
   __syncthreads();  // every warp is done with S
-  store_rows<CT, D>(t.dq, dQacc, m.S, m.qtok, bh * p.N, warp, r, half);
-  if (p.has_pos) store_rows<CT, D>(t.dqpos, dQpacc, m.S, m.qtok, bh * p.N, warp, r, half);
+  store_rows<CT, D>(t.dq, dQacc, m.S, m.qtok, bc, p.N);
+  if (p.has_pos) store_rows<CT, D>(t.dqpos, dQpacc, m.S, m.qtok, bc, p.N);
 }
 
 // Both backward kernels: the shared memory, the head, then the block's work.
@@ -326,12 +317,13 @@ __global__ void __launch_bounds__(kThreads) relpos_tiled_backward_kernel(TiledAr
 #else
   extern __shared__ __align__(128) unsigned char smem[];
   const BwdSmem<CT> m = carve<CT, D>(smem, a.p.g.ndim);
+  const BlockCoords bc(a);
   TileHead hd;
-  load_span_head<float>(a.p, (blockIdx.x / a.tiles) % a.p.H, t.sigma, hd);
+  load_span_head<float>(a.p, bc.h, t.sigma, hd);
   if constexpr (KEY_MAJOR)
-    dkv_block<CT, D>(a, t, m, hd);
+    dkv_block<CT, D>(a, t, m, hd, bc);
   else
-    dq_block<CT, D>(a, t, m, hd);
+    dq_block<CT, D>(a, t, m, hd, bc);
 #endif
 }
 

@@ -132,9 +132,10 @@ template <typename CT, int NT>
 struct WarpAcc {
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, Mma<CT>::K, float> f[NT];
 
-  __device__ __forceinline__ void zero() {
+  WarpAcc() = default;  // unset (filled by load_matrix_sync)
+  __device__ __forceinline__ explicit WarpAcc(float v) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::fill_fragment(f[nt], 0.0f);
+    for (int nt = 0; nt < NT; ++nt) nvcuda::wmma::fill_fragment(f[nt], v);
   }
   // to C (16 rows x 16 NT cols, row stride ldc)
   __device__ __forceinline__ void store(float* C, int ldc) const {
