@@ -1,7 +1,7 @@
 """Running posattn's CUDA kernels on the simulated GPU (../shared/gpusim): building
 the harness (tests/cuda_sim/harness.cu, one binary per element type and tiled head
-dim), writing a case, running it under the simulator and reading back what the
-kernels computed. Used by the simulated-GPU tests (tests/cuda_sim/) and by
+dim) and other torch-free test programs (build), writing a case, running it under
+the simulator (run, run_case) and reading back what the kernels computed. Used by the simulated-GPU tests (tests/cuda_sim/) and by
 benchmarks/sim_cycles.py.
 
 The harness needs no torch; this module does (it turns tensors into the harness'
@@ -70,9 +70,9 @@ def unavailable() -> Optional[str]:
     return None
 
 
-def _sources_hash() -> str:
+def _sources_hash(source: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + [HARNESS]
+    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + [source]
     for f in files:
         h.update(str(f.relative_to(REPO)).encode())
         h.update(f.read_bytes())
@@ -80,12 +80,12 @@ def _sources_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
-    """The harness binary for `dtype` (with the tiled kernels of head dim `tiled_d`),
-    built if its sources changed. Safe to call from several processes at once."""
-    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_tiled{tiled_d}" if tiled_d else "")
+def build(source: Path, name: str, defines: Sequence[str] = ()) -> Path:
+    """The simulator binary `name` of the torch-free CUDA program `source` (compiled
+    with -Icsrc, the -D`defines` and torch's half flags, PTX for compute_80), built
+    if it or a header of csrc/ changed. Safe to call from several processes at once."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    binary = BUILD / f"{name}-{_sources_hash()}"
+    binary = BUILD / f"{name}-{_sources_hash(source)}"
     with open(BUILD / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not binary.exists():
@@ -103,18 +103,23 @@ def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
                 "-cudart",
                 "shared",
                 f"-I{CSRC}",
-                f"-DHARNESS_T={TYPE_NAMES[dtype]}",
+                *(f"-D{d}" for d in defines),
                 "-o",
                 str(binary) + ".tmp",
-                str(HARNESS),
+                str(source),
             ]
-            if tiled_d:
-                cmd.insert(-3, f"-DHARNESS_TILED_D={tiled_d}")
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
             os.replace(str(binary) + ".tmp", binary)
     return binary
+
+
+def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
+    """The harness binary for `dtype` (with the tiled kernels of head dim `tiled_d`)."""
+    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_tiled{tiled_d}" if tiled_d else "")
+    defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"] + ([f"HARNESS_TILED_D={tiled_d}"] if tiled_d else [])
+    return build(HARNESS, name, defines)
 
 
 # ---- cases -----------------------------------------------------------------------
@@ -169,6 +174,25 @@ class SimRun:
         return dict(line.split(None, 1) for line in lines if line.strip())
 
 
+def run(binary: Path, args: Sequence[str] = (), timing: bool = False, timeout: float = 900, rundir=None):
+    """Runs `binary` on the simulator (timing: GPGPU-Sim's cycle model, much slower;
+    rundir: keep the simulator's run directory, with its log, there); the process."""
+    env = dict(os.environ)
+    env.pop("GPUSIM_TIMING", None)
+    if timing:
+        env["GPUSIM_TIMING"] = "1"
+    env.pop("GPUSIM_RUNDIR", None)
+    if rundir is not None:
+        env["GPUSIM_RUNDIR"] = str(rundir)
+    return subprocess.run(
+        ["bash", str(kit_dir() / "run.sh"), str(binary), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
 def run_case(
     binary: Path,
     case_dir: Path,
@@ -194,21 +218,8 @@ def run_case(
     (case_dir / "case.txt").write_text("\n".join(lines) + "\n")
     for name, t in arrays.items():
         write_tensor(case_dir / f"{name}.bin", t)
-    env = dict(os.environ)
-    env.pop("GPUSIM_TIMING", None)
-    if timing:
-        env["GPUSIM_TIMING"] = "1"
-    env.pop("GPUSIM_RUNDIR", None)
-    if rundir is not None:
-        env["GPUSIM_RUNDIR"] = str(rundir)
     start = time.perf_counter()
-    done = subprocess.run(
-        ["bash", str(kit_dir() / "run.sh"), str(binary), str(case_dir.resolve())],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    done = run(binary, [str(case_dir.resolve())], timing=timing, timeout=timeout, rundir=rundir)
     return SimRun(case_dir, done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
 
 

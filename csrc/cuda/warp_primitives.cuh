@@ -1,0 +1,166 @@
+// Warp-level tensor-core primitives of sm_80+ as inline PTX: mma.sync, ldmatrix,
+// cp.async, and the packing of float pairs into 16-bit registers. The fast-path
+// kernels are written on these (FlashAttention-2's instruction set); every
+// instruction here runs on the simulated GPU (tests/cuda_sim/warp_primitives.cu
+// checks each one, lane by lane, against the layouts below).
+//
+// Fragment layouts: the PTX ISA's ("Matrix Fragments for mma.m16n8k16 / m16n8k8").
+// A warp's lane = 4 g + t (g = lane / 4, the group; t = lane % 4). Two 16-bit
+// elements share a 32-bit register, the lower column (or row) in bits 15:0.
+//   m16n8k16 (bf16, f16):
+//     A (16 x 16, row-major)  a[0]: (g, 2t..2t+1)    a[1]: (g+8, 2t..2t+1)
+//                             a[2]: (g, 2t+8..2t+9)  a[3]: (g+8, 2t+8..2t+9)
+//     B (16 x 8, k x n)       b[0]: (2t..2t+1, g)    b[1]: (2t+8..2t+9, g)
+//     C, D (16 x 8, float)    c[0], c[1]: (g, 2t), (g, 2t+1)   c[2], c[3]: (g+8, 2t), (g+8, 2t+1)
+//   m16n8k8 (tf32, one element per register; C, D as above):
+//     A (16 x 8)  a[0]: (g, t)  a[1]: (g+8, t)  a[2]: (g, t+4)  a[3]: (g+8, t+4)
+//     B (8 x 8)   b[0]: (t, g)  b[1]: (t+4, g)
+//
+// ldmatrix gives the 16-bit fragments straight from shared memory: lane i passes
+// the address of row i % 8 of 8 x 8 matrix i / 8 (x1: lanes 0-7, x2: 0-15, x4: all),
+// and register j of every lane receives matrix j in the layouts above. With a tile's
+// element (row, col) at tile + row * ld + col:
+//   A, a 16 x 16 row-major tile: x4, lane i at (i % 16, 8 (i / 16));
+//   B = K^T with K stored n-major (a key per row, as for S = Q K^T): x2, lane i at
+//     (i % 8, 8 ((i / 8) % 2)); x4 adds the next 8 keys, lane i at
+//     (i % 8 + 8 (i / 16), 8 ((i / 8) % 2)): r[0], r[1] and r[2], r[3] are two B's;
+//   B = V stored k-major (a key per row, as for O = P V): .trans, x2 lane i at
+//     (i % 16, 0); x4 adds the next 8 columns, lane i at (i % 16, 8 (i / 16)).
+// TF32 fragments (32-bit elements) are read with plain shared loads at the
+// coordinates above.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace posattn::warp {
+
+// The 32-bit shared-window address of a pointer into shared memory (what ldmatrix
+// and cp.async take).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Row and column of accumulator register i (0..3) of `lane` in a 16 x 8 C / D tile.
+__device__ __forceinline__ int acc_row(int lane, int i) {
+  return (lane >> 2) + 8 * (i >> 1);
+}
+__device__ __forceinline__ int acc_col(int lane, int i) {
+  return 2 * (lane & 3) + (i & 1);
+}
+
+// ---- mma.sync -----------------------------------------------------------------------
+
+// d += a b, m16n8k16, T = __nv_bfloat16 or __half, float accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 or f16 inputs");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+// d += a b, m16n8k8 with TF32 inputs (registers holding to_tf32 values), float accumulators.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                                 const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- ldmatrix -----------------------------------------------------------------------
+
+// N = 1, 2 or 4 8 x 8 matrices of 16-bit elements from shared memory; `row` is this
+// lane's row address (see the header). TRANS: each matrix transposed (.trans).
+template <int N, bool TRANS = false>
+__device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
+  static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
+  const uint32_t addr = shared_address(row);
+  if constexpr (N == 1 && !TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+  else if constexpr (N == 1)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+  else if constexpr (N == 2 && !TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+  else if constexpr (N == 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+  else if constexpr (!TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// ---- cp.async -----------------------------------------------------------------------
+
+// Copies 16 bytes from global to shared memory without passing through registers
+// (L1 bypassed: .cg). !valid: writes 16 zero bytes and reads nothing (rows past the
+// grid); `src` must still be a valid address then (pass the tensor's base).
+// Both addresses 16-byte aligned.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+// Closes the group of the copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits until at most N committed groups are still in flight (N = 0: all done). The
+// copies are visible to the thread that issued them; a __syncthreads() after the wait
+// makes them visible to the block.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---- register packing ---------------------------------------------------------------
+
+// Two floats rounded (to nearest even) to T = __nv_bfloat16 or __half in one
+// register: lo in bits 15:0, hi in 31:16 (an A or B fragment register).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 or f16");
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return r;
+}
+
+// A float as a TF32 operand (rounded to nearest, ties away: cvt.rna.tf32.f32).
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+}  // namespace posattn::warp
