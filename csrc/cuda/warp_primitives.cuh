@@ -28,6 +28,9 @@
 //     (i % 16, 0); x4 adds the next 8 columns, lane i at (i % 16, 8 (i / 16)).
 // TF32 fragments (32-bit elements) are read with plain shared loads at the
 // coordinates above.
+//
+// Every asm that reads or writes memory says so ("memory"), so that the compiler
+// keeps plain loads and stores of shared memory on their side of it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -92,25 +95,35 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
   const uint32_t addr = shared_address(row);
   if constexpr (N == 1 && !TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+                 : "=r"(r[0])
+                 : "r"(addr)
+                 : "memory");
   else if constexpr (N == 1)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+                 : "=r"(r[0])
+                 : "r"(addr)
+                 : "memory");
   else if constexpr (N == 2 && !TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   else if constexpr (N == 2)
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   else if constexpr (!TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 }
 
 // ---- cp.async -----------------------------------------------------------------------
@@ -122,12 +135,13 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(src_bytes));
+               "r"(src_bytes)
+               : "memory");
 }
 
 // Closes the group of the copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 // Waits until at most N committed groups are still in flight (N = 0: all done). The
@@ -135,7 +149,7 @@ __device__ __forceinline__ void cp_async_commit() {
 // makes them visible to the block.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- register packing ---------------------------------------------------------------
@@ -154,6 +168,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     r = *reinterpret_cast<const uint32_t*>(&v);
   }
   return r;
+}
+
+// 2^x by the special-function unit (ex2.approx.ftz: about 2 ulp, a subnormal result
+// flushed to 0, 2^-inf = 0): the softmax's exponential, without exp2f's subnormal fix-up.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // A float as a TF32 operand (rounded to nearest, ties away: cvt.rna.tf32.f32).
