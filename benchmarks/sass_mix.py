@@ -11,7 +11,7 @@ a fully unrolled loop body with few branches (the fast path's kernels) that is c
 to what one iteration executes; for loops with inner loops (today's tiled kernels) it
 understates the inner loops' share.
 
-    python benchmarks/sass_mix.py                       # the fast forward against the tiled forward
+    python benchmarks/sass_mix.py                       # the fast forwards against the tiled forward
     python benchmarks/sass_mix.py --cubin x.cubin --kernel fast_forward
 
 Needs nvcc (CUDA_HOME or PATH) and cuobjdump, which CUDA 13's toolkit here lacks:
@@ -110,7 +110,8 @@ def functions(sass: str) -> Dict[str, List[Tuple[int, str, str]]]:
             out[current] = []
             continue
         m = LINE_RE.search(line)
-        if m and current is not None:
+        # (@!PT: never executed, padding the compiler puts around some instructions)
+        if m and current is not None and (m.group(2) or "").strip() != "@!PT":
             out[current].append((int(m.group(1), 16), m.group(3), m.group(5)))
     return out
 
@@ -138,7 +139,8 @@ def loop_mix(code: List[Tuple[int, str, str]]) -> Tuple[Counter, int]:
 
 
 def pick(funcs: Dict[str, list], needle: str) -> Tuple[str, list]:
-    names = [n for n in funcs if needle in n]
+    """The kernel whose mangled name holds every space-separated part of `needle`."""
+    names = [n for n in funcs if all(part in n for part in needle.split())]
     if not names:
         sys.exit(f"sass_mix: no kernel matching {needle!r} in {sorted(funcs)}")
     return names[0], funcs[names[0]]
@@ -179,7 +181,8 @@ def main() -> None:
             simlib.HARNESS, [f"HARNESS_T={args.dtype}", f"HARNESS_TILED_D={args.d}"], work / "tiled.cubin"
         )
         jobs += [
-            ("fast forward (no positional term yet)", fast, "fast_forward_kernel"),
+            ("fast forward, FA2 control", fast, "fast_forward_kernel Lb0E"),
+            ("fast forward, positional term (1-D)", fast, "fast_forward_kernel Lb1E"),
             ("tiled forward (WMMA, positional term)", tiled, "relpos_tiled_forward_kernel"),
         ]
     rows = []

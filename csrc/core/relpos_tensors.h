@@ -42,6 +42,11 @@ struct RelposTensors {
   T* __restrict__ dbias = nullptr;
   // d sigma's partial sums (float64; (blocks or tasks, G) per head, summed by the entry point)
   double* __restrict__ dsig_part = nullptr;
+  // CUDA's fast path: the terms of a logit that depend only on its offset, (H, U) in
+  // float32: added (bias, minus the span's quad with span add) and multiplied (the
+  // span's exp(-quad) with span multiply); null where the call has none
+  const float* __restrict__ offset_add = nullptr;
+  const float* __restrict__ offset_mul = nullptr;
   // CUDA's tiled offset kernel: d rel and d bias in float32 before their rounding to T
   float* __restrict__ drel_acc = nullptr;
   float* __restrict__ dbias_acc = nullptr;

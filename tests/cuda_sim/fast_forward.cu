@@ -1,10 +1,13 @@
-// Runs the fast path's forward skeleton (csrc/cuda/relpos_fast_forward.cuh) on one
-// call and checks it against a float64 host reference: out = softmax(scale q k^T) v
-// and lse, with causal masking or without. Inputs are uniform in [-1, 1), rounded
-// to the element type first, so the error measures the kernel's own arithmetic.
-// Built per element type and head dim (-DFAST_T=bf16|half, -DFAST_D=32|64|128).
+// Runs the fast path's forward (csrc/cuda/relpos_fast_forward.cuh) on one call on a
+// 1-D grid and checks it against a float64 host reference: out = softmax(logits) v and
+// lse, with causal masking or without; logits = scale q k^T (POS 0, the FA2 control)
+// or scale (q k^T + q_pos rel[u]) + bias[u], then minus the span's quad (SPAN 1: add)
+// or times exp(-quad) (SPAN 2: multiply), quad = 0.5 (delta / (N - 1) / sigma_h)^2.
+// Inputs are uniform in [-1, 1), rounded to the element type first, so the error
+// measures the kernel's own arithmetic. Built per element type and head dim
+// (-DFAST_T=bf16|half, -DFAST_D=32|64|128).
 //
-//   fast_forward B H N CAUSAL SEED
+//   fast_forward B H N CAUSAL SEED [POS SPAN BIAS]
 //
 // prints "out_err E", "lse_err E" (the largest error relative to the largest |out|,
 // and the largest absolute lse error) and "rows_written N_OK of N_ALL"; exit status
@@ -72,19 +75,40 @@ U* to_device(const std::vector<U>& h) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s B H N CAUSAL SEED\n", argv[0]);
+  if (argc != 6 && argc != 9) {
+    fprintf(stderr, "usage: %s B H N CAUSAL SEED [POS SPAN BIAS]\n", argv[0]);
     return 2;
   }
   const int B = atoi(argv[1]), H = atoi(argv[2]), N = atoi(argv[3]), causal = atoi(argv[4]);
+  const int pos = argc == 9 ? atoi(argv[6]) : 0, span = argc == 9 ? atoi(argv[7]) : 0;
+  const int has_bias = argc == 9 ? atoi(argv[8]) : 0;
   rng_state = strtoull(argv[5], nullptr, 10) * 2654435761ull + 1;
   const size_t n_qkv = static_cast<size_t>(B) * H * N * kD;
-  std::vector<T> q(n_qkv), k(n_qkv), v(n_qkv);
-  for (auto* x : {&q, &k, &v})
+  const int U = 2 * N - 1;
+  std::vector<T> q(n_qkv), k(n_qkv), v(n_qkv), qpos(pos ? n_qkv : 0),
+      rel(pos ? static_cast<size_t>(H) * U * kD : 0);
+  for (auto* x : {&q, &k, &v, &qpos, &rel})
     for (auto& e : *x) e = from_float<T>(uniform());
+  // the offset terms: bias (H, U), the span's quad (H, U) from sigma_h in [0.3, 1.3)
+  std::vector<double> bias(static_cast<size_t>(H) * U, 0.0), quad(static_cast<size_t>(H) * U, 0.0);
+  for (int h = 0; h < H; ++h) {
+    const double sigma = 0.8 + 0.5 * uniform();
+    for (int u = 0; u < U; ++u) {
+      if (has_bias) bias[h * U + u] = uniform();
+      const double x = (u - (N - 1)) / static_cast<double>(N > 1 ? N - 1 : 1) / sigma;
+      if (span) quad[h * U + u] = 0.5 * x * x;
+    }
+  }
+  std::vector<float> add_tab(static_cast<size_t>(H) * U), mul_tab(static_cast<size_t>(H) * U);
+  for (size_t i = 0; i < add_tab.size(); ++i) {
+    add_tab[i] = static_cast<float>(bias[i] - (span == 1 ? quad[i] : 0.0));
+    mul_tab[i] = static_cast<float>(std::exp(-quad[i]));
+  }
 
   posattn::RelposParams p;
-  p.B = B, p.H = H, p.N = N, p.D = kD, p.Dv = kD;
+  p.B = B, p.H = H, p.N = N, p.D = kD, p.Dv = kD, p.U = U;
+  p.g.ndim = N > 1 ? 1 : 0;
+  p.g.n[0] = N;
   p.causal = causal != 0;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kD));
 
@@ -96,7 +120,14 @@ int main(int argc, char** argv) {
   T* out_d = to_device(out_init);
   float* lse_d = to_device(lse_init);
   t.out = out_d, t.lse = lse_d;
-  CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD>(p, t, nullptr)));
+  if (pos) {
+    t.qpos = to_device(qpos), t.rel = to_device(rel);
+    if (has_bias || span == 1) t.offset_add = to_device(add_tab);
+    if (span == 2) t.offset_mul = to_device(mul_tab);
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, true>(p, t, nullptr)));
+  } else {
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, false>(p, t, nullptr)));
+  }
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<T> out(n_qkv);
   std::vector<float> lse(lse_init.size());
@@ -115,6 +146,16 @@ int main(int argc, char** argv) {
         for (int d = 0; d < kD; ++d)
           dot += static_cast<double>(to_float(q[(bh * N + i) * kD + d])) * to_float(k[(bh * N + j) * kD + d]);
         w[j] = dot * p.scale;
+        if (pos) {
+          const int u = j - i + N - 1;
+          double pdot = 0;
+          for (int d = 0; d < kD; ++d)
+            pdot += static_cast<double>(to_float(qpos[(bh * N + i) * kD + d])) *
+                    to_float(rel[(static_cast<size_t>(bh % H) * U + u) * kD + d]);
+          w[j] += pdot * p.scale + bias[(bh % H) * U + u];
+          if (span == 1) w[j] -= quad[(bh % H) * U + u];
+          if (span == 2) w[j] *= std::exp(-quad[(bh % H) * U + u]);
+        }
         mx = std::fmax(mx, w[j]);
       }
       double sum = 0;

@@ -1,8 +1,14 @@
-"""The fast path's forward skeleton (csrc/cuda/relpos_fast_forward.cuh: FA2's
-structure, no positional term yet) on the simulated GPU against a float64 reference
-(tests/cuda_sim/fast_forward.cu): bf16 and f16, D = 32, 64, 128, causal or not, one
-or several query tiles and key blocks (so the two-stage cp.async pipeline turns
-over), tails, a single token.
+"""The fast path's forward (csrc/cuda/relpos_fast_forward.cuh: FA2's structure) on
+the simulated GPU against a float64 reference (tests/cuda_sim/fast_forward.cu), on
+1-D grids: the FA2 control (no positional term) and the positional kernel (q_pos . rel
+on the tensor cores, bias, span add / multiply as per-offset tables); bf16 and f16,
+D = 32, 64, 128, causal or not, one or several query tiles and key blocks (so the
+two-stage cp.async pipeline turns over), tails, a single token.
+
+Caught by these cases when broken on purpose (2026-11-27): the skew read off by one in
+the query's or the key's part (every positional case), the warp's offset box one row
+off, the offset tile or K read from the other pipeline stage, no mask on the last key
+block, one causal key block short, no rescale of the running sum.
 
 Run with ``bash scripts/cuda_sim.sh``; skipped, with the reason, where the simulator
 is not built.
@@ -22,28 +28,40 @@ PROGRAM = simlib.REPO / "tests" / "cuda_sim" / "fast_forward.cu"
 OUT_TOL = {"bf16": 1e-2, "half": 2e-3}  # relative to the largest |out|: the output's rounding and P's
 LSE_TOL = 1e-4  # absolute: lse is computed in float32
 
-# (type, D, B, H, N, causal): 64 queries per block, key blocks of 64
+# (type, D, B, H, N, causal, positional): 64 queries per block, key blocks of 64;
+# positional = (span: 0 none, 1 add, 2 multiply, bias: 0 / 1) or None for the FA2 control
 CASES = [
-    ("bf16", 64, 1, 1, 64, False),  # one tile, one key block
-    ("bf16", 64, 2, 2, 130, False),  # 3 tiles x 3 key blocks, a 2-row tail, 4 (batch, head)s
-    ("bf16", 64, 1, 2, 130, True),
-    ("half", 32, 1, 1, 200, True),  # 4 key blocks: both stages refilled
-    ("half", 128, 1, 1, 70, False),
-    ("bf16", 128, 1, 1, 1, False),  # a single token: 63 zero-filled rows of every tile
-    ("bf16", 32, 3, 1, 17, True),
+    ("bf16", 64, 1, 1, 64, False, None),  # one tile, one key block
+    ("bf16", 64, 2, 2, 130, False, None),  # 3 tiles x 3 key blocks, a 2-row tail, 4 (batch, head)s
+    ("bf16", 64, 1, 2, 130, True, None),
+    ("half", 32, 1, 1, 200, True, None),  # 4 key blocks: both stages refilled
+    ("half", 128, 1, 1, 70, False, None),
+    ("bf16", 128, 1, 1, 1, False, None),  # a single token: 63 zero-filled rows of every tile
+    ("bf16", 32, 3, 1, 17, True, None),
+    ("bf16", 64, 1, 1, 64, False, (0, 0)),  # the positional term alone
+    ("bf16", 64, 2, 2, 130, False, (1, 1)),  # + bias, span add; offset tiles past both ends
+    ("bf16", 64, 1, 2, 130, True, (2, 1)),  # span multiply, causal
+    ("half", 32, 1, 1, 200, True, (1, 0)),
+    ("half", 128, 1, 1, 70, False, (2, 0)),
+    ("bf16", 128, 1, 1, 1, False, (1, 1)),
+    ("bf16", 32, 2, 1, 257, False, (0, 1)),  # 5 key blocks, a 1-row tail tile
 ]
 
 
 def _id(case):
-    t, d, b, h, n, causal = case
-    return f"{t}-d{d}-b{b}h{h}-n{n}" + ("-causal" if causal else "")
+    t, d, b, h, n, causal, pos = case
+    name = f"{t}-d{d}-b{b}h{h}-n{n}" + ("-causal" if causal else "")
+    if pos is not None:
+        name += "-pos" + ("", "-span-add", "-span-multiply")[pos[0]] + ("-bias" if pos[1] else "")
+    return name
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_fast_forward(case):
-    t, d, b, h, n, causal = case
+    t, d, b, h, n, causal, pos = case
     binary = simlib.build(PROGRAM, f"fast_forward_{t}_d{d}", [f"FAST_T={t}", f"FAST_D={d}"])
-    done = simlib.run(binary, [str(b), str(h), str(n), str(int(causal)), "7"], timeout=600)
+    args = [str(b), str(h), str(n), str(int(causal)), "7"] + ([] if pos is None else ["1", str(pos[0]), str(pos[1])])
+    done = simlib.run(binary, args, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     got = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip())
