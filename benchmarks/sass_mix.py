@@ -185,17 +185,9 @@ def table(rows: List[Tuple[str, Counter, int]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cubin", type=Path, help="a cubin to read instead of building the default pair")
-    p.add_argument("--kernel", default=None, help="substring of the kernel's (mangled) name, with --cubin")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "half"])
-    p.add_argument("--d", type=int, default=64, choices=[32, 64, 128], help="head dim")
-    args = p.parse_args()
-    cuobjdump = find_tool("cuobjdump", "CUOBJDUMP")
-
+def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[str, Counter, int]]:
+    """(label, class counts, loop size) of each kernel asked for (cubins built in `work`)."""
     jobs: List[Tuple[str, Path, str]] = []
-    work = Path(tempfile.mkdtemp(prefix="sass_mix-"))
     if args.cubin:
         jobs.append((args.kernel or "kernel", args.cubin, args.kernel or ""))
     else:
@@ -218,6 +210,20 @@ def main() -> None:
         mix, total = loop_mix(code)
         print(f"{label}: {name}, {len(code)} instructions, main loop {total}", file=sys.stderr)
         rows.append((label, mix, total))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cubin", type=Path, help="a cubin to read instead of building the default pair")
+    p.add_argument("--kernel", default=None, help="substring of the kernel's (mangled) name, with --cubin")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "half"])
+    p.add_argument("--d", type=int, default=64, choices=[32, 64, 128], help="head dim")
+    args = p.parse_args()
+    cuobjdump = find_tool("cuobjdump", "CUOBJDUMP")
+
+    with tempfile.TemporaryDirectory(prefix="sass_mix-") as tmp:
+        rows = mixes(args, cuobjdump, Path(tmp))
     print(f"sm_90 SASS, {args.dtype}, D = {args.d}: the main loop's instructions, each counted once (static)\n")
     print(table(rows))
 

@@ -72,7 +72,8 @@ def unavailable() -> Optional[str]:
 
 def _sources_hash(source: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + [source]
+    # the kernels' headers, the test programs' shared host header(s), the program
+    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + sorted(HARNESS.parent.glob("*.h")) + [source]
     for f in files:
         h.update(str(f.relative_to(REPO)).encode())
         h.update(f.read_bytes())

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/relpos_fast_forward.cuh"
+#include "sim_host.h"
 
 #if !defined(FAST_T) || !defined(FAST_D)
 #error "build with -DFAST_T=bf16|half -DFAST_D=32|64|128"
@@ -32,44 +33,14 @@ constexpr int kD = FAST_D;
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                        \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
-      printf("cuda error: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, cudaGetErrorName(e_)); \
-      exit(3);                                                                                  \
-    }                                                                                           \
-  } while (0)
-
-float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-float to_float(__half x) {
-  return __half2float(x);
-}
-template <typename U>
-U from_float(float x);
-template <>
-__nv_bfloat16 from_float(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__half from_float(float x) {
-  return __float2half_rn(x);
-}
+using sim_host::Device;
+using sim_host::from_float;
+using sim_host::to_float;
 
 uint64_t rng_state;
 float uniform() {  // [-1, 1)
   rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
   return static_cast<float>(static_cast<int64_t>(rng_state >> 40) - (1 << 23)) / (1 << 23);
-}
-
-template <typename U>
-U* to_device(const std::vector<U>& h) {
-  U* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, h.size() * sizeof(U)));
-  CHECK_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(U), cudaMemcpyHostToDevice));
-  return p;
 }
 
 }  // namespace
@@ -115,24 +86,24 @@ int main(int argc, char** argv) {
   // outputs start as NaN, so that a row the kernel does not write shows
   const std::vector<T> out_init(n_qkv, from_float<T>(NAN));
   const std::vector<float> lse_init(static_cast<size_t>(B) * H * N, NAN);
+  Device<T> dq(q), dk(k), dv(v), dout(out_init);
+  Device<float> dlse(lse_init);
   posattn::RelposTensors<T> t;
-  t.q = to_device(q), t.k = to_device(k), t.v = to_device(v);
-  T* out_d = to_device(out_init);
-  float* lse_d = to_device(lse_init);
-  t.out = out_d, t.lse = lse_d;
+  t.q = dq.p, t.k = dk.p, t.v = dv.p, t.out = dout.p, t.lse = dlse.p;
   if (pos) {
-    t.qpos = to_device(qpos), t.rel = to_device(rel);
-    if (has_bias || span == 1) t.offset_add = to_device(add_tab);
-    if (span == 2) t.offset_mul = to_device(mul_tab);
+    Device<T> dqpos(qpos), drel(rel);
+    Device<float> dadd(add_tab), dmul(mul_tab);
+    t.qpos = dqpos.p, t.rel = drel.p;
+    if (has_bias || span == 1) t.offset_add = dadd.p;
+    if (span == 2) t.offset_mul = dmul.p;
     CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, true>(p, t, nullptr)));
+    CHECK_CUDA(cudaDeviceSynchronize());
   } else {
     CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, false>(p, t, nullptr)));
+    CHECK_CUDA(cudaDeviceSynchronize());
   }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<T> out(n_qkv);
-  std::vector<float> lse(lse_init.size());
-  CHECK_CUDA(cudaMemcpy(out.data(), out_d, n_qkv * sizeof(T), cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(lse.data(), lse_d, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  const std::vector<T> out = dout.get();
+  const std::vector<float> lse = dlse.get();
 
   double out_err = 0, out_max = 0, lse_err = 0;
   int rows_ok = 0;

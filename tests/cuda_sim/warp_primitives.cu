@@ -21,10 +21,14 @@
 #include <vector>
 
 #include "cuda/warp_primitives.cuh"
+#include "sim_host.h"
 
 namespace {
 
 namespace warp = posattn::warp;
+using sim_host::Device;
+using sim_host::from_float;
+using sim_host::to_float;
 
 int passed = 0, failed = 0;
 
@@ -33,37 +37,12 @@ void report(const std::string& name, bool ok, const std::string& detail = "") {
   (ok ? passed : failed) += 1;
 }
 
-#define CHECK_CUDA(call)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      printf("FAIL cuda: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(3);                                                                                   \
-    }                                                                                            \
-  } while (0)
-
 uint32_t lcg_state = 12345u;
 // a multiple of 1/8 in [-2, 2): exact in bf16, f16 and TF32
 float small_value() {
   lcg_state = lcg_state * 1664525u + 1013904223u;
   return static_cast<float>(static_cast<int>((lcg_state >> 9) % 33) - 16) / 8.f;
 }
-
-template <typename T>
-struct Device {
-  T* p = nullptr;
-  size_t n;
-  explicit Device(const std::vector<T>& h) : n(h.size()) {
-    CHECK_CUDA(cudaMalloc(&p, n * sizeof(T)));
-    CHECK_CUDA(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    CHECK_CUDA(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  ~Device() { cudaFree(p); }
-};
 
 constexpr int kWarps = 2;
 
@@ -136,27 +115,6 @@ __global__ void mma_ldmatrix_kernel(const T* a, const T* b, const float* c0, flo
   for (int nb = 0; nb < 2; ++nb)
     for (int i = 0; i < 4; ++i)
       c[w * kM * kN + warp::acc_row(lane, i) * kN + nb * 8 + warp::acc_col(lane, i)] = d[nb][i];
-}
-
-template <typename T>
-float to_float(T x);
-template <>
-float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-float to_float(__half x) {
-  return __half2float(x);
-}
-template <typename T>
-T from_float(float x);
-template <>
-__nv_bfloat16 from_float(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__half from_float(float x) {
-  return __float2half_rn(x);
 }
 
 template <typename T, int MODE>
