@@ -199,8 +199,10 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
             simlib.HARNESS, [f"HARNESS_T={args.dtype}", f"HARNESS_TILED_D={args.d}"], work / "tiled.cubin"
         )
         jobs += [
-            ("fast forward, FA2 control", fast, "fast_forward_kernel Lb0E"),
-            ("fast forward, positional term (1-D)", fast, "fast_forward_kernel Lb1E"),
+            ("fast forward, FA2 control (2-D boxes)", fast, "fast_forward_kernel Lb0ELi2E"),
+            ("fast forward, positional (1-D)", fast, "fast_forward_kernel Lb1ELi1E"),
+            ("fast forward, positional (2-D)", fast, "fast_forward_kernel Lb1ELi2E"),
+            ("fast forward, positional (3-D)", fast, "fast_forward_kernel Lb1ELi3E"),
             ("tiled forward (WMMA, positional term)", tiled, "relpos_tiled_forward_kernel"),
         ]
     rows = []

@@ -42,6 +42,8 @@ def short_name(mangled: str) -> str:
         ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
         ("round_to_kernel", "tiled offsets: rounding"),
         ("relpos_tiled_forward", "tiled fwd"),
+        ("fast_forward_kernel", "fast fwd"),
+        ("offset_tables_kernel", "fast fwd: offset tables"),
         ("relpos_forward_kernel", "general fwd"),
         ("relpos_backward_dq", "general dq"),
         ("relpos_backward_dkv", "general dk/dv"),
@@ -60,8 +62,10 @@ def kernel_cycles(log: str):
 
 
 def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None):
-    # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma)
+    # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma);
+    # "fast": the plan's choice (the fast forward, the tiled backward); "tiled": the tiled forward too
     harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
+    harness_path = "tiled" if path == "fast" else harness_path
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
@@ -76,7 +80,7 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     )
     settings = dict(
         op="relpos",
-        **simlib.plan_settings(harness_path),
+        **simlib.plan_settings("tiled-forced" if path in ("tiled", "tiled-goffsets") else harness_path),
         general_offsets=general_offsets,
         B=1,
         H=1,
@@ -118,8 +122,8 @@ def main():
     ap.add_argument(
         "--paths",
         default="tiled,general",
-        help="kernel paths to run (tiled, general, tiled-goffsets: the tiled kernels with the general "
-        "path's offset kernel)",
+        help="kernel paths to run (fast: the plan's choice, the fast forward where it takes the call; "
+        "tiled; general; tiled-goffsets: the tiled kernels with the general path's offset kernel)",
     )
     ap.add_argument(
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"

@@ -133,11 +133,13 @@ PLAN_SMEM_OPTIN = 232448
 
 def plan_settings(path: str) -> Dict[str, object]:
     """case.txt lines that make the harness plan a relpos call as the extension does on
-    an H100 / H200: path "tiled" with POSATTN_CUDA_KERNEL=auto (the tiled kernels where
-    they take the call), "general" with POSATTN_CUDA_KERNEL=general."""
-    if path not in ("tiled", "general"):
-        raise ValueError(f"path must be tiled or general, got {path!r}")
-    return dict(request="auto" if path == "tiled" else "general", smem_optin=PLAN_SMEM_OPTIN)
+    an H100 / H200: path "tiled" with POSATTN_CUDA_KERNEL=auto (the fast forward or the
+    tiled kernels where they take the call), "tiled-forced" with POSATTN_CUDA_KERNEL=tiled,
+    "general" with POSATTN_CUDA_KERNEL=general."""
+    requests = {"tiled": "auto", "tiled-forced": "tiled", "general": "general"}
+    if path not in requests:
+        raise ValueError(f"path must be one of {sorted(requests)}, got {path!r}")
+    return dict(request=requests[path], smem_optin=PLAN_SMEM_OPTIN)
 
 
 def write_tensor(path: Path, t: torch.Tensor) -> None:

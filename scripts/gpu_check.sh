@@ -89,7 +89,8 @@ print("CUDA kernels registered")'
       xdist=()
       "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
       run test "${GPU_CHECK_TEST_SECONDS:-240}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs "${xdist[@]}" \
-        tests/ops/relpos/test_relpos_cuda.py tests/ops/relpos/test_relpos_tiled_cuda.py tests/ops/apply_maps/test_apply_maps_cuda.py \
+        tests/ops/relpos/test_relpos_fast_cuda.py tests/ops/relpos/test_relpos_cuda.py tests/ops/relpos/test_relpos_tiled_cuda.py \
+        tests/ops/apply_maps/test_apply_maps_cuda.py \
         tests/ops/apply_maps/test_apply_maps.py tests/ops/relpos/test_natten_window.py tests/nn/test_nn_classifier.py \
         tests/nn/test_nn_encoders.py tests/integrations/test_integrations_t5.py tests/integrations/test_integrations_swin.py \
         tests/ops/relpos/test_relpos_plan.py
@@ -106,7 +107,7 @@ print("CUDA kernels registered")'
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
     profile)
-      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name regex:relpos --launch-count 12 \
+      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward" --launch-count 12 \
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)

@@ -22,7 +22,8 @@ def relpos_cases(device):
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
     # The tiled tensor-core kernels take float16/bfloat16 with D == Dv in {32, 64, 128}:
-    # span with threshold, causal, NATTEN kernels (even size, stride, causal axis).
+    # span with threshold, causal, NATTEN kernels (even size, stride, causal axis); the fast
+    # forward those without a window or threshold (their backward is the tiled one).
     tiled = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
         dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
@@ -30,6 +31,10 @@ def relpos_cases(device):
         dict(
             grid=[11, 12], D=64, Dv=64, kw=dict(sigma=True, pos=True, kernel_size=[5, 4], window_causal=[True, False])
         ),
+        # the fast forward (no window or threshold; [3, 5, 7] above is one too: its offset tile in one
+        # stage behind a second barrier): several key blocks on every axis, both pipeline stages
+        dict(grid=[17, 19], D=64, Dv=64, kw=dict(sigma=True, pos=True, span_mode="multiply")),
+        dict(grid=[200], D=32, Dv=32, kw=dict(pos=True, bias=True, causal=True)),
     ]
     for dtype in (torch.float32, torch.bfloat16, torch.float16) if device.type == "cuda" else (torch.float32,):
         for c in cases + (tiled if dtype != torch.float32 else []):

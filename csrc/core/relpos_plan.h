@@ -31,7 +31,8 @@ struct CpuPlan {
 
 // The CUDA plan of a forward or a backward.
 struct CudaPlan {
-  enum class Kernels { kGeneral, kTiled };
+  // kFast: FlashAttention-2-class kernels (forward only so far: cuda/relpos_fast_forward.cuh)
+  enum class Kernels { kGeneral, kTiled, kFast };
   Kernels path = Kernels::kGeneral;  // forward; d q, d k, d v, d q_pos of the backward
   std::string path_reason;           // why that path (the tiled kernels' refusal, or the request)
   // backward only, when the call has q_pos, bias or sigma: which kernel computes d rel,
@@ -45,7 +46,7 @@ struct CudaPlan {
 };
 
 inline const char* kernels_name(CudaPlan::Kernels k) {
-  return k == CudaPlan::Kernels::kTiled ? "tiled" : "general";
+  return k == CudaPlan::Kernels::kFast ? "fast" : k == CudaPlan::Kernels::kTiled ? "tiled" : "general";
 }
 
 inline const char* request_name(KernelRequest r) {

@@ -1,24 +1,32 @@
 // The fast path's forward, FlashAttention-2's structure on the warp-level primitives
 // (warp_primitives.cuh): out = softmax(logits) v and its lse over the N tokens of each
-// (batch, head), with causal masking. POS = false: logits = scale q k^T, the FA2
-// control the positional kernels are measured against. POS = true (1-D grids so far):
+// (batch, head), with causal masking (token order). POS = false: logits = scale q k^T,
+// the FA2 control the positional kernels are measured against. POS = true:
 // logits = scale (q k^T + q_pos rel[u]) + add[u], times mul[u], with u the pair's
 // offset row and add / mul the per-offset tables (bias, the span) of RelposTensors.
-// Windows, span boxes and n-D grids come next (issue 43), and only then does the plan
-// (relpos_plan.cuh) route calls here.
+// Grids of NDIM = 1, 2, 3 axes (relpos_fast_boxes.cuh: the boxes). Windows and span
+// boxes come next (issue 43), and only then does the plan (relpos_plan.cuh) route
+// calls here.
 //
-// A block owns kBlockM = 64 queries of one (batch, head), 16 per warp; key blocks of
-// kBlockN = 64 stream through two shared-memory stages, block j + 1 copied by
-// cp.async while block j is computed. Per key block and warp: S = Q K^T (16 x 64) in
+// A block owns a query tile (a box of 64 queries, 16 per warp, each warp's a sub-box);
+// key blocks (boxes of 64 keys, row-major over the grid's blocks) stream through two
+// shared-memory stages, block j + 1 copied by cp.async while block j is computed. K, V
+// and q_pos rows are copied per row, so a box's rows may lie anywhere in the tensors;
+// rows outside the grid are zero-filled. Per key block and warp: S = Q K^T (16 x 64) in
 // mma.sync accumulators, the online softmax on those registers (a row's max and sum
 // across its 4 lanes by shuffles), P rounded to T in registers and fed as the A
 // operand of O += P V (FA2's register reuse: S's accumulator layout is P's A layout).
+//
 // The positional term per warp on the tensor cores: q_pos (16 x D) times the rel rows
-// of the warp's offset box (the 79 offsets between its 16 queries and the key block:
-// 80 rows of the block's 128-row offset tile, which streams through the pipeline with
-// K and V), into a per-warp shared buffer, then a skewed read into S: pair (i, j) sits
-// at column j - i + 15. One barrier per key block. Positions within a (batch, head)
-// in 32 bits, offsets into the tensors in 64.
+// of the warp's offset box (the offsets between its 16 queries and the key block), taken
+// by row address from the tile's offset box (the rows between the query tile and the key
+// block, which streams through the pipeline), into a per-warp shared buffer with the
+// bias and span applied per offset; then a skewed read into S: pair (i, j) sits at column
+// kpart(j) - qpart(i) + C0, a per-thread constant plus a compile-time one. Keys outside
+// the grid and after a row's causal limit are masked only on the key blocks that have
+// any. One barrier per key block (two where the offset tile has one stage: D = 128 on
+// 2-D and 3-D grids, D = 64 on 3-D). Positions within a (batch, head) in 32 bits,
+// offsets into the tensors in 64.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,138 +35,251 @@
 
 #include "../core/relpos_params.h"
 #include "../core/relpos_tensors.h"
+#include "relpos_fast_boxes.cuh"
 #include "warp_primitives.cuh"
 
 namespace posattn::relpos::cuda_fast {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kBlockM = 16 * kWarps;  // queries per block
-constexpr int kBlockN = 64;           // keys per key block
-// so that only a tile's last key block holds keys past N or after a row's causal limit
-static_assert(kBlockN == kBlockM, "a query tile's causal diagonal in one key block");
+constexpr int kBlockM = 16 * kWarps;            // queries per tile
+constexpr int kBlockN = 64;                     // keys per key block
+constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 
-template <typename T, int D, bool POS>
+template <typename T, int D, bool POS, int NDIM>
 struct FwdLayout {
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
-  // row stride in elements: 16 bytes of padding put the 8 rows an ldmatrix reads on
-  // distinct banks
+  static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
+                "the boxes' sizes");
+  // row stride in elements: 16 bytes of padding put the 8 rows an ldmatrix reads at
+  // consecutive rows on distinct banks
   static constexpr int kLd = D + 8;
   static constexpr int kTile = kBlockN * kLd;  // a K or V tile (Q's, kBlockM rows, is as big)
-  // the offsets between a query tile and a key block (kBlockM + kBlockN - 1, one row
-  // of padding), and a warp's part of them
-  static constexpr int kOffsets = kBlockM + kBlockN, kWarpOffsets = 16 + kBlockN;
-  static constexpr int kRTile = kOffsets * kLd;
-  // in elements of T: K0 V0 K1 V1, then (POS) the offset tile's two stages; Q and
-  // q_pos are read once, from where K1 and V1 go later
+  // the offset rows between the query tile and a key block; a warp's, padded to n-blocks
+  // of 16 columns
+  static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
+  static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
+  static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
+  static constexpr int kRTile = kTileOffsets * kLd;
+  // per warp: its positional products (16 rows of its columns) and a row of scale mul
+  // (+8 columns: the float2 stores free of bank conflicts)
+  static constexpr int kPLd = kWarpCols + 8;
+  static constexpr int kPbuf = 17 * kPLd;
+  static constexpr size_t bytes(int rel_stages) {
+    return static_cast<size_t>(4 * kTile + rel_stages * kRTile) * sizeof(T) +
+           static_cast<size_t>(kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols +
+                               2 * kWarps * kWarpCols) *
+               sizeof(float);
+  }
+  // two stages of the offset tile where they fit, else one (refilled after a second barrier)
+  static constexpr int kRelStages = bytes(2) <= kMaxSharedBytes ? 2 : 1;
+  // in elements of T: K0 V0 K1 V1, then (POS) the offset tile's stages; Q and q_pos are
+  // read once, from where K1 and V1 go later
   static __device__ __forceinline__ int k_at(int stage) { return 2 * stage * kTile; }
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
   static __device__ __forceinline__ int r_at(int stage) { return 4 * kTile + stage * kRTile; }
   static constexpr int kQ = 2 * kTile, kQpos = 3 * kTile;
-  static constexpr size_t kTBytes = static_cast<size_t>(4 * kTile + (POS ? 2 * kRTile : 0)) * sizeof(T);
-  // then floats (POS): each warp's positional products (16 rows of its offsets, padded),
-  // and the offset tile's add and mul entries in two stages
-  static constexpr int kPLd = kWarpOffsets + 8;  // (+8: the float2 stores free of bank conflicts)
-  static constexpr int kPbuf = 16 * kPLd;
-  static constexpr size_t kBytes =
-      kTBytes + (POS ? static_cast<size_t>(kWarps * kPbuf + 4 * kOffsets) * sizeof(float) : 0);
+  static constexpr size_t kTBytes =
+      static_cast<size_t>(4 * kTile + (POS ? kRelStages * kRTile : 0)) * sizeof(T);
+  // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
+  // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
+  // the key block's first (woff) and its row in the offset tile (wrow)
+  static __device__ __forceinline__ int table_at(int stage, int w, int which) {
+    return kWarps * kPbuf + ((stage * kWarps + w) * 2 + which) * kWarpCols;
+  }
+  static constexpr int kFloats = kWarps * kPbuf + kRelStages * kWarps * 2 * kWarpCols;
+  static constexpr size_t kBytes = POS ? bytes(kRelStages) : kTBytes;
+  static_assert(kBytes <= kMaxSharedBytes, "the layout fits sm_90's shared memory");
 };
 
-// Rows [row0, row0 + ROWS) of a row-major (n, D) matrix into shared memory (row
-// stride LD) by 16-byte cp.async copies of the whole block; rows at or past n are
-// zero-filled. The caller commits the group.
-template <typename T, int D, int LD, int ROWS>
-__device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, int row0, int n) {
+// Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
+// copies: row r from row token(r) of the row-major (., D) matrix g, zero-filled where
+// token(r) < 0. The caller commits the group.
+template <typename T, int D, int LD, int ROWS, typename RowFn>
+__device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
                 kChunks = D / kPer;  // elements per copy, copies per row
-  static_assert(ROWS * kChunks % kThreads == 0, "every thread copies as many chunks");
-#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
-  for (int it = 0; it < ROWS * kChunks / kThreads; ++it) {
-    const int i = it * kThreads + threadIdx.x, r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < n;
-    warp::cp_async_16(s + r * LD + c * kPer, valid ? g + static_cast<int64_t>(row0 + r) * D + c * kPer : g,
-                      valid);
+#pragma unroll 1                     // (unrolled, the copies' addresses would hold registers the math needs)
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks, row = token(r);
+    warp::cp_async_16(s + r * LD + c * kPer, row >= 0 ? g + static_cast<int64_t>(row) * D + c * kPer : g,
+                      row >= 0);
   }
 }
 
-// The offset tile of key block j0 against query tile m0 (1-D): rel rows u0 ... u0 + kOffsets - 1
-// with u0 = j0 - m0 - (kBlockM - 1) + N - 1, zero-filled outside [0, U), by cp.async; and
-// per row, with the call's add and mul entries a and m (0 and 1 where it has none):
-// add_s = a m and mul_s = scale m, so that a logit is one fused multiply-add from its
-// q k: (scale (q k + q_pos rel) + a) m = q k mul_s + (q_pos rel mul_s + add_s).
-// Plain stores for the two tables (the barrier before their use publishes them).
-template <typename T, int D, int LD>
-__device__ __forceinline__ void load_offset_tile(T* rs, float* add_s, float* mul_s, const T* __restrict__ rel,
-                                                 const float* __restrict__ add, const float* __restrict__ mul,
-                                                 float scale, int u0, int U) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer, kRows = kBlockM + kBlockN;
-  static_assert(kRows * kChunks % kThreads == 0, "every thread copies as many chunks");
-#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
-  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    const int i = it * kThreads + threadIdx.x, r = i / kChunks, c = i % kChunks, u = u0 + r;
-    const bool valid = u >= 0 && u < U;
-    warp::cp_async_16(rs + r * LD + c * kPer, valid ? rel + static_cast<int64_t>(u) * D + c * kPer : rel,
-                      valid);
-  }
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const int u = u0 + r;
-    const bool valid = u >= 0 && u < U;
-    const float m = valid && mul != nullptr ? mul[u] : 1.f;
-    add_s[r] = valid && add != nullptr ? add[u] * m : 0.f;
-    mul_s[r] = scale * m;
-  }
-}
-
-// Grid (query tiles, H, B).
-template <typename T, int D, bool POS>
-__global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, RelposTensors<T> t) {
+// Grid (query tiles, H, B)
+// (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
+// spilled on the 1-D grid at D = 32; held to the blocks per SM that shared memory allows,
+// the control spilled at D = 64 and 128. Occupancy against registers is for ncu on a GPU.)
+template <typename T, int D, bool POS, int NDIM>
+__global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync with bf16, ldmatrix and cp.async need sm_80; the host never launches this below it
 #else
-  using L = FwdLayout<T, D, POS>;
+  using L = FwdLayout<T, D, POS, NDIM>;
   constexpr int LD = L::kLd;
+  constexpr KeyBlockParts<NDIM> kParts{};
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int N = static_cast<int>(p.N);
-  const int m0 = blockIdx.x * kBlockM;
+  // the grid: extents, token strides, offset-row strides (NDIM = 1: the N tokens in a row)
+  int n[NDIM], gs[NDIM], rs[NDIM];
+  if constexpr (NDIM == 1) {
+    n[0] = N, gs[0] = 1, rs[0] = 1;
+  } else {
+    int s = 1;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
+      s *= n[a];
+    }
+  }
+  // the query tile's origin (tiles row-major over the grid) and its first token
+  int t0[NDIM], tile_first = 0;
+  {
+    int r = blockIdx.x;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      const int tiles = (n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
+      t0[a] = r % tiles * extent<NDIM>(Box::kTile, a);
+      r /= tiles;
+    }
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) tile_first += t0[a] * gs[a];
+  }
   const int64_t bh = blockIdx.z * p.H + blockIdx.y;
   const int64_t head = bh * N * D;  // the (batch, head)'s offset in q, k, v, out
   const T* q = t.q + head;
   const T* k = t.k + head;
   const T* v = t.v + head;
-  // key blocks: all, or with causal masking up to the one holding the tile's last query
-  int blocks = (N + kBlockN - 1) / kBlockN;
-  if (p.causal) blocks = min(blocks, (min(m0 + kBlockM, N) - 1) / kBlockN + 1);
 
-  // POS: the head's rel rows and offset tables, the warp's positional buffer, the tables' stages
+  // key blocks, row-major over the grid's blocks: all, or with causal masking those whose
+  // first key is at most the tile's last query (a prefix of that order)
+  int blocks = 1;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a)
+    blocks *= (n[a] + extent<NDIM>(Box::kKey, a) - 1) / extent<NDIM>(Box::kKey, a);
+  if (p.causal) {
+    int rank = 0;  // of the last such block
+    bool tight = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int K = extent<NDIM>(Box::kKey, a), nk = (n[a] + K - 1) / K;
+      const int last = min(t0[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1, b = last / K;
+      rank = rank * nk + (tight ? b : nk - 1);
+      tight = tight && b * K == last;
+    }
+    blocks = rank + 1;
+  }
+
+  // a tile row's token (row 16 w' + i: query i of warp w'), -1 outside the grid
+  const auto query_token = [&](int r) {
+    int tok = 0;
+    bool in = true;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int c = t0[a] + coord_of<NDIM, Box::kWarpsInTile, a>(r / 16) * extent<NDIM>(Box::kWarp, a) +
+                    coord_of<NDIM, Box::kWarp, a>(r % 16);
+      in = in && c < n[a];
+      tok += c * gs[a];
+    });
+    return in ? tok : -1;
+  };
+
+  // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
   const T* rel = POS ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
   const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
   const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
+  const bool has_add = add != nullptr, has_mul = mul != nullptr;
   float* fsmem = reinterpret_cast<float*>(smem_raw + L::kTBytes);
   float* pbuf = fsmem + w * L::kPbuf;
-  float* add_s = fsmem + kWarps * L::kPbuf;  // stage s at add_s + s kOffsets, mul_s likewise
-  float* mul_s = add_s + 2 * L::kOffsets;
-  const int u_first = -m0 - (kBlockM - 1) + N - 1;  // the offset tile's first row, key block 0
+  int* woff = reinterpret_cast<int*>(fsmem + L::kFloats) + w * L::kWarpCols;
+  int* wrow = woff + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
-  const bool has_mul = mul != nullptr;
+  if constexpr (POS) {
+    // the warp's columns: their offset row relative to the tile offset box's first, and
+    // their row in it (padding columns: column 0's)
+    for (int c = lane; c < L::kWarpCols; c += 32) {
+      const int cc = c < L::kWarpOffsets ? c : 0;
+      int o = 0, r = 0;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        const int x = warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a);
+        o += x * rs[a];
+        r += x * stride<NDIM>(Box::kTileOffsets, a);
+      });
+      woff[c] = o, wrow[c] = r;
+    }
+    __syncwarp();
+  }
+  // the offset row of the tile offset box's first row against key block kb (origin)
+  const auto first_offset = [&](const int* kb) {
+    int u = 0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a)
+      u += (kb[a] - t0[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
+    return u;
+  };
+  // the offset tile of key block kb into rel stage rst: its rel rows (zero-filled outside
+  // [0, U)) and each warp's add / mul entries (4-byte copies, zero-filled likewise)
+  const auto load_offsets = [&](int rst, const int* kb) {
+    const int u0 = first_offset(kb);
+    load_rows_async<T, D, LD, L::kTileOffsets>(smem + L::r_at(rst), rel, [&](int r) {
+      int u = u0;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        u += coord_of<NDIM, Box::kTileOffsets, a>(r) * rs[a];
+      });
+      return u >= 0 && u < U ? u : -1;
+    });
+    float* add_w = fsmem + L::table_at(rst, w, 0);
+    float* mul_w = fsmem + L::table_at(rst, w, 1);
+    if (has_add || has_mul) {
+      for (int c = lane; c < L::kWarpCols; c += 32) {
+        const int u = u0 + woff[c];
+        const bool in = u >= 0 && u < U;
+        if (has_add) warp::cp_async_4(add_w + c, in ? add + u : add, in);
+        if (has_mul) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
+      }
+    }
+  };
+  // key block kb's K and V rows into stage st
+  const auto load_keys = [&](int st, const int* kb) {
+    const auto key_token = [&](int r) {
+      int tok = 0;
+      bool in = true;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(r);
+        in = in && c < n[a];
+        tok += c * gs[a];
+      });
+      return in ? tok : -1;
+    };
+    load_rows_async<T, D, LD, kBlockN>(smem + L::k_at(st), k, key_token);
+    load_rows_async<T, D, LD, kBlockN>(smem + L::v_at(st), v, key_token);
+  };
 
-  load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, m0, N);
-  if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, m0, N);
-  load_rows_async<T, D, LD, kBlockN>(smem + L::k_at(0), k, 0, N);
-  load_rows_async<T, D, LD, kBlockN>(smem + L::v_at(0), v, 0, N);
-  if constexpr (POS)
-    load_offset_tile<T, D, LD>(smem + L::r_at(0), add_s, mul_s, rel, add, mul, scale, u_first, U);
+  int kb[NDIM] = {};  // key block j's origin
+  load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
+  if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
+  load_keys(0, kb);
+  if constexpr (POS) load_offsets(0, kb);
   warp::cp_async_commit();
 
-  // this thread's rows of the warp's 16 (accumulator registers 0, 1 and 2, 3)
-  const int row0 = m0 + 16 * w + lane / 4, row1 = row0 + 8;
-  // POS: the warp's offsets are rows box0 ... box0 + kWarpOffsets - 1 of a key block's offset
-  // tile (between its queries 16 w ... 16 w + 15 and the keys: column c = key - query + 15)
-  const int box0 = kBlockM - 16 - 16 * w;
-  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+  // this thread's rows of the warp's 16 (accumulator registers 0, 1 and 2, 3): their
+  // tokens (-1 outside the grid), and (POS) where their skewed reads start
+  int row_tok[2], pcol[2];  // pcol: the row in pbuf + kpart(2 (lane % 4)) - qpart(row) + C0
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int il = lane / 4 + 8 * r;
+    row_tok[r] = query_token(16 * w + il);
+    pcol[r] = il * L::kPLd + kpart<NDIM>(2 * (lane % 4)) - qpart<NDIM>(il) + column0<NDIM>();
+  }
+  const float scale_log2 = scale * kLog2e;
   float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of the rows, base 2
   float l_run[2] = {0.f, 0.f};              // this thread's part of the rows' sums
@@ -166,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
   uint32_t qpf[POS ? D / 16 : 1][4];        // q_pos's (POS)
 
   for (int j = 0; j < blocks; ++j) {
-    const int stage = j & 1;
+    const int stage = j & 1, rst = L::kRelStages == 2 ? stage : 0;
     warp::cp_async_wait<0>();
     // key block j visible to every warp, and every warp done with block j - 1's stage
     __syncthreads();
@@ -181,46 +302,63 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
       }
       __syncthreads();  // every warp holds Q (and q_pos): their buffers are K1's and V1's
     }
+    // block j + 1's origin (the next in row-major order over the grid's blocks)
+    int kn[NDIM];
+    {
+      bool carry = true;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        kn[a] = kb[a] + (carry ? extent<NDIM>(Box::kKey, a) : 0);
+        carry = carry && kn[a] >= n[a];
+        if (carry) kn[a] = 0;
+      }
+    }
     if (j + 1 < blocks) {  // the next key block into the other stage, while this one is computed
-      load_rows_async<T, D, LD, kBlockN>(smem + L::k_at(stage ^ 1), k, (j + 1) * kBlockN, N);
-      load_rows_async<T, D, LD, kBlockN>(smem + L::v_at(stage ^ 1), v, (j + 1) * kBlockN, N);
-      if constexpr (POS)
-        load_offset_tile<T, D, LD>(smem + L::r_at(stage ^ 1), add_s + (stage ^ 1) * L::kOffsets,
-                                   mul_s + (stage ^ 1) * L::kOffsets, rel, add, mul, scale,
-                                   u_first + (j + 1) * kBlockN, U);
+      load_keys(stage ^ 1, kn);
+      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn);
       warp::cp_async_commit();
     }
     const T* Kj = smem + L::k_at(stage);
     const T* Vj = smem + L::v_at(stage);
 
-    // POS: the warp's positional products first (S's registers are not live yet)
+    // POS: the warp's positional products first (S's registers are not live yet):
+    // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
     if constexpr (POS) {
-      const T* Rj = smem + L::r_at(stage);
-      const float* add_j = add_s + stage * L::kOffsets;
-      const float* mul_j = mul_s + stage * L::kOffsets;
+      const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
+      const float* add_w = fsmem + L::table_at(rst, w, 0);
+      const float* mul_w = fsmem + L::table_at(rst, w, 1);
 #pragma unroll
-      for (int nb = 0; nb < L::kWarpOffsets / 8; nb += 2) {
+      for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
+        const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
         float acc[2][4] = {};
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           uint32_t b[4];
-          warp::ldmatrix<4>(
-              b, Rj + (box0 + 8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2));
+          warp::ldmatrix<4>(b, row + 16 * kk);
           warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
           warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // column col, col + 1 of rows g, g + 8: q_pos rel mul_s + add_s
+        for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
           const int col = 8 * (nb + h) + 2 * (lane % 4);
-          const float2 a = *reinterpret_cast<const float2*>(add_j + box0 + col);
-          const float2 m = *reinterpret_cast<const float2*>(mul_j + box0 + col);
+          const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
+          const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
           *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
-              make_float2(fmaf(acc[h][0], m.x, a.x), fmaf(acc[h][1], m.y, a.y));
+              make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
           *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
-              make_float2(fmaf(acc[h][2], m.x, a.x), fmaf(acc[h][3], m.y, a.y));
+              make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
+          if (has_mul && lane < 4)
+            *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
         }
       }
       __syncwarp();  // the warp's products visible to its lanes
+      if constexpr (L::kRelStages == 1) {
+        __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
+        if (j + 1 < blocks) {
+          load_offsets(0, kn);
+          warp::cp_async_commit();
+        }
+      }
     }
 
     // S = Q K^T: 8 n-blocks of 8 keys
@@ -237,32 +375,57 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
       }
     }
 
-    // POS: the logits in natural units, (scale (q k + q_pos rel) + add) mul
+    // POS: the logits in natural units, q k (scale mul) + ((scale q_pos rel + add) mul),
+    // the pair's column kpart(8 nb) + e past the row's start
     float to_log2 = scale_log2;
     if constexpr (POS) {
       to_log2 = kLog2e;
-      const float* mul_j = mul_s + stage * L::kOffsets;
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int il = lane / 4 + 8 * (i >> 1), c = 8 * nb + 2 * (lane % 4) + (i & 1) - il + 15;
-          s[nb][i] = fmaf(s[nb][i], has_mul ? mul_j[box0 + c] : scale, pbuf[il * L::kPLd + c]);
+          const int c = pcol[i >> 1] + kParts.col[nb] + (i & 1);
+          // (the row of scale mul: 16 rows below row 0, so c - il kPLd + 16 kPLd)
+          const int mc = c + (16 - lane / 4 - 8 * (i >> 1)) * L::kPLd;
+          s[nb][i] = fmaf(s[nb][i], has_mul ? pbuf[mc] : scale, pbuf[c]);
         }
       }
     }
 
-    // scale to base 2; on a tile's last key block (the only one with keys past N or
-    // after a row's causal limit) mask; the rows' max
+    // scale to base 2; on key blocks with keys outside the grid or after a row's causal
+    // limit, mask; the rows' max
+    bool edge = false;
+    int key_last = 0;  // the block's last key in the grid
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      edge = edge || kb[a] + extent<NDIM>(Box::kKey, a) > n[a];
+      key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
+    }
     float mx[2] = {-INFINITY, -INFINITY};
-    if (j == blocks - 1) {
-      const int key0 = j * kBlockN + 2 * (lane % 4);
+    if (edge || (p.causal && key_last > tile_first)) {
+      // this lane's keys 8 nb + 2 (lane % 4) + e: per axis, how many cells are left past
+      // its part of their coordinates, and its part of their tokens
+      int left[NDIM], key_tok = 0;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
+        left[a] = n[a] - c;
+        key_tok += c * gs[a];
+      });
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb) {
+        int tok = key_tok;
+        bool in[2] = {true, true};  // the pair of keys e = 0, 1 inside the grid
+#pragma unroll
+        for (int a = 0; a < NDIM; ++a) {
+          const int c = kParts.c[nb][a];
+          tok += c * gs[a];
+          in[0] = in[0] && c < left[a];
+          in[1] = in[1] && c + (a == NDIM - 1 ? 1 : 0) < left[a];
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int key = key0 + 8 * nb + (i & 1), row = i < 2 ? row0 : row1;
-          const bool kept = key < N && (!p.causal || key <= row);
+          const bool kept = in[i & 1] && (!p.causal || tok + (i & 1) <= row_tok[i >> 1]);
           s[nb][i] = kept ? s[nb][i] * to_log2 : -INFINITY;
           mx[i >> 1] = fmaxf(mx[i >> 1], s[nb][i]);
         }
@@ -283,9 +446,10 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m_run[r], mx[r]);
-      // a row with no key kept yet: exponents against 0 (every term is 0), nothing to rescale
+      // a row with no key kept yet: exponents against 0 (every term is 0), nothing to rescale;
+      // a maximum that stays (+inf included) rescales by 1
       base[r] = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = warp::exp2_approx(m_run[r] - base[r]);
+      const float alpha = m_run[r] == m_new ? 1.f : warp::exp2_approx(m_run[r] - base[r]);
       m_run[r] = m_new;
       l_run[r] *= alpha;
 #pragma unroll
@@ -294,12 +458,26 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
         o[nd][2 * r + 1] *= alpha;
       }
     }
+    // P = 2^(s - max). Non-finite logits as in the reference: a NaN (which fmaxf passed over)
+    // gives NaN terms and so a NaN row; a +inf maximum counts 1 per +inf logit (2^(inf - inf)
+    // would be NaN), so that lse becomes +inf and the row's output NaN (below)
+    if (base[0] == INFINITY || base[1] == INFINITY) {
 #pragma unroll
-    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[nb][i] = warp::exp2_approx(s[nb][i] - base[i >> 1]);
-        l_run[i >> 1] += s[nb][i];
+        for (int i = 0; i < 4; ++i) {
+          s[nb][i] = s[nb][i] == base[i >> 1] ? 1.f : warp::exp2_approx(s[nb][i] - base[i >> 1]);
+          l_run[i >> 1] += s[nb][i];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[nb][i] = warp::exp2_approx(s[nb][i] - base[i >> 1]);
+          l_run[i >> 1] += s[nb][i];
+        }
       }
     }
 
@@ -318,35 +496,40 @@ __global__ void __launch_bounds__(kThreads) fast_forward_kernel(RelposParams p, 
         warp::mma_m16n8k16<T>(o[nd + 1], a, {b[2], b[3]});
       }
     }
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
   }
 
-  // the rows' sums across their 4 lanes; out = O / l, lse = ln(sum of exp)
+  // the rows' sums across their 4 lanes; out = O / l, lse = ln(sum of exp): a row with every
+  // key masked gets 0 and -inf, a row with a +inf logit NaN and +inf, a NaN row NaN
   T* out = t.out + head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    const int row = r == 0 ? row0 : row1;
-    if (row >= N) continue;
-    const float inv = l_run[r] > 0.f ? 1.f / l_run[r] : 0.f;
+    const int row = row_tok[r];
+    if (row < 0) continue;
+    const float inv = l_run[r] == 0.f ? 0.f : m_run[r] == INFINITY ? NAN : 1.f / l_run[r];
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       const uint32_t pair = warp::pack2<T>(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv);
       *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4)) = pair;
     }
-    if (lane % 4 == 0) t.lse[bh * N + row] = l_run[r] > 0.f ? (m_run[r] + log2f(l_run[r])) * kLn2 : -INFINITY;
+    if (lane % 4 == 0)
+      t.lse[bh * N + row] = l_run[r] == 0.f ? -INFINITY : (m_run[r] + log2f(l_run[r])) * kLn2;
   }
 #endif
 }
 
 // Launches the forward over every (batch, head) and query tile. The caller has checked
-// sm_80+ and FwdLayout<T, D, POS>::kBytes of shared memory within the device's opt-in
-// limit; this checks the rest: D = Dv, N < 2^31, H and B at most 65535 (the grid's y and
-// z), q, k, v (q_pos, rel) 16-byte aligned and out 4-byte aligned (cp.async and the
-// paired stores), out and lse given; POS: q_pos and rel given, a grid of at most one
-// axis (U = 2 N - 1), N <= 2^30 - kBlockN (offset rows in 32 bits). cudaErrorInvalidValue
-// where one fails.
-template <typename T, int D, bool POS>
+// sm_80+ and FwdLayout<T, D, POS, NDIM>::kBytes of shared memory within the device's
+// opt-in limit; this checks the rest: D = Dv, N < 2^31, H and B at most 65535 (the
+// grid's y and z), q, k, v (q_pos, rel) 16-byte aligned and out 4-byte aligned
+// (cp.async and the paired stores), out and lse given; NDIM > 1: a grid of NDIM axes
+// (NDIM = 1 takes the N tokens in a row, any grid for the control); POS: q_pos and rel
+// given, U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows
+// in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. cudaErrorInvalidValue where one fails.
+template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
@@ -355,19 +538,32 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
     return cudaErrorInvalidValue;
   if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.out, 4))
     return cudaErrorInvalidValue;
-  if (POS && (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16) ||
-              p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
-    return cudaErrorInvalidValue;
+  if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  int64_t tiles = 1;
+  if (NDIM == 1) {
+    tiles = (p.N + kBlockM - 1) / kBlockM;
+  } else {
+    for (int a = 0; a < NDIM; ++a)
+      tiles *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
+  }
+  if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (POS) {
+    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+      return cudaErrorInvalidValue;
+    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
+      return cudaErrorInvalidValue;
+    if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
+      return cudaErrorInvalidValue;
+  }
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
-  constexpr size_t kBytes = FwdLayout<T, D, POS>::kBytes;
-  auto kernel = fast_forward_kernel<T, D, POS>;
+  constexpr size_t kBytes = FwdLayout<T, D, POS, NDIM>::kBytes;
+  auto kernel = fast_forward_kernel<T, D, POS, NDIM>;
   if (kBytes > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
     if (e != cudaSuccess) return e;
   }
-  const dim3 grid(static_cast<unsigned>((p.N + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.H),
-                  static_cast<unsigned>(p.B));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   kernel<<<grid, kThreads, kBytes, stream>>>(p, t);
   return cudaGetLastError();
 }

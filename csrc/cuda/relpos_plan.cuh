@@ -2,9 +2,12 @@
 // its forward or backward, computed from its RelposParams and the device's
 // limits alone (torch-free), so that the entry points (relpos/relpos_cuda.cu), the
 // simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
-// follow one rule. The tiled tensor-core kernels take float16 / bfloat16 (and
-// float32 through TF32 where allowed) with D == Dv in {32, 64, 128} on sm_80+
-// where their shared memory fits; the general kernels take every other call.
+// follow one rule. The fast forward (FlashAttention-2-class, relpos_fast_forward.cuh)
+// takes float16 / bfloat16 calls with D == Dv in {32, 64, 128}, q_pos, no window or span
+// threshold, on grids of 1-3 axes, on sm_80+ where its shared memory fits; the tiled
+// tensor-core kernels take float16 / bfloat16 (and float32 through TF32 where
+// allowed) with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits
+// (every backward the general kernels do not take); the general kernels every other call.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,9 +17,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "../core/relpos_params.h"
 #include "../core/relpos_plan.h"
+#include "relpos_fast_forward.cuh"
 #include "relpos_general.cuh"
 #include "relpos_tiled_offsets.cuh"
 
@@ -105,6 +110,34 @@ inline std::string tiled_refusal(const RelposParams& p, DType dt, bool backward,
   return why;
 }
 
+// Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
+inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
+                                size_t* smem) {
+  if (dt != DType::kFloat16 && dt != DType::kBFloat16) return "it takes float16 and bfloat16 only";
+  if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
+  if (!p.has_pos) return "it needs q_pos and rel";
+  if (p.has_box) return "it has no windows or span thresholds yet";
+  if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
+  if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";
+  if (p.N >= (int64_t{1} << 30) - cuda_fast::kBlockN || p.U > (p.g.ndim == 1 ? INT_MAX : int64_t{1} << 26))
+    return "the grid is too large for its 32-bit offset rows";
+  if (!aligned16) return "an input is not 16-byte aligned";
+  if (!dev.tensor_cores)
+    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
+  std::string why;
+  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    if constexpr (!std::is_same<CT, float>::value) {
+      *smem = p.g.ndim == 3   ? cuda_fast::FwdLayout<CT, D, true, 3>::kBytes
+              : p.g.ndim == 2 ? cuda_fast::FwdLayout<CT, D, true, 2>::kBytes
+                              : cuda_fast::FwdLayout<CT, D, true, 1>::kBytes;
+      why = smem_refusal(*smem, dev, "it", D);
+    }
+  });
+  return why;
+}
+
 // Why the tiled offset kernel cannot compute d rel, d bias, d sigma (empty: it can).
 inline std::string tiled_offsets_refusal(const cuda_tiled::TiledArgs& a, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
@@ -131,7 +164,8 @@ inline std::string general_smem_error(size_t bytes, const RelposParams& p, const
 }  // namespace plan_detail
 
 // The kernels of a forward (backward = false) or backward call with element type
-// dt: the tiled path where it takes the call and `request` allows (aligned16: every
+// dt: a forward on the fast path where it takes the call and `request` is auto; else
+// the tiled path where it takes the call and `request` allows (aligned16: every
 // input is 16-byte aligned), else the general one; in a backward, d rel, d bias
 // and d sigma from the tiled offset kernel where the tiled path runs and its
 // shared memory fits, else from the general one. plan.error says why a call
@@ -143,6 +177,16 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   CudaPlan plan;
   plan.has_offsets = backward && (p.has_pos || p.has_bias || p.has_sigma);
   size_t smem = 0;
+  std::string not_fast;  // why the fast forward does not take an auto forward
+  if (!backward && request == KernelRequest::kAuto) {
+    not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
+    if (not_fast.empty()) {
+      plan.path = Kernels::kFast;
+      plan.path_reason = "the fast kernels take it";
+      plan.smem = smem;
+      return plan;
+    }
+  }
   const std::string why =
       request == KernelRequest::kGeneral ? "" : tiled_refusal(p, dt, backward, aligned16, dev, &smem);
   if (request == KernelRequest::kTiled && !why.empty()) {
@@ -157,8 +201,10 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
       return plan;
     }
     plan.path = Kernels::kTiled;
-    plan.path_reason =
-        request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled" : "the tiled kernels take it";
+    plan.path_reason = request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled"
+                       : not_fast.empty()
+                           ? "the tiled kernels take it"
+                           : "the tiled kernels take it (not the fast forward: " + not_fast + ")";
     plan.smem = smem;
     if (plan.has_offsets) {
       size_t osmem = 0;

@@ -139,6 +139,16 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                : "memory");
 }
 
+// Copies 4 bytes (one float of a per-offset table) likewise, through L1 (.ca: the
+// only form for copies under 16 bytes); !valid writes 4 zero bytes. Both addresses
+// 4-byte aligned.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
 // Closes the group of the copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -1,9 +1,10 @@
 // The CUDA entry points of relpos_attention, its backward and its plan (ATen
 // glue): the checked call, its plan (cuda/relpos_plan.cuh: which kernels run it),
 // the outputs, the RelposTensors the kernels take, the stream and device guard,
-// and the launches: the tiled tensor-core kernels (cuda/relpos_tiled.cuh, one
-// translation unit per element type and head dim in cuda/tiled/) or the general
-// ones (cuda/relpos_general.cuh). The kernels are torch-free and also run on the
+// and the launches: the fast forward (cuda/relpos_fast.cuh, one translation unit
+// per element type and head dim in cuda/fast/), the tiled tensor-core kernels
+// (cuda/relpos_tiled.cuh, likewise in cuda/tiled/) or the general ones
+// (cuda/relpos_general.cuh). The kernels are torch-free and also run on the
 // simulated GPU (tests/cuda_sim/). The backward is deterministic: no atomics.
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
@@ -18,6 +19,8 @@
 #include <string>
 
 #include "../aten/cuda_glue.cuh"
+#include "../cuda/relpos_fast.cuh"
+#include "../cuda/relpos_fast_tables.cuh"
 #include "../cuda/relpos_general.cuh"
 #include "../cuda/relpos_plan.cuh"
 #include "../cuda/relpos_tiled.cuh"
@@ -86,8 +89,25 @@ void by_tiled_dim(int64_t D, Fn fn) {
 }
 
 template <typename T>
-void launch_forward(const RelposCall& c, const CudaPlan& plan, const RelposTensors<T>& t,
-                    cudaStream_t stream) {
+void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
+  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+    if (plan.path == CudaPlan::Kernels::kFast) {
+      // the per-offset terms (bias, span) as float32 tables, then the forward
+      const RelposParams& p = c.params;
+      const auto table = [&](bool has) {
+        return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
+      };
+      const at::Tensor add = table(cuda_fast::has_offset_add(p)), mul = table(cuda_fast::has_offset_mul(p));
+      t.offset_add = ptr_or_null<float>(add);
+      t.offset_mul = ptr_or_null<float>(mul);
+      check_launch(
+          cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
+      by_tiled_dim(p.D, [&](auto d) {
+        check_launch(cuda_fast::FastKernels<T, decltype(d)::value>::forward(p, t, stream));
+      });
+      return;  // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
+    }
+  }
   if constexpr (!std::is_same<T, double>::value) {
     if (plan.path == CudaPlan::Kernels::kTiled) {
       const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(c.params);

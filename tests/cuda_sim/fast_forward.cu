@@ -1,13 +1,13 @@
 // Runs the fast path's forward (csrc/cuda/relpos_fast_forward.cuh) on one call on a
-// 1-D grid and checks it against a float64 host reference: out = softmax(logits) v and
-// lse, with causal masking or without; logits = scale q k^T (POS 0, the FA2 control)
-// or scale (q k^T + q_pos rel[u]) + bias[u], then minus the span's quad (SPAN 1: add)
-// or times exp(-quad) (SPAN 2: multiply), quad = 0.5 (delta / (N - 1) / sigma_h)^2.
-// Inputs are uniform in [-1, 1), rounded to the element type first, so the error
-// measures the kernel's own arithmetic. Built per element type and head dim
-// (-DFAST_T=bf16|half, -DFAST_D=32|64|128).
+// grid of 1, 2 or 3 axes and checks it against a float64 host reference: out =
+// softmax(logits) v and lse, with causal masking (token order) or without; logits =
+// scale q k^T (POS 0, the FA2 control, on the same boxes) or scale (q k^T + q_pos rel[u])
+// + bias[u], then minus the span's quad (SPAN 1: add) or times exp(-quad) (SPAN 2:
+// multiply), quad = 0.5 sum_d (delta_d / (n_d - 1) / sigma_hd)^2. Inputs are uniform in
+// [-1, 1), rounded to the element type first, so the error measures the kernel's own
+// arithmetic. Built per element type and head dim (-DFAST_T=bf16|half, -DFAST_D=32|64|128).
 //
-//   fast_forward B H N CAUSAL SEED [POS SPAN BIAS]
+//   fast_forward B H GRID CAUSAL SEED [POS SPAN BIAS]      (GRID: 130, 9x12, 5x6x7)
 //
 // prints "out_err E", "lse_err E" (the largest error relative to the largest |out|,
 // and the largest absolute lse error) and "rows_written N_OK of N_ALL"; exit status
@@ -45,29 +45,54 @@ float uniform() {  // [-1, 1)
 
 }  // namespace
 
+template <bool POS>
+cudaError_t launch(int ndim, const posattn::RelposParams& p, const posattn::RelposTensors<T>& t) {
+  using namespace posattn::relpos::cuda_fast;
+  if (ndim == 3) return launch_fast_forward<T, kD, POS, 3>(p, t, nullptr);
+  if (ndim == 2) return launch_fast_forward<T, kD, POS, 2>(p, t, nullptr);
+  return launch_fast_forward<T, kD, POS, 1>(p, t, nullptr);
+}
+
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 9) {
-    fprintf(stderr, "usage: %s B H N CAUSAL SEED [POS SPAN BIAS]\n", argv[0]);
+    fprintf(stderr, "usage: %s B H GRID CAUSAL SEED [POS SPAN BIAS]\n", argv[0]);
     return 2;
   }
-  const int B = atoi(argv[1]), H = atoi(argv[2]), N = atoi(argv[3]), causal = atoi(argv[4]);
+  const int B = atoi(argv[1]), H = atoi(argv[2]), causal = atoi(argv[4]);
+  std::vector<int64_t> shape;
+  for (const char* c = argv[3]; *c;) {
+    char* end;
+    shape.push_back(strtoll(c, &end, 10));
+    c = *end == 'x' ? end + 1 : end;
+  }
+  const posattn::Grid g = posattn::squeeze_grid(shape.data(), static_cast<int>(shape.size()));
+  const int G = g.ndim;
+  int N = 1;
+  for (int a = 0; a < G; ++a) N *= static_cast<int>(g.n[a]);
   const int pos = argc == 9 ? atoi(argv[6]) : 0, span = argc == 9 ? atoi(argv[7]) : 0;
   const int has_bias = argc == 9 ? atoi(argv[8]) : 0;
   rng_state = strtoull(argv[5], nullptr, 10) * 2654435761ull + 1;
   const size_t n_qkv = static_cast<size_t>(B) * H * N * kD;
-  const int U = 2 * N - 1;
+  const int U = static_cast<int>(posattn::num_offsets(g.n, G));
   std::vector<T> q(n_qkv), k(n_qkv), v(n_qkv), qpos(pos ? n_qkv : 0),
       rel(pos ? static_cast<size_t>(H) * U * kD : 0);
   for (auto* x : {&q, &k, &v, &qpos, &rel})
     for (auto& e : *x) e = from_float<T>(uniform());
-  // the offset terms: bias (H, U), the span's quad (H, U) from sigma_h in [0.3, 1.3)
+  // the offset terms: bias (H, U), the span's quad (H, U) from sigma_hd in [0.3, 1.3)
   std::vector<double> bias(static_cast<size_t>(H) * U, 0.0), quad(static_cast<size_t>(H) * U, 0.0);
   for (int h = 0; h < H; ++h) {
-    const double sigma = 0.8 + 0.5 * uniform();
+    double sigma[posattn::kMaxGridDims];
+    for (int a = 0; a < G; ++a) sigma[a] = 0.8 + 0.5 * uniform();
     for (int u = 0; u < U; ++u) {
       if (has_bias) bias[h * U + u] = uniform();
-      const double x = (u - (N - 1)) / static_cast<double>(N > 1 ? N - 1 : 1) / sigma;
-      if (span) quad[h * U + u] = 0.5 * x * x;
+      int64_t delta[posattn::kMaxGridDims];
+      posattn::offset_of_row(u, g.n, G, delta);
+      double sq = 0;
+      for (int a = 0; a < G; ++a) {
+        const double x = delta[a] / static_cast<double>(g.n[a] > 1 ? g.n[a] - 1 : 1) / sigma[a];
+        sq += x * x;
+      }
+      if (span) quad[h * U + u] = 0.5 * sq;
     }
   }
   std::vector<float> add_tab(static_cast<size_t>(H) * U), mul_tab(static_cast<size_t>(H) * U);
@@ -76,12 +101,12 @@ int main(int argc, char** argv) {
     mul_tab[i] = static_cast<float>(std::exp(-quad[i]));
   }
 
-  posattn::RelposParams p;
-  p.B = B, p.H = H, p.N = N, p.D = kD, p.Dv = kD, p.U = U;
-  p.g.ndim = N > 1 ? 1 : 0;
-  p.g.n[0] = N;
-  p.causal = causal != 0;
-  p.scale = 1.0 / std::sqrt(static_cast<double>(kD));
+  posattn::RelposShape shape_s;
+  shape_s.B = B, shape_s.H = H, shape_s.N = N, shape_s.D = kD, shape_s.Dv = kD;
+  shape_s.grid = shape;
+  shape_s.has_pos = pos != 0;
+  posattn::RelposParams p =
+      posattn::make_relpos_params(shape_s, 0.0, 1.0 / std::sqrt(static_cast<double>(kD)), causal != 0);
 
   // outputs start as NaN, so that a row the kernel does not write shows
   const std::vector<T> out_init(n_qkv, from_float<T>(NAN));
@@ -96,10 +121,10 @@ int main(int argc, char** argv) {
     t.qpos = dqpos.p, t.rel = drel.p;
     if (has_bias || span == 1) t.offset_add = dadd.p;
     if (span == 2) t.offset_mul = dmul.p;
-    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, true>(p, t, nullptr)));
+    CHECK_CUDA(launch<true>(G, p, t));
     CHECK_CUDA(cudaDeviceSynchronize());
   } else {
-    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward<T, kD, false>(p, t, nullptr)));
+    CHECK_CUDA(launch<false>(G, p, t));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
   const std::vector<T> out = dout.get();
@@ -108,9 +133,11 @@ int main(int argc, char** argv) {
   double out_err = 0, out_max = 0, lse_err = 0;
   int rows_ok = 0;
   std::vector<double> w(N), ref(kD);
+  int64_t ci[posattn::kMaxGridDims], cj[posattn::kMaxGridDims], delta[posattn::kMaxGridDims];
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * H; ++bh) {
     for (int i = 0; i < N; ++i) {
       const int keys = causal ? i + 1 : N;
+      posattn::unravel_index(i, g.n, G, ci);
       double mx = -INFINITY;
       for (int j = 0; j < keys; ++j) {
         double dot = 0;
@@ -118,7 +145,9 @@ int main(int argc, char** argv) {
           dot += static_cast<double>(to_float(q[(bh * N + i) * kD + d])) * to_float(k[(bh * N + j) * kD + d]);
         w[j] = dot * p.scale;
         if (pos) {
-          const int u = j - i + N - 1;
+          posattn::unravel_index(j, g.n, G, cj);
+          for (int a = 0; a < G; ++a) delta[a] = cj[a] - ci[a];
+          const int64_t u = posattn::offset_row(delta, g.n, G);
           double pdot = 0;
           for (int d = 0; d < kD; ++d)
             pdot += static_cast<double>(to_float(qpos[(bh * N + i) * kD + d])) *

@@ -33,6 +33,8 @@
 #include "cuda/relpos_general.cuh"
 #include "cuda/relpos_plan.cuh"
 #if defined(HARNESS_TILED_D)
+#include "cuda/relpos_fast_forward.cuh"
+#include "cuda/relpos_fast_tables.cuh"
 #include "cuda/relpos_tiled_backward.cuh"
 #include "cuda/relpos_tiled_forward.cuh"
 #include "cuda/relpos_tiled_offsets.cuh"
@@ -278,7 +280,27 @@ int run_relpos(const Case& c) {
   t.sigma = sigma.p;
   t.out = out.p;
   t.lse = lse.p;
-  if (run.fwd.path == Kernels::kTiled) {
+  if (run.fwd.path == Kernels::kFast) {  // the entry point's steps: the offset tables, then the forward
+    check_tiled_dim(p);
+#if defined(HARNESS_TILED_D)
+    if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+      namespace fast = rp::cuda_fast;
+      Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
+      t.offset_add = add.p;
+      t.offset_mul = mul.p;
+      check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
+      constexpr int D = HARNESS_TILED_D;
+      check(p.g.ndim == 3   ? fast::launch_fast_forward<T, D, true, 3>(p, t, nullptr)
+            : p.g.ndim == 2 ? fast::launch_fast_forward<T, D, true, 2>(p, t, nullptr)
+                            : fast::launch_fast_forward<T, D, true, 1>(p, t, nullptr),
+            "fast forward launch");
+      check(cudaDeviceSynchronize(), "fast forward");  // (before the tables are freed)
+      t.offset_add = t.offset_mul = nullptr;
+    } else {
+      fail("the plan gave the fast forward a type it does not take");
+    }
+#endif
+  } else if (run.fwd.path == Kernels::kTiled) {
     check_tiled_dim(p);
 #if defined(HARNESS_TILED_D)
     if constexpr (!std::is_same<T, double>::value)

@@ -252,6 +252,25 @@ def run_relpos(c: Case, tmp_path: Path):
     return x, run, ref
 
 
+def _forward_path(c: Case) -> str:
+    """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
+    the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
+    float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, no window or threshold, at most 3
+    axes of more than one cell), else the tiled one."""
+    axes = [n for n in c.grid if n > 1]
+    fast = (
+        c.dtype in (F16, BF16)
+        and c.D == c.Dv
+        and c.D in (32, 64, 128)
+        and c.pos
+        and not c.threshold
+        and c.window is None
+        and c.natten is None
+        and len(axes) <= 3
+    )
+    return "fast" if c.path == "tiled" and fast else c.path
+
+
 def check_relpos(c: Case, tmp_path: Path):
     x, run, (out_ref, lse_ref, grads, *clean) = run_relpos(c, tmp_path)
     N = math.prod(c.grid)
@@ -264,7 +283,7 @@ def check_relpos(c: Case, tmp_path: Path):
     errors = {"out": _rel_err("out", out, out_ref), "lse": _rel_err("lse", lse, lse_ref)}
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors  # (False for a NaN error)
     plan = run.result()  # the kernels the harness ran: the extension's plan for this call
-    assert plan["forward"] == c.path, plan
+    assert plan["forward"] == _forward_path(c), plan
     if not c.backward:
         return errors
     assert plan["backward"] == ("tiled" if c.path == "tiled" and c.tiled_backward else "general"), plan
@@ -568,6 +587,24 @@ TILED = [
         B=2,
         H=1,
     ),
+    # the fast forward (POSATTN_CUDA_KERNEL=auto takes it for these; the tiled backward follows) on
+    # what the cases above leave out: 3-D grids with span multiply and causal, D = 128 on 3-D grids
+    # (its offset tile in one pipeline stage), several key blocks per tile on every axis
+    Case(
+        "fast-bf16-d64-3d-multiply-causal",
+        BF16,
+        [5, 6, 7],
+        path="tiled",
+        D=64,
+        sigma=True,
+        span_mode="multiply",
+        bias=True,
+        causal=True,
+        B=1,
+        backward=False,
+    ),
+    Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
+    Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
 ]
 
 
@@ -666,16 +703,16 @@ def test_apply_maps(case, tmp_path):
 # ---- device-side checks ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["general", "tiled"])
+@pytest.mark.parametrize("path", ["general", "tiled-forced", "tiled"])  # (tiled: the fast forward's offset tables)
 @pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
 def test_sigma_checked_on_the_device(path, bad, tmp_path):
     """A sigma that is not positive and finite stops the kernel with the CPU kernel's message."""
     c = Case(
         f"bad-sigma-{path}",
-        BF16 if path == "tiled" else F32,
+        BF16 if path != "general" else F32,
         [5, 4],
         path=path,
-        D=32 if path == "tiled" else 4,
+        D=32 if path != "general" else 4,
         sigma=True,
         backward=False,
         B=1,
@@ -697,7 +734,7 @@ def test_sigma_checked_on_the_device(path, bad, tmp_path):
     )
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     run = simlib.run_case(
-        simlib.harness(c.dtype, c.D if path == "tiled" else None), tmp_path / "case", settings, arrays
+        simlib.harness(c.dtype, c.D if path != "general" else None), tmp_path / "case", settings, arrays
     )
     assert simlib.ASSERT_PREFIX + "relpos_attention: sigma must be positive and finite everywhere" in run.output, (
         run.tail()

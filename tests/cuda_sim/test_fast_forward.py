@@ -1,9 +1,11 @@
 """The fast path's forward (csrc/cuda/relpos_fast_forward.cuh: FA2's structure) on
 the simulated GPU against a float64 reference (tests/cuda_sim/fast_forward.cu), on
-1-D grids: the FA2 control (no positional term) and the positional kernel (q_pos . rel
-on the tensor cores, bias, span add / multiply as per-offset tables); bf16 and f16,
-D = 32, 64, 128, causal or not, one or several query tiles and key blocks (so the
-two-stage cp.async pipeline turns over), tails, a single token.
+1-D, 2-D and 3-D grids: the FA2 control (no positional term) and the positional kernel
+(q_pos . rel on the tensor cores, bias, span add / multiply as per-offset tables); bf16
+and f16, D = 32, 64, 128 (the offset tile in two pipeline stages, or in one refilled
+after a second barrier: D = 128 on 2-D and 3-D grids), causal or not, one or several
+query tiles and key blocks (so the pipeline turns over), tails on every axis (boxes
+past the grid's end), a size-1 axis, a single token.
 
 Caught by these cases when broken on purpose (2026-11-27): the skew read off by one in
 the query's or the key's part (every positional case), the warp's offset box one row
@@ -15,6 +17,8 @@ is not built.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import simlib
@@ -28,8 +32,9 @@ PROGRAM = simlib.REPO / "tests" / "cuda_sim" / "fast_forward.cu"
 OUT_TOL = {"bf16": 1e-2, "half": 2e-3}  # relative to the largest |out|: the output's rounding and P's
 LSE_TOL = 1e-4  # absolute: lse is computed in float32
 
-# (type, D, B, H, N, causal, positional): 64 queries per block, key blocks of 64;
-# positional = (span: 0 none, 1 add, 2 multiply, bias: 0 / 1) or None for the FA2 control
+# (type, D, B, H, grid, causal, positional): 64 queries per block (1-D: 64, 2-D: 8 x 8,
+# 3-D: 4 x 4 x 4), key blocks as large; positional = (span: 0 none, 1 add, 2 multiply,
+# bias: 0 / 1) or None for the FA2 control
 CASES = [
     ("bf16", 64, 1, 1, 64, False, None),  # one tile, one key block
     ("bf16", 64, 2, 2, 130, False, None),  # 3 tiles x 3 key blocks, a 2-row tail, 4 (batch, head)s
@@ -45,12 +50,23 @@ CASES = [
     ("half", 128, 1, 1, 70, False, (2, 0)),
     ("bf16", 128, 1, 1, 1, False, (1, 1)),
     ("bf16", 32, 2, 1, 257, False, (0, 1)),  # 5 key blocks, a 1-row tail tile
+    ("bf16", 64, 1, 1, "8x8", False, (0, 0)),  # 2-D: one tile, one key block
+    ("bf16", 64, 1, 2, "9x12", False, (1, 1)),  # 2 x 2 tiles and key blocks, tails on both axes
+    ("bf16", 64, 1, 1, "13x17", True, (2, 1)),  # 2 x 3 key blocks, causal across box rows
+    ("bf16", 64, 1, 1, "13x17", True, None),
+    ("half", 32, 2, 1, "17x9", False, (2, 0)),
+    ("bf16", 128, 1, 1, "11x10", True, (1, 1)),  # the offset tile in one stage
+    ("bf16", 64, 1, 1, "9x1x12", False, (1, 1)),  # a size-1 axis: the 2-D kernel
+    ("bf16", 64, 1, 1, "5x6x7", False, (1, 1)),  # 3-D: 2 x 2 x 2 tiles and key blocks
+    ("bf16", 64, 1, 1, "5x6x7", True, (2, 1)),
+    ("half", 128, 1, 1, "6x5x9", True, (1, 0)),  # the offset tile in one stage
+    ("bf16", 32, 1, 1, "3x9x4", False, (0, 0)),
 ]
 
 
 def _id(case):
     t, d, b, h, n, causal, pos = case
-    name = f"{t}-d{d}-b{b}h{h}-n{n}" + ("-causal" if causal else "")
+    name = f"{t}-d{d}-b{b}h{h}-{'n' if isinstance(n, int) else 'grid'}{n}" + ("-causal" if causal else "")
     if pos is not None:
         name += "-pos" + ("", "-span-add", "-span-multiply")[pos[0]] + ("-bias" if pos[1] else "")
     return name
@@ -65,6 +81,7 @@ def test_fast_forward(case):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     got = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip())
-    assert got["rows_written"] == f"{b * h * n} of {b * h * n}", out[-3000:]
+    tokens = math.prod(int(x) for x in str(n).split("x"))
+    assert got["rows_written"] == f"{b * h * tokens} of {b * h * tokens}", out[-3000:]
     assert float(got["out_err"]) <= OUT_TOL[t], out[-3000:]  # (nan fails)
     assert float(got["lse_err"]) <= LSE_TOL, out[-3000:]

@@ -24,6 +24,7 @@ CHECKS = (
     + ["mma_m16n8k8_tf32", "to_tf32 (cvt.rna)"]
     + [f"pack2 {t} (lo in bits 15:0, round to nearest even)" for t in ("bf16", "f16")]
     + [f"cp_async_16 {n} of 6 rows valid (zero-fill), two groups" for n in (6, 4, 0)]
+    + [f"cp_async_4 {n} of 96 floats valid (zero-fill)" for n in (96, 37)]
 )
 
 

@@ -318,6 +318,39 @@ void check_cp_async() {
   }
 }
 
+// Floats 0 ... 95 into shared memory filled with 0xAB by 4-byte copies, those at or
+// past `valid` zero-filled, one group; then back to global.
+constexpr int kFloats = 96;
+
+__global__ void cp_async_4_kernel(const float* src, int valid, float* out) {
+  __shared__ __align__(16) float s[kFloats];
+  for (int i = threadIdx.x; i < kFloats; i += blockDim.x) reinterpret_cast<unsigned*>(s)[i] = 0xABABABABu;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kFloats; i += blockDim.x)
+    warp::cp_async_4(s + i, i < valid ? src + i : src, i < valid);
+  warp::cp_async_commit();
+  warp::cp_async_wait<0>();
+  __syncthreads();
+  for (int i = threadIdx.x; i < kFloats; i += blockDim.x) out[i] = s[i];
+}
+
+void check_cp_async_4() {
+  for (int valid : {kFloats, 37}) {
+    std::vector<float> src(kFloats), want(kFloats);
+    for (int i = 0; i < kFloats; ++i) src[i] = 1.5f * static_cast<float>(i) - 20.f;
+    for (int i = 0; i < kFloats; ++i) want[i] = i < valid ? src[i] : 0.f;
+    Device<float> ds(src), dout{std::vector<float>(kFloats, -1.f)};
+    cp_async_4_kernel<<<1, 32>>>(ds.p, valid, dout.p);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> got = dout.get();
+    int bad = 0;
+    for (int i = 0; i < kFloats; ++i) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    report("cp_async_4 " + std::to_string(valid) + " of 96 floats valid (zero-fill)", bad == 0,
+           std::to_string(bad) + " floats differ");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -326,6 +359,7 @@ int main() {
   check_mma_tf32();
   check_conversions();
   check_cp_async();
+  check_cp_async_4();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

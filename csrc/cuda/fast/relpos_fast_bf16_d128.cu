@@ -1,0 +1,4 @@
+// The fast path's kernels of relpos_attention for __nv_bfloat16 inputs and D = 128 (see ../relpos_fast.cuh).
+#include "../relpos_fast_instance.cuh"
+
+template struct posattn::relpos::cuda_fast::FastKernels<__nv_bfloat16, 128>;

@@ -1,0 +1,4 @@
+// The fast path's kernels of relpos_attention for __half inputs and D = 32 (see ../relpos_fast.cuh).
+#include "../relpos_fast_instance.cuh"
+
+template struct posattn::relpos::cuda_fast::FastKernels<__half, 32>;

@@ -1,0 +1,31 @@
+// The fast path's kernels of relpos_attention as the entry point calls them: one set per
+// (element type, head dim), each compiled in a translation unit of its own
+// (cuda/fast/relpos_fast_<type>_d<D>.cu) so that a build compiles the six in parallel.
+// The forward is relpos_fast_forward.cuh; which calls it takes, relpos_plan.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../core/relpos_params.h"
+#include "../core/relpos_tensors.h"
+
+namespace posattn::relpos::cuda_fast {
+
+template <typename T, int D>
+struct FastKernels {
+  // out and lse of a call the plan gave the fast forward (q_pos and rel given, a grid of
+  // 1-3 axes), with t.offset_add / t.offset_mul filled (relpos_fast_tables.cuh)
+  static cudaError_t forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
+};
+
+// compiled in cuda/fast/*.cu, not where this header is included
+extern template struct FastKernels<__half, 32>;
+extern template struct FastKernels<__half, 64>;
+extern template struct FastKernels<__half, 128>;
+extern template struct FastKernels<__nv_bfloat16, 32>;
+extern template struct FastKernels<__nv_bfloat16, 64>;
+extern template struct FastKernels<__nv_bfloat16, 128>;
+
+}  // namespace posattn::relpos::cuda_fast

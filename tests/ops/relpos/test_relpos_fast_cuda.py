@@ -1,0 +1,95 @@
+"""The fast forward of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
+FlashAttention-2-class: float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, no window
+or span threshold, grids of 1-3 axes): the plan gives it every such call under
+POSATTN_CUDA_KERNEL=auto; its output and lse match the float64 reference and the tiled
+forward; the backward (the tiled kernels) from its lse matches the reference. Run on a
+GPU machine; skipped cleanly without one."""
+
+import pytest
+import torch
+from helpers.relpos import make_relpos_inputs
+
+from posattn import ops, reference
+
+pytestmark = pytest.mark.cuda
+
+CASES = [
+    ([9], dict()),
+    ([130], dict(bias=True, causal=True)),  # 3 tiles, the last of 2 queries
+    ([9, 12], dict(sigma=True, bias=True)),  # 2 x 2 tiles, tails on both axes
+    ([13, 17], dict(sigma=True, span_mode="multiply", causal=True)),
+    ([5, 6, 7], dict(sigma=True, bias=True)),
+    ([1, 7, 1, 9], dict(bias=True)),  # size-1 axes: the 2-D kernel
+    ([6, 5, 9], dict(sigma=True, causal=True)),
+]
+
+
+def split(kw):
+    kw = dict(kw)
+    args = dict(span_mode=kw.pop("span_mode", "add"), causal=kw.pop("causal", False))
+    return kw, args
+
+
+def rel_err(got, want):
+    want = want.detach().double().cpu()
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got.detach().double().cpu()))
+    err = (got.detach().double().cpu()[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+    return err / max(1.0, want[finite].abs().max().item() if finite.any() else 1.0)
+
+
+@pytest.fixture(autouse=True)
+def auto(monkeypatch):
+    monkeypatch.delenv("POSATTN_CUDA_KERNEL", raising=False)
+
+
+@pytest.mark.parametrize("grid,kw", CASES)
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtype):
+    inputs, args = split(kw)
+    x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, requires_grad=True, **inputs)
+    out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True, **args)
+    xc = {k: t.detach().to("cuda", dtype if k != "sigma" else torch.float32).requires_grad_() for k, t in x.items()}
+    plan = ops.relpos_plan(**xc, grid=grid, **args)
+    assert plan["forward"] == "fast" and plan["reason"] == "the fast kernels take it", plan
+    out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert lse.dtype == torch.float32 and out.dtype == dtype
+    assert rel_err(out, out_ref) < 2e-2 and rel_err(lse, lse_ref) < 2e-2
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    out_t, lse_t = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert rel_err(out, out_t) < 2e-2 and rel_err(lse, lse_t) < 2e-2
+    monkeypatch.delenv("POSATTN_CUDA_KERNEL")
+    g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
+    got = torch.autograd.grad((out * g.to("cuda", dtype)).sum() + lse.sum(), list(xc.values()))
+    for name, a, b in zip(x, got, want):
+        assert rel_err(a, b) < 0.05, name
+
+
+def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
+    x = make_relpos_inputs([8, 8], B=1, H=2, D=64, Dv=64, sigma=True, dtype=torch.bfloat16, device="cuda")
+    x["sigma"] = x["sigma"].float()
+    plan = ops.relpos_plan(**x, grid=[8, 8], threshold=0.2)
+    assert plan["forward"] == "tiled" and "not the fast forward: it has no windows or span thresholds" in plan["reason"]
+    nopos = {k: t for k, t in x.items() if k not in ("q_pos", "rel")}
+    assert "it needs q_pos and rel" in ops.relpos_plan(**nopos, grid=[8, 8])["reason"]
+    assert "at most 3 axes" in ops.relpos_plan(**x, grid=[2, 2, 2, 8])["reason"]
+
+
+def test_non_finite_logits(monkeypatch):
+    """A NaN query row is NaN (out and lse); a +inf bias gives lse +inf and a NaN row; a
+    -inf bias on every offset but one keeps that one; the rest stay finite."""
+    x = make_relpos_inputs([6, 6], B=1, H=2, D=32, Dv=32, bias=True, dtype=torch.float16, device="cuda")
+    U = x["bias"].shape[1]
+    x["q"][0, 1, 7, 3] = float("nan")
+    x["bias"][0, U // 2] = float("inf")  # offset 0 in head 0: every query's own key
+    out, lse = ops.relpos_attention(**x, grid=[6, 6], return_lse=True)
+    assert ops.relpos_plan(**x, grid=[6, 6])["forward"] == "fast"
+    assert out[0, 1, 7].isnan().all() and lse[0, 1, 7].isnan()
+    assert torch.isfinite(out[0, 1, :7]).all() and torch.isfinite(out[0, 1, 8:]).all()
+    assert (lse[0, 0] == float("inf")).all() and out[0, 0].isnan().all()
+    x["bias"][0] = float("-inf")
+    x["bias"][0, U // 2] = 0.0
+    out = ops.relpos_attention(**x, grid=[6, 6])
+    torch.testing.assert_close(out[0, 0], x["v"][0, 0], rtol=0, atol=0)
