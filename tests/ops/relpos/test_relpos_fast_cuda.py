@@ -74,7 +74,8 @@ def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
     assert plan["forward"] == "tiled" and "not the fast forward: it has no windows or span thresholds" in plan["reason"]
     nopos = {k: t for k, t in x.items() if k not in ("q_pos", "rel")}
     assert "it needs q_pos and rel" in ops.relpos_plan(**nopos, grid=[8, 8])["reason"]
-    assert "at most 3 axes" in ops.relpos_plan(**x, grid=[2, 2, 2, 8])["reason"]
+    x4 = make_relpos_inputs([2, 2, 2, 8], B=1, H=2, D=64, Dv=64, dtype=torch.bfloat16, device="cuda")
+    assert "at most 3 axes" in ops.relpos_plan(**x4, grid=[2, 2, 2, 8])["reason"]
 
 
 def test_non_finite_logits(monkeypatch):
