@@ -48,6 +48,16 @@ def make_relpos_inputs(
     return x
 
 
+def rel_err(got, want):
+    """Largest error on the finite entries of `want`, relative to their largest magnitude (at
+    least 1), after checking that `got` is finite exactly where `want` is."""
+    want = want.detach().double().cpu()
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got.detach().double().cpu()))
+    err = (got.detach().double().cpu()[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+    return err / max(1.0, want[finite].abs().max().item() if finite.any() else 1.0)
+
+
 def loss_grads(out, lse, inputs, seed=1):
     """The gradients of a random linear loss of (out, lse) (a row without keys, lse = -inf, adds nothing)."""
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ GPU machine; skipped cleanly without one."""
 
 import pytest
 import torch
-from helpers.relpos import make_relpos_inputs
+from helpers.relpos import make_relpos_inputs, rel_err
 
 from posattn import ops, reference
 
@@ -28,14 +28,6 @@ def split(kw):
     kw = dict(kw)
     args = dict(span_mode=kw.pop("span_mode", "add"), causal=kw.pop("causal", False))
     return kw, args
-
-
-def rel_err(got, want):
-    want = want.detach().double().cpu()
-    finite = torch.isfinite(want)
-    assert torch.equal(finite, torch.isfinite(got.detach().double().cpu()))
-    err = (got.detach().double().cpu()[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
-    return err / max(1.0, want[finite].abs().max().item() if finite.any() else 1.0)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ cleanly without one. POSATTN_CUDA_KERNEL picks the path."""
 
 import pytest
 import torch
-from helpers.relpos import make_relpos_inputs
+from helpers.relpos import make_relpos_inputs, rel_err
 
 from posattn import ops, reference
 
@@ -46,14 +46,6 @@ def split(kw):
         window_border=kw.pop("window_border", "clip"),
     )
     return kw, args
-
-
-def rel_err(got, want):
-    want = want.detach().double().cpu()
-    finite = torch.isfinite(want)
-    assert torch.equal(finite, torch.isfinite(got.detach().double().cpu()))
-    err = (got.detach().double().cpu()[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
-    return err / max(1.0, want[finite].abs().max().item() if finite.any() else 1.0)
 
 
 @pytest.mark.parametrize("grid,kw", CASES)
