@@ -6,8 +6,10 @@ call dense, and forward against backward.
 These are simulated cycles, not GPU time: they show whether the kernels skip the work outside
 a window and how the paths compare inside one model; the figures that count come from a real
 GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
-functional mode of the tests), so the problem is small: one batch element and head, a 16 x 16
-grid (256 tokens), bfloat16, D = Dv = 32, positional term on.
+functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
+so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16, D = Dv = 32,
+positional term on. Paths: fast (the plan's choice: the fast forward, then the tiled backward),
+tiled (forced), general, tiled-goffsets.
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
     python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
@@ -61,7 +63,7 @@ def kernel_cycles(log: str):
     return [(short_name(n), c) for n, c in zip(names, cycles)]
 
 
-def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None):
+def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None, H: int = 1):
     # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma);
     # "fast": the plan's choice (the fast forward, the tiled backward); "tiled": the tiled forward too
     harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
@@ -70,20 +72,20 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
     arrays = dict(
-        q=rand(1, 1, N, D),
-        k=rand(1, 1, N, D),
-        v=rand(1, 1, N, D),
-        q_pos=rand(1, 1, N, D),
-        rel=rand(1, U, D),
-        gout=rand(1, 1, N, D),
-        glse=torch.zeros(1, 1, N, dtype=torch.float32),
+        q=rand(1, H, N, D),
+        k=rand(1, H, N, D),
+        v=rand(1, H, N, D),
+        q_pos=rand(1, H, N, D),
+        rel=rand(H, U, D),
+        gout=rand(1, H, N, D),
+        glse=torch.zeros(1, H, N, dtype=torch.float32),
     )
     settings = dict(
         op="relpos",
         **simlib.plan_settings("tiled-forced" if path in ("tiled", "tiled-goffsets") else harness_path),
         general_offsets=general_offsets,
         B=1,
-        H=1,
+        H=H,
         D=D,
         Dv=D,
         grid=list(grid),
@@ -128,6 +130,7 @@ def main():
     ap.add_argument(
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"
     )
+    ap.add_argument("--heads", type=int, default=1, help="heads H (B = 1): H query tiles per tile of the grid")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -149,7 +152,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as ex:
-        results = list(ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work), jobs))
+        results = list(ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work, H=args.heads), jobs))
     rows = {}
     for (path, w, bwd), (cycles, secs) in zip(jobs, results):
         kept = N if w is None else math.prod(min(2 * x + 1, n) for x, n in zip(w, grid))
@@ -162,7 +165,8 @@ def main():
             json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()}, indent=1)
         )
     print(
-        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = H = 1, "
+        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = 1, "
+        f"H = {args.heads}, "
         f"positional term on; wall {time.time() - start:.0f} s"
     )
     print(
