@@ -24,9 +24,9 @@
 // bias and span applied per offset; then a skewed read into S: pair (i, j) sits at column
 // kpart(j) - qpart(i) + C0, a per-thread constant plus a compile-time one. Keys outside
 // the grid and after a row's causal limit are masked only on the key blocks that have
-// any. One barrier per key block (two where the offset tile has one stage: D = 128 on
-// 2-D and 3-D grids, D = 64 on 3-D). Positions within a (batch, head) in 32 bits,
-// offsets into the tensors in 64.
+// any. One barrier per key block (two where the offset tile has one stage, as two do not
+// fit sm_90's shared memory: D = 128 on 2-D and 3-D grids). Positions within a (batch,
+// head) in 32 bits, offsets into the tensors in 64.
 #pragma once
 
 #include <cuda_runtime.h>
