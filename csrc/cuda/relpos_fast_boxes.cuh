@@ -12,7 +12,7 @@
 //
 // The offset box between boxes of extents a and b has extent a + b - 1 per axis: pair
 // (query x, key y) sits at y - x + (a - 1). Its row-major index is linear in the pair's
-// coordinates, so a warp's column of pair (i, j) is kpart(j) - qpart(i) + C0.
+// coordinates, so a warp's column of pair (i, j) is kpart(j) - qpart(i) + C0 (column_part).
 #pragma once
 
 #include <type_traits>
@@ -99,27 +99,15 @@ __host__ __device__ __forceinline__ void for_axes(F&& f) {
   for_axes_(f, std::make_integer_sequence<int, NDIM>{});
 }
 
-// Column of the warp offset box holding offset (key j of the key block) - (query i of the
-// warp box): kpart(j) - qpart(i) + kColumn0.
+// The part of a warp-offset-box column that cell r of box b (the key block or the warp
+// box) contributes: sum_a coord_a(r) stride_a. The column of offset (key j) - (query i) is
+// column_part(kKey, j) - column_part(kWarp, i) + column_part(kWarp, 15), the last term
+// being (w_a - 1) per axis: the warp box's last cell.
 template <int NDIM>
-constexpr __host__ __device__ __forceinline__ int kpart(int j) {
+constexpr __host__ __device__ __forceinline__ int column_part(Box b, int r) {
   int c = 0;
 #pragma unroll
-  for (int a = 0; a < NDIM; ++a) c += coord<NDIM>(Box::kKey, j, a) * stride<NDIM>(Box::kWarpOffsets, a);
-  return c;
-}
-template <int NDIM>
-constexpr __host__ __device__ __forceinline__ int qpart(int i) {
-  int c = 0;
-#pragma unroll
-  for (int a = 0; a < NDIM; ++a) c += coord<NDIM>(Box::kWarp, i, a) * stride<NDIM>(Box::kWarpOffsets, a);
-  return c;
-}
-template <int NDIM>
-constexpr __host__ __device__ __forceinline__ int column0() {
-  int c = 0;
-#pragma unroll
-  for (int a = 0; a < NDIM; ++a) c += (extent<NDIM>(Box::kWarp, a) - 1) * stride<NDIM>(Box::kWarpOffsets, a);
+  for (int a = 0; a < NDIM; ++a) c += coord<NDIM>(b, r, a) * stride<NDIM>(Box::kWarpOffsets, a);
   return c;
 }
 
@@ -148,7 +136,7 @@ struct KeyBlockParts {
   int c[volume<NDIM>(Box::kKey) / 8][NDIM] = {};
   constexpr KeyBlockParts() {
     for (int nb = 0; nb < volume<NDIM>(Box::kKey) / 8; ++nb) {
-      col[nb] = kpart<NDIM>(8 * nb);
+      col[nb] = column_part<NDIM>(Box::kKey, 8 * nb);
       for (int a = 0; a < NDIM; ++a) c[nb][a] = coord<NDIM>(Box::kKey, 8 * nb, a);
     }
   }

@@ -277,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   for (int r = 0; r < 2; ++r) {
     const int il = lane / 4 + 8 * r;
     row_tok[r] = query_token(16 * w + il);
-    pcol[r] = il * L::kPLd + kpart<NDIM>(2 * (lane % 4)) - qpart<NDIM>(il) + column0<NDIM>();
+    pcol[r] = il * L::kPLd + column_part<NDIM>(Box::kKey, 2 * (lane % 4)) -
+              column_part<NDIM>(Box::kWarp, il) + column_part<NDIM>(Box::kWarp, 15);
   }
   const float scale_log2 = scale * kLog2e;
   float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
@@ -566,6 +567,24 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   kernel<<<grid, kThreads, kBytes, stream>>>(p, t);
   return cudaGetLastError();
+}
+
+// launch_fast_forward for the call's grid rank (p.g.ndim: 2 or 3, else 1: the tokens in a
+// row, which the control takes on any grid).
+template <typename T, int D, bool POS>
+cudaError_t launch_fast_forward_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+                                        cudaStream_t stream) {
+  if (p.g.ndim == 3) return launch_fast_forward<T, D, POS, 3>(p, t, stream);
+  if (p.g.ndim == 2) return launch_fast_forward<T, D, POS, 2>(p, t, stream);
+  return launch_fast_forward<T, D, POS, 1>(p, t, stream);
+}
+
+// Shared memory of the positional forward on a grid of `ndim` axes (the plan's check).
+template <typename T, int D>
+constexpr size_t positional_forward_bytes(int ndim) {
+  return ndim == 3   ? FwdLayout<T, D, true, 3>::kBytes
+         : ndim == 2 ? FwdLayout<T, D, true, 2>::kBytes
+                     : FwdLayout<T, D, true, 1>::kBytes;
 }
 
 }  // namespace posattn::relpos::cuda_fast

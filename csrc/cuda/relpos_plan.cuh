@@ -129,9 +129,7 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     if constexpr (!std::is_same<CT, float>::value) {
-      *smem = p.g.ndim == 3   ? cuda_fast::FwdLayout<CT, D, true, 3>::kBytes
-              : p.g.ndim == 2 ? cuda_fast::FwdLayout<CT, D, true, 2>::kBytes
-                              : cuda_fast::FwdLayout<CT, D, true, 1>::kBytes;
+      *smem = cuda_fast::positional_forward_bytes<CT, D>(p.g.ndim);
       why = smem_refusal(*smem, dev, "it", D);
     }
   });

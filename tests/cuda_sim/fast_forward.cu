@@ -45,14 +45,6 @@ float uniform() {  // [-1, 1)
 
 }  // namespace
 
-template <bool POS>
-cudaError_t launch(int ndim, const posattn::RelposParams& p, const posattn::RelposTensors<T>& t) {
-  using namespace posattn::relpos::cuda_fast;
-  if (ndim == 3) return launch_fast_forward<T, kD, POS, 3>(p, t, nullptr);
-  if (ndim == 2) return launch_fast_forward<T, kD, POS, 2>(p, t, nullptr);
-  return launch_fast_forward<T, kD, POS, 1>(p, t, nullptr);
-}
-
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 9) {
     fprintf(stderr, "usage: %s B H GRID CAUSAL SEED [POS SPAN BIAS]\n", argv[0]);
@@ -121,10 +113,10 @@ int main(int argc, char** argv) {
     t.qpos = dqpos.p, t.rel = drel.p;
     if (has_bias || span == 1) t.offset_add = dadd.p;
     if (span == 2) t.offset_mul = dmul.p;
-    CHECK_CUDA(launch<true>(G, p, t));
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, true>(p, t, nullptr)));
     CHECK_CUDA(cudaDeviceSynchronize());
   } else {
-    CHECK_CUDA(launch<false>(G, p, t));
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, false>(p, t, nullptr)));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
   const std::vector<T> out = dout.get();

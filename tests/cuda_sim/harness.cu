@@ -289,10 +289,7 @@ int run_relpos(const Case& c) {
       t.offset_add = add.p;
       t.offset_mul = mul.p;
       check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
-      constexpr int D = HARNESS_TILED_D;
-      check(p.g.ndim == 3   ? fast::launch_fast_forward<T, D, true, 3>(p, t, nullptr)
-            : p.g.ndim == 2 ? fast::launch_fast_forward<T, D, true, 2>(p, t, nullptr)
-                            : fast::launch_fast_forward<T, D, true, 1>(p, t, nullptr),
+      check(fast::launch_fast_forward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
             "fast forward launch");
       check(cudaDeviceSynchronize(), "fast forward");  // (before the tables are freed)
       t.offset_add = t.offset_mul = nullptr;
