@@ -21,9 +21,9 @@ def relpos_cases(device):
         dict(grid=[150], D=4, Dv=140, kw=dict(pos=False, bias=True, window=[9], window_border="shift", causal=True)),
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
-    # The tiled tensor-core kernels take float16/bfloat16 with D == Dv in {32, 64, 128}:
-    # span with threshold, causal, NATTEN kernels (even size, stride, causal axis); the fast
-    # forward those without a window or threshold (their backward is the tiled one).
+    # float16/bfloat16 with D == Dv in {32, 64, 128} and q_pos: the fast forward, then the tiled
+    # backward: span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
+    # fast forward skips key blocks and masks per range there).
     tiled = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
         dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
@@ -31,8 +31,8 @@ def relpos_cases(device):
         dict(
             grid=[11, 12], D=64, Dv=64, kw=dict(sigma=True, pos=True, kernel_size=[5, 4], window_causal=[True, False])
         ),
-        # the fast forward (no window or threshold; [3, 5, 7] above is one too: its offset tile in one
-        # stage behind a second barrier): several key blocks on every axis, both pipeline stages
+        # dense ([3, 5, 7] above too: its offset tile in one stage behind a second barrier): several
+        # key blocks on every axis, both pipeline stages
         dict(grid=[17, 19], D=64, Dv=64, kw=dict(sigma=True, pos=True, span_mode="multiply")),
         dict(grid=[200], D=32, Dv=32, kw=dict(pos=True, bias=True, causal=True)),
     ]

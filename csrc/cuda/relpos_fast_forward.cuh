@@ -4,9 +4,12 @@
 // the FA2 control the positional kernels are measured against. POS = true:
 // logits = scale (q k^T + q_pos rel[u]) + add[u], times mul[u], with u the pair's
 // offset row and add / mul the per-offset tables (bias, the span) of RelposTensors.
-// Grids of NDIM = 1, 2, 3 axes (relpos_fast_boxes.cuh: the boxes). Windows and span
-// boxes come next (issue 43), and only then does the plan (relpos_plan.cuh) route
-// calls here.
+// Grids of NDIM = 1, 2, 3 axes (relpos_fast_boxes.cuh: the boxes). Windows (NATTEN's
+// vocabulary: kernel split, query stride, causal axes, clip or shift at the borders) and
+// span boxes (a threshold) as per-axis key ranges of each query (axis_key_range, the
+// other paths' rule): a tile visits only the box of key blocks that covers its queries'
+// ranges, a warp skips the blocks none of its rows keeps a key of, and masks only where
+// some row of it does not keep every key.
 //
 // A block owns a query tile (a box of 64 queries, 16 per warp, each warp's a sub-box);
 // key blocks (boxes of 64 keys, row-major over the grid's blocks) stream through two
@@ -64,11 +67,14 @@ struct FwdLayout {
   // (+8 columns: the float2 stores free of bank conflicts)
   static constexpr int kPLd = kWarpCols + 8;
   static constexpr int kPbuf = 17 * kPLd;
+  // per warp and row: its key range [lo, hi] along each axis (int2: window, span box)
+  static constexpr size_t kRangeBytes = static_cast<size_t>(kWarps) * 16 * NDIM * sizeof(int2);
   static constexpr size_t bytes(int rel_stages) {
     return static_cast<size_t>(4 * kTile + rel_stages * kRTile) * sizeof(T) +
            static_cast<size_t>(kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols +
                                2 * kWarps * kWarpCols) *
-               sizeof(float);
+               sizeof(float) +
+           kRangeBytes;
   }
   // two stages of the offset tile where they fit, else one (refilled after a second barrier)
   static constexpr int kRelStages = bytes(2) <= kMaxSharedBytes ? 2 : 1;
@@ -87,7 +93,11 @@ struct FwdLayout {
     return kWarps * kPbuf + ((stage * kWarps + w) * 2 + which) * kWarpCols;
   }
   static constexpr int kFloats = kWarps * kPbuf + kRelStages * kWarps * 2 * kWarpCols;
-  static constexpr size_t kBytes = POS ? bytes(kRelStages) : kTBytes;
+  // then (both kernels) the rows' key ranges, in bytes from the start
+  static constexpr size_t kRangesAt =
+      POS ? kTBytes + static_cast<size_t>(kFloats + 2 * kWarps * kWarpCols) * sizeof(float) : kTBytes;
+  static constexpr size_t kBytes = kRangesAt + kRangeBytes;
+  static_assert(kRangesAt % alignof(int2) == 0, "the ranges aligned");
   static_assert(kBytes <= kMaxSharedBytes, "the layout fits sm_90's shared memory");
 };
 
@@ -155,21 +165,61 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   const T* k = t.k + head;
   const T* v = t.v + head;
 
-  // key blocks, row-major over the grid's blocks: all, or with causal masking those whose
-  // first key is at most the tile's last query (a prefix of that order)
-  int blocks = 1;
+  // Which keys a query keeps along axis a: [lo, hi] of its window and span box
+  // (axis_key_range: NATTEN's vocabulary; the span's half width from sigma and the
+  // threshold, as the other paths compute it), the whole axis where the call has neither.
+  // Neither bound decreases as the query's coordinate grows, so the queries of a box keep
+  // keys in [lo(its first cell), hi(its last)] only, and all of them every key of
+  // [lo(its last cell), hi(its first)].
+  const bool boxed = p.has_box && p.g.ndim == NDIM;
+  int span[NDIM];
 #pragma unroll
-  for (int a = 0; a < NDIM; ++a)
-    blocks *= (n[a] + extent<NDIM>(Box::kKey, a) - 1) / extent<NDIM>(Box::kKey, a);
+  for (int a = 0; a < NDIM; ++a) {
+    span[a] = n[a] - 1;
+    if (boxed && p.has_sigma && p.threshold > 0.0) {
+      const double sg = t.sigma[blockIdx.y * p.G_in + p.g.axis[a]];
+      if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, n[a]));
+    }
+  }
+  const auto key_range = [&](int a, int c) {
+    if (!boxed) return make_int2(0, n[a] - 1);
+    int64_t lo, hi;
+    axis_key_range(window_limit(p, a, span[a]), min(c, n[a] - 1), lo, hi);
+    return make_int2(static_cast<int>(lo), static_cast<int>(hi));
+  };
+  // each row's ranges (row lane of warp w; rows past the grid's end as its last cell's),
+  // read by the warp from its first barrier on
+  const int2* ranges = reinterpret_cast<const int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
+  if (lane < 16) {
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int c = t0[a] + coord_of<NDIM, Box::kWarpsInTile, a>(w) * extent<NDIM>(Box::kWarp, a) +
+                    coord_of<NDIM, Box::kWarp, a>(lane);
+      reinterpret_cast<int2*>(smem_raw + L::kRangesAt)[(w * 16 + lane) * NDIM + a] = key_range(a, c);
+    });
+  }
+
+  // the key blocks the tile visits: the box of blocks that covers its queries' ranges
+  // (origins kfirst ... klast per axis), row-major; with causal masking those whose first
+  // key is at most the tile's last query (a prefix of that order)
+  int kfirst[NDIM], klast[NDIM], blocks = 1;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) {
+    const int K = extent<NDIM>(Box::kKey, a), last = min(t0[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1;
+    kfirst[a] = key_range(a, t0[a]).x / K * K;
+    klast[a] = key_range(a, last).y / K * K;
+    blocks *= (klast[a] - kfirst[a]) / K + 1;
+  }
   if (p.causal) {
     int rank = 0;  // of the last such block
     bool tight = true;
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) {
-      const int K = extent<NDIM>(Box::kKey, a), nk = (n[a] + K - 1) / K;
-      const int last = min(t0[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1, b = last / K;
-      rank = rank * nk + (tight ? b : nk - 1);
-      tight = tight && b * K == last;
+      const int K = extent<NDIM>(Box::kKey, a), last = min(t0[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1;
+      // (a query keeps itself, so kfirst <= its coordinate and b >= kfirst)
+      const int b = tight ? min(last / K * K, klast[a]) : klast[a];
+      rank = rank * ((klast[a] - kfirst[a]) / K + 1) + (b - kfirst[a]) / K;
+      tight = tight && b == last;
     }
     blocks = rank + 1;
   }
@@ -263,7 +313,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     load_rows_async<T, D, LD, kBlockN>(smem + L::v_at(st), v, key_token);
   };
 
-  int kb[NDIM] = {};  // key block j's origin
+  int kb[NDIM];  // key block j's origin
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) kb[a] = kfirst[a];
   load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
   if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
   load_keys(0, kb);
@@ -303,15 +355,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       }
       __syncthreads();  // every warp holds Q (and q_pos): their buffers are K1's and V1's
     }
-    // block j + 1's origin (the next in row-major order over the grid's blocks)
+    // block j + 1's origin (the next in row-major order over the tile's box of blocks)
     int kn[NDIM];
     {
       bool carry = true;
 #pragma unroll
       for (int a = NDIM - 1; a >= 0; --a) {
         kn[a] = kb[a] + (carry ? extent<NDIM>(Box::kKey, a) : 0);
-        carry = carry && kn[a] >= n[a];
-        if (carry) kn[a] = 0;
+        carry = carry && kn[a] > klast[a];
+        if (carry) kn[a] = kfirst[a];
       }
     }
     if (j + 1 < blocks) {  // the next key block into the other stage, while this one is computed
@@ -321,38 +373,50 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     }
     const T* Kj = smem + L::k_at(stage);
     const T* Vj = smem + L::v_at(stage);
+    // the warp's rows keep some key of the block (else the warp skips it), all of them every
+    // key of it (no mask but the causal one): from the ranges of its first and last row
+    bool active = true, full = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int2 first = ranges[a], last = ranges[15 * NDIM + a];
+      const int kend = kb[a] + extent<NDIM>(Box::kKey, a) - 1;
+      active = active && kb[a] <= last.y && kend >= first.x;
+      full = full && kb[a] >= last.x && kend <= first.y;
+    }
 
     // POS: the warp's positional products first (S's registers are not live yet):
     // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
     if constexpr (POS) {
-      const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
-      const float* add_w = fsmem + L::table_at(rst, w, 0);
-      const float* mul_w = fsmem + L::table_at(rst, w, 1);
+      if (active) {
+        const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
+        const float* add_w = fsmem + L::table_at(rst, w, 0);
+        const float* mul_w = fsmem + L::table_at(rst, w, 1);
 #pragma unroll
-      for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
-        const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
-        float acc[2][4] = {};
+        for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
+          const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
+          float acc[2][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t b[4];
-          warp::ldmatrix<4>(b, row + 16 * kk);
-          warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
-          warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
+          for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t b[4];
+            warp::ldmatrix<4>(b, row + 16 * kk);
+            warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
+            warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
+            const int col = 8 * (nb + h) + 2 * (lane % 4);
+            const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
+            const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
+            *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
+                make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
+            *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
+                make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
+            if (has_mul && lane < 4)
+              *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
+          }
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
-          const int col = 8 * (nb + h) + 2 * (lane % 4);
-          const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
-          const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
-          *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
-              make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
-          *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
-              make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
-          if (has_mul && lane < 4)
-            *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
-        }
+        __syncwarp();  // the warp's products visible to its lanes
       }
-      __syncwarp();  // the warp's products visible to its lanes
       if constexpr (L::kRelStages == 1) {
         __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
         if (j + 1 < blocks) {
@@ -360,6 +424,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
           warp::cp_async_commit();
         }
       }
+    }
+    if (!active) {
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
+      continue;
     }
 
     // S = Q K^T: 8 n-blocks of 8 keys
@@ -393,42 +462,45 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       }
     }
 
-    // scale to base 2; on key blocks with keys outside the grid or after a row's causal
-    // limit, mask; the rows' max
-    bool edge = false;
+    // scale to base 2; on key blocks with keys outside a row's ranges (the grid's end
+    // included) or after its causal limit, mask; the rows' max
     int key_last = 0;  // the block's last key in the grid
 #pragma unroll
-    for (int a = 0; a < NDIM; ++a) {
-      edge = edge || kb[a] + extent<NDIM>(Box::kKey, a) > n[a];
-      key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
-    }
+    for (int a = 0; a < NDIM; ++a) key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
     float mx[2] = {-INFINITY, -INFINITY};
-    if (edge || (p.causal && key_last > tile_first)) {
-      // this lane's keys 8 nb + 2 (lane % 4) + e: per axis, how many cells are left past
-      // its part of their coordinates, and its part of their tokens
-      int left[NDIM], key_tok = 0;
+    if (!full || (p.causal && key_last > tile_first)) {
+      // this lane's keys 8 nb + 2 (lane % 4) + e: its part of their coordinates and tokens
+      int kc[NDIM], key_tok = 0;
       for_axes<NDIM>([&](auto ax) {
         constexpr int a = decltype(ax)::value;
-        const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
-        left[a] = n[a] - c;
-        key_tok += c * gs[a];
+        kc[a] = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
+        key_tok += kc[a] * gs[a];
       });
 #pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
-        int tok = key_tok;
-        bool in[2] = {true, true};  // the pair of keys e = 0, 1 inside the grid
+      for (int r = 0; r < 2; ++r) {
+        int lo[NDIM], hi[NDIM];  // the row's ranges against this lane's part of the keys
 #pragma unroll
         for (int a = 0; a < NDIM; ++a) {
-          const int c = kParts.c[nb][a];
-          tok += c * gs[a];
-          in[0] = in[0] && c < left[a];
-          in[1] = in[1] && c + (a == NDIM - 1 ? 1 : 0) < left[a];
+          const int2 x = ranges[(lane / 4 + 8 * r) * NDIM + a];
+          lo[a] = x.x - kc[a], hi[a] = x.y - kc[a];
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool kept = in[i & 1] && (!p.causal || tok + (i & 1) <= row_tok[i >> 1]);
-          s[nb][i] = kept ? s[nb][i] * to_log2 : -INFINITY;
-          mx[i >> 1] = fmaxf(mx[i >> 1], s[nb][i]);
+        for (int nb = 0; nb < kBlockN / 8; ++nb) {
+          int tok = key_tok;
+#pragma unroll
+          for (int a = 0; a < NDIM; ++a) tok += kParts.c[nb][a] * gs[a];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            bool kept = !p.causal || tok + e <= row_tok[r];
+#pragma unroll
+            for (int a = 0; a < NDIM; ++a) {
+              const int c = kParts.c[nb][a] + (a == NDIM - 1 ? e : 0);
+              kept = kept && c >= lo[a] && c <= hi[a];
+            }
+            float& x = s[nb][2 * r + e];
+            x = kept ? x * to_log2 : -INFINITY;
+            mx[r] = fmaxf(mx[r], x);
+          }
         }
       }
     } else {
@@ -527,7 +599,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 // opt-in limit; this checks the rest: D = Dv, N < 2^31, H and B at most 65535 (the
 // grid's y and z), q, k, v (q_pos, rel) 16-byte aligned and out 4-byte aligned
 // (cp.async and the paired stores), out and lse given; NDIM > 1: a grid of NDIM axes
-// (NDIM = 1 takes the N tokens in a row, any grid for the control); POS: q_pos and rel
+// (NDIM = 1 takes the N tokens in a row, any grid for the control without a window or
+// span box); sigma given where a threshold makes span boxes; POS: q_pos and rel
 // given, U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows
 // in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. cudaErrorInvalidValue where one fails.
 template <typename T, int D, bool POS, int NDIM>
@@ -540,6 +613,9 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.out, 4))
     return cudaErrorInvalidValue;
   if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  // windows and span boxes on the grid's own axes only (a grid of no axes: one token)
+  if (p.has_box && p.g.ndim != NDIM && p.g.ndim != 0) return cudaErrorInvalidValue;
+  if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
   int64_t tiles = 1;
   if (NDIM == 1) {
     tiles = (p.N + kBlockM - 1) / kBlockM;

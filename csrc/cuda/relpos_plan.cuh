@@ -3,8 +3,8 @@
 // limits alone (torch-free), so that the entry points (relpos/relpos_cuda.cu), the
 // simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
 // follow one rule. The fast forward (FlashAttention-2-class, relpos_fast_forward.cuh)
-// takes float16 / bfloat16 calls with D == Dv in {32, 64, 128}, q_pos, no window or span
-// threshold, on grids of 1-3 axes, on sm_80+ where its shared memory fits; the tiled
+// takes float16 / bfloat16 calls with D == Dv in {32, 64, 128} and q_pos, windows and
+// span thresholds included, on grids of 1-3 axes, on sm_80+ where its shared memory fits; the tiled
 // tensor-core kernels take float16 / bfloat16 (and float32 through TF32 where
 // allowed) with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits
 // (every backward the general kernels do not take); the general kernels every other call.
@@ -116,7 +116,6 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
   if (dt != DType::kFloat16 && dt != DType::kBFloat16) return "it takes float16 and bfloat16 only";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
   if (!p.has_pos) return "it needs q_pos and rel";
-  if (p.has_box) return "it has no windows or span thresholds yet";
   if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
   if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";
   if (p.N >= (int64_t{1} << 30) - cuda_fast::kBlockN || p.U > (p.g.ndim == 1 ? INT_MAX : int64_t{1} << 26))

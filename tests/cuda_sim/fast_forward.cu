@@ -3,11 +3,16 @@
 // softmax(logits) v and lse, with causal masking (token order) or without; logits =
 // scale q k^T (POS 0, the FA2 control, on the same boxes) or scale (q k^T + q_pos rel[u])
 // + bias[u], then minus the span's quad (SPAN 1: add) or times exp(-quad) (SPAN 2:
-// multiply), quad = 0.5 sum_d (delta_d / (n_d - 1) / sigma_hd)^2. Inputs are uniform in
+// multiply), quad = 0.5 sum_d (delta_d / (n_d - 1) / sigma_hd)^2; keys outside a
+// query's window or span box (THRESHOLD > 0 with a span) masked. Inputs are uniform in
 // [-1, 1), rounded to the element type first, so the error measures the kernel's own
 // arithmetic. Built per element type and head dim (-DFAST_T=bf16|half, -DFAST_D=32|64|128).
 //
-//   fast_forward B H GRID CAUSAL SEED [POS SPAN BIAS]      (GRID: 130, 9x12, 5x6x7)
+//   fast_forward B H GRID CAUSAL SEED [POS SPAN BIAS [WINDOW THRESHOLD]]   (GRID: 130, 9x12, 5x6x7)
+//
+// WINDOW: "-" (none) or per axis of GRID kernel.stride.causal, joined by x, with "/shift"
+// for NATTEN's border rule (e.g. 5.1.0x4.2.1/shift); the keys a query keeps per axis are
+// axis_key_range's (core/grid_index.h), tested against posattn.reference by test_cuda_sim.py.
 //
 // prints "out_err E", "lse_err E" (the largest error relative to the largest |out|,
 // and the largest absolute lse error) and "rows_written N_OK of N_ALL"; exit status
@@ -18,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cuda/relpos_fast_forward.cuh"
@@ -46,8 +52,8 @@ float uniform() {  // [-1, 1)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6 && argc != 9) {
-    fprintf(stderr, "usage: %s B H GRID CAUSAL SEED [POS SPAN BIAS]\n", argv[0]);
+  if (argc != 6 && argc != 9 && argc != 11) {
+    fprintf(stderr, "usage: %s B H GRID CAUSAL SEED [POS SPAN BIAS [WINDOW THRESHOLD]]\n", argv[0]);
     return 2;
   }
   const int B = atoi(argv[1]), H = atoi(argv[2]), causal = atoi(argv[4]);
@@ -61,8 +67,27 @@ int main(int argc, char** argv) {
   const int G = g.ndim;
   int N = 1;
   for (int a = 0; a < G; ++a) N *= static_cast<int>(g.n[a]);
-  const int pos = argc == 9 ? atoi(argv[6]) : 0, span = argc == 9 ? atoi(argv[7]) : 0;
-  const int has_bias = argc == 9 ? atoi(argv[8]) : 0;
+  const int pos = argc >= 9 ? atoi(argv[6]) : 0, span = argc >= 9 ? atoi(argv[7]) : 0;
+  const int has_bias = argc >= 9 ? atoi(argv[8]) : 0;
+  const double threshold = argc == 11 ? atof(argv[10]) : 0.0;
+  posattn::RelposShape shape_s;
+  if (argc == 11 && argv[9][0] != '-') {  // kernel.stride.causal per axis, x-separated, then /shift
+    for (const char* c = argv[9]; *c && *c != '/';) {
+      char* end;
+      const int64_t kernel = strtoll(c, &end, 10), stride = strtoll(end + 1, &end, 10),
+                    axis_causal = strtoll(end + 1, &end, 10);
+      shape_s.window_left.push_back(kernel / 2);
+      shape_s.window_right.push_back(kernel - 1 - kernel / 2);
+      shape_s.window_stride.push_back(stride);
+      shape_s.window_causal.push_back(axis_causal);
+      c = *end == 'x' ? end + 1 : end;
+    }
+    shape_s.window_shift = strstr(argv[9], "/shift") != nullptr;
+    if (shape_s.window_left.size() != shape.size()) {
+      fprintf(stderr, "WINDOW needs one kernel.stride.causal per axis of GRID\n");
+      return 2;
+    }
+  }
   rng_state = strtoull(argv[5], nullptr, 10) * 2654435761ull + 1;
   const size_t n_qkv = static_cast<size_t>(B) * H * N * kD;
   const int U = static_cast<int>(posattn::num_offsets(g.n, G));
@@ -72,9 +97,13 @@ int main(int argc, char** argv) {
     for (auto& e : *x) e = from_float<T>(uniform());
   // the offset terms: bias (H, U), the span's quad (H, U) from sigma_hd in [0.3, 1.3)
   std::vector<double> bias(static_cast<size_t>(H) * U, 0.0), quad(static_cast<size_t>(H) * U, 0.0);
+  std::vector<double> sigma_in(static_cast<size_t>(H) * shape.size(), 1.0);  // (H, axes of GRID)
   for (int h = 0; h < H; ++h) {
     double sigma[posattn::kMaxGridDims];
-    for (int a = 0; a < G; ++a) sigma[a] = 0.8 + 0.5 * uniform();
+    for (int a = 0; a < G; ++a) {
+      sigma[a] = 0.8 + 0.5 * uniform();
+      sigma_in[h * shape.size() + g.axis[a]] = sigma[a];
+    }
     for (int u = 0; u < U; ++u) {
       if (has_bias) bias[h * U + u] = uniform();
       int64_t delta[posattn::kMaxGridDims];
@@ -93,20 +122,30 @@ int main(int argc, char** argv) {
     mul_tab[i] = static_cast<float>(std::exp(-quad[i]));
   }
 
-  posattn::RelposShape shape_s;
   shape_s.B = B, shape_s.H = H, shape_s.N = N, shape_s.D = kD, shape_s.Dv = kD;
   shape_s.grid = shape;
   shape_s.has_pos = pos != 0;
+  shape_s.has_sigma = span != 0;
+  shape_s.mode = span == 2 ? posattn::SpanMode::kMultiply : posattn::SpanMode::kAdd;
   posattn::RelposParams p =
-      posattn::make_relpos_params(shape_s, 0.0, 1.0 / std::sqrt(static_cast<double>(kD)), causal != 0);
+      posattn::make_relpos_params(shape_s, threshold, 1.0 / std::sqrt(static_cast<double>(kD)), causal != 0);
+  // which keys query coordinate c keeps along kept axis a: [lo, hi]
+  const auto key_range = [&](int64_t h, int a, int64_t c, int64_t& lo, int64_t& hi) {
+    int64_t half = g.n[a] - 1;
+    if (span && threshold > 0)
+      half = posattn::span_half_width(sigma_in[h * shape.size() + g.axis[a]], threshold, g.n[a]);
+    posattn::axis_key_range(posattn::window_limit(p, a, half), c, lo, hi);
+  };
 
   // outputs start as NaN, so that a row the kernel does not write shows
   const std::vector<T> out_init(n_qkv, from_float<T>(NAN));
   const std::vector<float> lse_init(static_cast<size_t>(B) * H * N, NAN);
   Device<T> dq(q), dk(k), dv(v), dout(out_init);
   Device<float> dlse(lse_init);
+  Device<double> dsigma(sigma_in);
   posattn::RelposTensors<T> t;
   t.q = dq.p, t.k = dk.p, t.v = dv.p, t.out = dout.p, t.lse = dlse.p;
+  if (span) t.sigma = dsigma.p;
   if (pos) {
     Device<T> dqpos(qpos), drel(rel);
     Device<float> dadd(add_tab), dmul(mul_tab);
@@ -130,14 +169,22 @@ int main(int argc, char** argv) {
     for (int i = 0; i < N; ++i) {
       const int keys = causal ? i + 1 : N;
       posattn::unravel_index(i, g.n, G, ci);
+      int64_t lo[posattn::kMaxGridDims], hi[posattn::kMaxGridDims];
+      for (int a = 0; a < G; ++a) key_range(bh % H, a, ci[a], lo[a], hi[a]);
       double mx = -INFINITY;
       for (int j = 0; j < keys; ++j) {
+        posattn::unravel_index(j, g.n, G, cj);
+        bool kept = true;
+        for (int a = 0; a < G; ++a) kept = kept && lo[a] <= cj[a] && cj[a] <= hi[a];
+        if (!kept) {
+          w[j] = -INFINITY;
+          continue;
+        }
         double dot = 0;
         for (int d = 0; d < kD; ++d)
           dot += static_cast<double>(to_float(q[(bh * N + i) * kD + d])) * to_float(k[(bh * N + j) * kD + d]);
         w[j] = dot * p.scale;
         if (pos) {
-          posattn::unravel_index(j, g.n, G, cj);
           for (int a = 0; a < G; ++a) delta[a] = cj[a] - ci[a];
           const int64_t u = posattn::offset_row(delta, g.n, G);
           double pdot = 0;

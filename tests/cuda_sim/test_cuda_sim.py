@@ -255,19 +255,10 @@ def run_relpos(c: Case, tmp_path: Path):
 def _forward_path(c: Case) -> str:
     """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
     the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
-    float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, no window or threshold, at most 3
-    axes of more than one cell), else the tiled one."""
+    float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, at most 3 axes of more than one
+    cell; windows and thresholds included), else the tiled one."""
     axes = [n for n in c.grid if n > 1]
-    fast = (
-        c.dtype in (F16, BF16)
-        and c.D == c.Dv
-        and c.D in (32, 64, 128)
-        and c.pos
-        and not c.threshold
-        and c.window is None
-        and c.natten is None
-        and len(axes) <= 3
-    )
+    fast = c.dtype in (F16, BF16) and c.D == c.Dv and c.D in (32, 64, 128) and c.pos and len(axes) <= 3
     return "fast" if c.path == "tiled" and fast else c.path
 
 

@@ -7,10 +7,17 @@ after a second barrier: D = 128 on 2-D and 3-D grids), causal or not, one or sev
 query tiles and key blocks (so the pipeline turns over), tails on every axis (boxes
 past the grid's end), a size-1 axis, a single token.
 
+Windows (NATTEN's vocabulary: even kernels, query strides, causal axes, clip or shift)
+and span boxes (a threshold) against the host reference's masks: the tile's box of key
+blocks, the blocks a warp skips, the blocks it masks.
+
 Caught by these cases when broken on purpose (2026-11-27): the skew read off by one in
 the query's or the key's part (every positional case), the warp's offset box one row
 off, the offset tile or K read from the other pipeline stage, no mask on the last key
-block, one causal key block short, no rescale of the running sum.
+block, one causal key block short, no rescale of the running sum; the tile's box of key
+blocks one block short at either end, a warp's activity or its no-mask test taken from
+one row, the mask's range one key too wide, the span box ignored (BENCHMARKS.md, the
+windows' step).
 
 Run with ``bash scripts/cuda_sim.sh``; skipped, with the reason, where the simulator
 is not built.
@@ -32,9 +39,11 @@ PROGRAM = simlib.REPO / "tests" / "cuda_sim" / "fast_forward.cu"
 OUT_TOL = {"bf16": 1e-2, "half": 2e-3}  # relative to the largest |out|: the output's rounding and P's
 LSE_TOL = 1e-4  # absolute: lse is computed in float32
 
-# (type, D, B, H, grid, causal, positional): 64 queries per block (1-D: 64, 2-D: 8 x 8,
-# 3-D: 4 x 4 x 4), key blocks as large; positional = (span: 0 none, 1 add, 2 multiply,
-# bias: 0 / 1) or None for the FA2 control
+# (type, D, B, H, grid, causal, positional[, box]): 64 queries per block (1-D: 64, 2-D:
+# 8 x 8, 3-D: 4 x 4 x 4), key blocks as large; positional = (span: 0 none, 1 add, 2
+# multiply, bias: 0 / 1) or None for the FA2 control; box = (window, threshold): the window
+# per axis as kernel.stride.causal, x-separated, "/shift" for NATTEN's border rule, "-" for
+# none (fast_forward.cu); a threshold > 0 with a span makes span boxes
 CASES = [
     ("bf16", 64, 1, 1, 64, False, None),  # one tile, one key block
     ("bf16", 64, 2, 2, 130, False, None),  # 3 tiles x 3 key blocks, a 2-row tail, 4 (batch, head)s
@@ -61,22 +70,42 @@ CASES = [
     ("bf16", 64, 1, 1, "5x6x7", True, (2, 1)),
     ("half", 128, 1, 1, "6x5x9", True, (1, 0)),  # the offset tile in one stage
     ("bf16", 32, 1, 1, "3x9x4", False, (0, 0)),
+    # windows and span boxes: tiles visit a box of key blocks, warps skip blocks, masks per range
+    ("bf16", 64, 1, 1, 300, False, (1, 1), ("-", 0.9)),  # span boxes of 42-179 cells: 2-4 of 5 blocks
+    ("half", 64, 1, 1, 200, False, (0, 1), ("16.8.1", 0.0)),  # a causal axis, query groups of 8
+    ("bf16", 64, 1, 1, "20x24", False, (1, 1), ("5.1.0x7.1.0", 0.0)),
+    ("bf16", 64, 1, 1, "20x24", False, None, ("5.1.0x7.1.0", 0.0)),  # the control's masks alike
+    ("half", 32, 1, 1, "20x24", True, (2, 0), ("4.2.1x7.3.0/shift", 0.0)),  # + causal token order
+    ("bf16", 128, 1, 1, "13x17", False, (1, 0), ("3.1.0x5.1.0", 0.5)),  # window and span box, one stage
+    ("bf16", 64, 1, 1, "9x10x11", True, (1, 1), ("3.1.0x3.1.0x5.2.0/shift", 0.0)),
+    # windows wider than a key block: blocks every row of a warp keeps whole go unmasked
+    ("bf16", 32, 1, 1, "24x40", False, (1, 1), ("17.1.0x21.1.0", 0.0)),
+    ("half", 32, 1, 1, "8x12x12", False, (0, 1), ("7.1.0x9.1.0x11.1.0", 0.0)),
 ]
 
 
 def _id(case):
-    t, d, b, h, n, causal, pos = case
+    t, d, b, h, n, causal, pos, *box = case
     name = f"{t}-d{d}-b{b}h{h}-{'n' if isinstance(n, int) else 'grid'}{n}" + ("-causal" if causal else "")
     if pos is not None:
         name += "-pos" + ("", "-span-add", "-span-multiply")[pos[0]] + ("-bias" if pos[1] else "")
+    if box:
+        window, threshold = box[0]
+        name += ("" if window == "-" else f"-window{window.replace('/', '-')}") + (
+            f"-threshold{threshold}" if threshold else ""
+        )
     return name
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_fast_forward(case):
-    t, d, b, h, n, causal, pos = case
+    t, d, b, h, n, causal, pos, *box = case
     binary = simlib.build(PROGRAM, f"fast_forward_{t}_d{d}", [f"FAST_T={t}", f"FAST_D={d}"])
-    args = [str(b), str(h), str(n), str(int(causal)), "7"] + ([] if pos is None else ["1", str(pos[0]), str(pos[1])])
+    args = [str(b), str(h), str(n), str(int(causal)), "7"]
+    if pos is not None or box:
+        args += ["0", "0", "0"] if pos is None else ["1", str(pos[0]), str(pos[1])]
+    if box:
+        args += [box[0][0], repr(box[0][1])]
     done = simlib.run(binary, args, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]

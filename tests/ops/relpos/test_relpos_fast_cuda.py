@@ -1,6 +1,6 @@
 """The fast forward of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
-FlashAttention-2-class: float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, no window
-or span threshold, grids of 1-3 axes): the plan gives it every such call under
+FlashAttention-2-class: float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, windows and
+span thresholds, grids of 1-3 axes): the plan gives it every such call under
 POSATTN_CUDA_KERNEL=auto; its output and lse match the float64 reference and the tiled
 forward; the backward (the tiled kernels) from its lse matches the reference. Run on a
 GPU machine; skipped cleanly without one."""
@@ -21,13 +21,30 @@ CASES = [
     ([5, 6, 7], dict(sigma=True, bias=True)),
     ([1, 7, 1, 9], dict(bias=True)),  # size-1 axes: the 2-D kernel
     ([6, 5, 9], dict(sigma=True, causal=True)),
+    # span boxes and windows: key blocks skipped, masks on the blocks some row keeps only partly
+    ([150], dict(sigma=True, threshold=0.6)),
+    ([20, 24], dict(sigma=True, bias=True, window=3)),
+    (
+        [13, 17],
+        dict(bias=True, kernel_size=[4, 7], window_stride=[2, 3], window_causal=[True, False], window_border="shift"),
+    ),
+    ([5, 6, 9], dict(sigma=True, span_mode="multiply", threshold=0.3, window=2, causal=True)),
 ]
+CALL_ARGS = (
+    "span_mode",
+    "causal",
+    "threshold",
+    "window",
+    "kernel_size",
+    "window_stride",
+    "window_causal",
+    "window_border",
+)
 
 
 def split(kw):
-    kw = dict(kw)
-    args = dict(span_mode=kw.pop("span_mode", "add"), causal=kw.pop("causal", False))
-    return kw, args
+    """make_relpos_inputs' arguments, the call's."""
+    return {k: a for k, a in kw.items() if k not in CALL_ARGS}, {k: a for k, a in kw.items() if k in CALL_ARGS}
 
 
 @pytest.fixture(autouse=True)
@@ -62,8 +79,7 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
 def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
     x = make_relpos_inputs([8, 8], B=1, H=2, D=64, Dv=64, sigma=True, dtype=torch.bfloat16, device="cuda")
     x["sigma"] = x["sigma"].float()
-    plan = ops.relpos_plan(**x, grid=[8, 8], threshold=0.2)
-    assert plan["forward"] == "tiled" and "not the fast forward: it has no windows or span thresholds" in plan["reason"]
+    assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2, window=2)["forward"] == "fast"
     nopos = {k: t for k, t in x.items() if k not in ("q_pos", "rel")}
     assert "it needs q_pos and rel" in ops.relpos_plan(**nopos, grid=[8, 8])["reason"]
     x4 = make_relpos_inputs([2, 2, 2, 8], B=1, H=2, D=64, Dv=64, dtype=torch.bfloat16, device="cuda")
