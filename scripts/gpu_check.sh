@@ -2,12 +2,17 @@
 # GPU verification and benchmark in one command, for the lent GPU machine (torch with
 # CUDA, Python 3.12, nvcc, compute-sanitizer; no network, no wandb):
 #   build     posattn with CUDA for this device's architecture, in place (PYTHONPATH=.)
-#   test      pytest -m cuda: every CUDA test against the float64 reference and the CPU
+#   test      a CUDA test selection (~3 min, not yet timed on a GPU): the fast forward's tests,
+#             relpos' CUDA contract tests (graph capture, opcheck, determinism, device
+#             asserts), the tiled kernels' non-parametrised tests, apply_maps, the plan
+#   test-rest every other CUDA test (pytest -m cuda over tests/, the selection deselected):
+#             a follow-up call
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small calls of every
 #             kernel (scripts/gpu_sanitize_cases.py)
 #   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
 #   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
-# Usage: bash scripts/gpu_check.sh [build] [test] [sanitize] [bench] [profile]   (default: the first four)
+# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [profile]
+#   (default: build test sanitize bench)
 # Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
 # GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64").
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
@@ -62,6 +67,19 @@ run() {
   tail -n 3 "$log" | sed 's/^/    /'
 }
 
+# the test step's selection (test-rest: the others); pytest-xdist, where installed, spreads the
+# tests over processes sharing the GPU
+quick_tests=(
+  tests/ops/relpos/test_relpos_fast_cuda.py tests/ops/relpos/test_relpos_cuda.py
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_tiled_backward_is_bitwise_deterministic
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_nan_and_fully_masked_rows
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_kernel_choice_is_checked
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_auto_picks_the_tiled_kernel_where_it_applies
+  tests/ops/apply_maps/test_apply_maps_cuda.py tests/ops/relpos/test_relpos_plan.py
+)
+xdist=()
+"$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
+
 arch=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo "9.0")
 
 for step in "${steps[@]}"; do
@@ -85,15 +103,14 @@ print("CUDA kernels registered")'
       # if it crashes, its native backtrace from cuda-gdb (no gdb on the GPU machine)
       run cpu-errors 60 "$OUT/pytest.log" bash -c "\"$PY\" scripts/cpu_error_smoke.py || { rc=\$?; \
         command -v cuda-gdb >/dev/null && cuda-gdb -batch -ex run -ex bt --args \"$PY\" scripts/cpu_error_smoke.py 2>&1 | tail -60; exit \$rc; }"
-      # pytest-xdist, where installed, spreads the tests over processes sharing the GPU.
-      xdist=()
-      "$PY" -c 'import xdist' 2>/dev/null && xdist=(-n "${GPU_CHECK_TEST_PROCS:-6}")
-      run test "${GPU_CHECK_TEST_SECONDS:-240}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs "${xdist[@]}" \
-        tests/ops/relpos/test_relpos_fast_cuda.py tests/ops/relpos/test_relpos_cuda.py tests/ops/relpos/test_relpos_tiled_cuda.py \
-        tests/ops/apply_maps/test_apply_maps_cuda.py \
-        tests/ops/apply_maps/test_apply_maps.py tests/ops/relpos/test_natten_window.py tests/nn/test_nn_classifier.py \
-        tests/nn/test_nn_encoders.py tests/integrations/test_integrations_t5.py tests/integrations/test_integrations_swin.py \
-        tests/ops/relpos/test_relpos_plan.py
+      run test "${GPU_CHECK_TEST_SECONDS:-240}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs \
+        "${xdist[@]}" "${quick_tests[@]}"
+      ;;
+    test-rest)
+      deselect=()
+      for t in "${quick_tests[@]}"; do deselect+=(--deselect "$t"); done
+      run test-rest "${GPU_CHECK_TEST_SECONDS:-400}" "$OUT/pytest.log" "$PY" -m pytest -q -m cuda -p no:cacheprovider -rfEs \
+        "${xdist[@]}" tests "${deselect[@]}"
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
@@ -111,7 +128,7 @@ print("CUDA kernels registered")'
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench, profile)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, profile)" >&2
       exit 2
       ;;
   esac

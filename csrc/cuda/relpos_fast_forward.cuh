@@ -12,7 +12,7 @@
 // some row of it does not keep every key.
 //
 // A block owns a query tile (a box of 64 queries, 16 per warp, each warp's a sub-box);
-// key blocks (boxes of 64 keys, row-major over the grid's blocks) stream through two
+// key blocks (boxes of 64 keys, row-major over the tile's box of them) stream through two
 // shared-memory stages, block j + 1 copied by cp.async while block j is computed. K, V
 // and q_pos rows are copied per row, so a box's rows may lie anywhere in the tensors;
 // rows outside the grid are zero-filled. Per key block and warp: S = Q K^T (16 x 64) in
@@ -26,10 +26,10 @@
 // block, which streams through the pipeline), into a per-warp shared buffer with the
 // bias and span applied per offset; then a skewed read into S: pair (i, j) sits at column
 // kpart(j) - qpart(i) + C0, a per-thread constant plus a compile-time one. Keys outside
-// the grid and after a row's causal limit are masked only on the key blocks that have
-// any. One barrier per key block (two where the offset tile has one stage, as two do not
-// fit sm_90's shared memory: D = 128 on 2-D and 3-D grids). Positions within a (batch,
-// head) in 32 bits, offsets into the tensors in 64.
+// a row's ranges (the grid's end included) or after its causal limit are masked only on
+// the key blocks where the warp has any. One barrier per key block (two where the offset
+// tile has one stage, as two do not fit sm_90's shared memory: D = 128 on 2-D and 3-D
+// grids). Positions within a (batch, head) in 32 bits, offsets into the tensors in 64.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -613,8 +613,8 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.out, 4))
     return cudaErrorInvalidValue;
   if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
-  // windows and span boxes on the grid's own axes only (a grid of no axes: one token)
-  if (p.has_box && p.g.ndim != NDIM && p.g.ndim != 0) return cudaErrorInvalidValue;
+  // windows and span boxes on the grid's own axes only
+  if (p.has_box && p.g.ndim != NDIM) return cudaErrorInvalidValue;
   if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
   int64_t tiles = 1;
   if (NDIM == 1) {

@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
       char* end;
       const int64_t kernel = strtoll(c, &end, 10), stride = strtoll(end + 1, &end, 10),
                     axis_causal = strtoll(end + 1, &end, 10);
+      if (kernel < 1 || stride < 1 || stride > kernel) {  // (the op's checks: relpos_checks.cpp)
+        fprintf(stderr, "WINDOW needs kernel >= 1 and 1 <= stride <= kernel per axis\n");
+        return 2;
+      }
       shape_s.window_left.push_back(kernel / 2);
       shape_s.window_right.push_back(kernel - 1 - kernel / 2);
       shape_s.window_stride.push_back(stride);

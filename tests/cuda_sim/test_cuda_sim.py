@@ -596,6 +596,20 @@ TILED = [
     ),
     Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
+    # span boxes through sigma's own axes (size-1 axes between them), a different box per head
+    Case(
+        "fast-f16-d32-size1-axes-threshold",
+        F16,
+        [1, 13, 1, 9],
+        path="tiled",
+        D=32,
+        sigma=True,
+        bias=True,
+        threshold=0.5,
+        B=1,
+        H=2,
+        backward=False,
+    ),
 ]
 
 

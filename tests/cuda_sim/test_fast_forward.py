@@ -71,7 +71,7 @@ CASES = [
     ("half", 128, 1, 1, "6x5x9", True, (1, 0)),  # the offset tile in one stage
     ("bf16", 32, 1, 1, "3x9x4", False, (0, 0)),
     # windows and span boxes: tiles visit a box of key blocks, warps skip blocks, masks per range
-    ("bf16", 64, 1, 1, 300, False, (1, 1), ("-", 0.9)),  # span boxes of 42-179 cells: 2-4 of 5 blocks
+    ("bf16", 64, 1, 2, 300, False, (1, 1), ("-", 0.9)),  # span boxes of 42-179 cells: 2-4 of 5 blocks
     ("half", 64, 1, 1, 200, False, (0, 1), ("16.8.1", 0.0)),  # a causal axis, query groups of 8
     ("bf16", 64, 1, 1, "20x24", False, (1, 1), ("5.1.0x7.1.0", 0.0)),
     ("bf16", 64, 1, 1, "20x24", False, None, ("5.1.0x7.1.0", 0.0)),  # the control's masks alike
