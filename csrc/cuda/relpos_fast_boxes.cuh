@@ -86,9 +86,9 @@ constexpr __host__ __device__ __forceinline__ int coord(Box b, int r, int a) {
 // step its axis as a compile-time constant:
 //   for_axes<NDIM>([&](auto ax) { constexpr int a = decltype(ax)::value; ... }).
 template <int NDIM, Box B, int A>
-__host__ __device__ __forceinline__ int coord_of(int r) {
-  constexpr int s = stride<NDIM>(B, A), e = extent<NDIM>(B, A);
-  return r / s % e;
+__host__ __device__ __forceinline__ int coord_of(int r) {  // (r >= 0: unsigned division, no sign fix-ups)
+  constexpr unsigned s = stride<NDIM>(B, A), e = extent<NDIM>(B, A);
+  return static_cast<int>(static_cast<unsigned>(r) / s % e);
 }
 template <typename F, int... A>
 __host__ __device__ __forceinline__ void for_axes_(F& f, std::integer_sequence<int, A...>) {

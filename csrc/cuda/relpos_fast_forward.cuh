@@ -104,15 +104,56 @@ struct FwdLayout {
 // Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
 // copies: row r from row token(r) of the row-major (., D) matrix g, zero-filled where
 // token(r) < 0. The caller commits the group.
+// A thread copies one fixed 16-byte chunk of every kStep-th row (unsigned row indices: no
+// sign fix-ups in the row decode).
 template <typename T, int D, int LD, int ROWS, typename RowFn>
 __device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
                 kChunks = D / kPer;  // elements per copy, copies per row
-#pragma unroll 1                     // (unrolled, the copies' addresses would hold registers the math needs)
-  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks, row = token(r);
-    warp::cp_async_16(s + r * LD + c * kPer, row >= 0 ? g + static_cast<int64_t>(row) * D + c * kPer : g,
-                      row >= 0);
+  constexpr unsigned kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
+  const unsigned c = threadIdx.x % kChunks;
+  T* sc = s + c * kPer;
+  const T* gc = g + c * kPer;
+#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
+  for (unsigned r = threadIdx.x / kChunks; r < ROWS; r += kStep) {
+    const int row = token(r);
+    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * D : g, row >= 0);
+  }
+}
+
+// The rows of box B (row-major over its extents) into shared memory (row stride LD) by
+// 16-byte cp.async copies: row r from row token(x) of the row-major (., D) matrices g
+// (into s) and, where PAIR, g2 (into s2: K and V share their rows), x being r's
+// coordinates in the box, zero-filled where token(x) < 0. A thread copies one fixed chunk
+// of every kStep-th row and walks x by kStep's coordinates with carries (compile-time
+// extents): no row decode per copy. The caller commits the group.
+template <typename T, int D, int LD, int NDIM, Box B, bool PAIR, typename TokenFn>
+__device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T* s2, const T* __restrict__ g2,
+                                               TokenFn token) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer;
+  constexpr int kStep = kThreads / kChunks, kRows = volume<NDIM>(B);
+  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
+  const int c = threadIdx.x % kChunks;
+  int r = threadIdx.x / kChunks, x[NDIM];
+  for_axes<NDIM>([&](auto ax) {
+    constexpr int a = decltype(ax)::value;
+    x[a] = coord_of<NDIM, B, a>(r);
+  });
+#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
+  for (; r < kRows; r += kStep) {
+    const int row = token(x);
+    const int64_t at = static_cast<int64_t>(row >= 0 ? row : 0) * D + c * kPer;
+    warp::cp_async_16(s + r * LD + c * kPer, g + at, row >= 0);
+    if constexpr (PAIR) warp::cp_async_16(s2 + r * LD + c * kPer, g2 + at, row >= 0);
+    int carry = 0;  // x += kStep's coordinates, last axis first (at most one carry per axis)
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = NDIM - 1 - decltype(ax)::value;
+      constexpr int step = coord<NDIM>(B, kStep, a), ext = extent<NDIM>(B, a);
+      x[a] += step + carry;
+      carry = x[a] >= ext;
+      x[a] -= carry ? ext : 0;
+    });
   }
 }
 
@@ -277,14 +318,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   // [0, U)) and each warp's add / mul entries (4-byte copies, zero-filled likewise)
   const auto load_offsets = [&](int rst, const int* kb) {
     const int u0 = first_offset(kb);
-    load_rows_async<T, D, LD, L::kTileOffsets>(smem + L::r_at(rst), rel, [&](int r) {
-      int u = u0;
-      for_axes<NDIM>([&](auto ax) {
-        constexpr int a = decltype(ax)::value;
-        u += coord_of<NDIM, Box::kTileOffsets, a>(r) * rs[a];
-      });
-      return u >= 0 && u < U ? u : -1;
-    });
+    load_box_async<T, D, LD, NDIM, Box::kTileOffsets, false>(smem + L::r_at(rst), rel, nullptr, nullptr,
+                                                             [&](const int* x) {
+                                                               int u = u0;
+#pragma unroll
+                                                               for (int a = 0; a < NDIM; ++a)
+                                                                 u += x[a] * rs[a];
+                                                               return u >= 0 && u < U ? u : -1;
+                                                             });
     float* add_w = fsmem + L::table_at(rst, w, 0);
     float* mul_w = fsmem + L::table_at(rst, w, 1);
     if (has_add || has_mul) {
@@ -298,19 +339,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   };
   // key block kb's K and V rows into stage st
   const auto load_keys = [&](int st, const int* kb) {
-    const auto key_token = [&](int r) {
-      int tok = 0;
-      bool in = true;
-      for_axes<NDIM>([&](auto ax) {
-        constexpr int a = decltype(ax)::value;
-        const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(r);
-        in = in && c < n[a];
-        tok += c * gs[a];
-      });
-      return in ? tok : -1;
-    };
-    load_rows_async<T, D, LD, kBlockN>(smem + L::k_at(st), k, key_token);
-    load_rows_async<T, D, LD, kBlockN>(smem + L::v_at(st), v, key_token);
+    load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::k_at(st), k, smem + L::v_at(st), v,
+                                                    [&](const int* x) {
+                                                      int tok = 0;
+                                                      bool in = true;
+#pragma unroll
+                                                      for (int a = 0; a < NDIM; ++a) {
+                                                        in = in && kb[a] + x[a] < n[a];
+                                                        tok += (kb[a] + x[a]) * gs[a];
+                                                      }
+                                                      return in ? tok : -1;
+                                                    });
   };
 
   int kb[NDIM];  // key block j's origin
