@@ -12,6 +12,7 @@ to what one iteration executes; for loops with inner loops (today's tiled kernel
 understates the inner loops' share.
 
     python benchmarks/sass_mix.py                       # the fast forwards against the tiled forward
+    python benchmarks/sass_mix.py --backward            # the fast backward's kernels against the tiled ones
     python benchmarks/sass_mix.py --cubin x.cubin --kernel fast_forward
 
 Needs nvcc (CUDA_HOME or PATH) and cuobjdump, which CUDA 13's toolkit here lacks:
@@ -198,6 +199,20 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
         tiled = build_cubin(
             simlib.HARNESS, [f"HARNESS_T={args.dtype}", f"HARNESS_TILED_D={args.d}"], work / "tiled.cubin"
         )
+        if args.backward:  # (fast_forward.cu holds the backward's kernels too)
+            jobs += [
+                ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0E"),
+                ("fast dk/dv, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb1E"),
+                ("fast dq, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb0E"),
+                ("fast dk/dv, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb1E"),
+                ("fast dq, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb0E"),
+                ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1E"),
+                ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0E"),
+                ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1E"),
+                ("tiled dq (WMMA)", tiled, "relpos_tiled_backward_kernel Lb0EE"),
+                ("tiled dk/dv (WMMA)", tiled, "relpos_tiled_backward_kernel Lb1EE"),
+            ]
+            return _run_jobs(jobs, cuobjdump)
         jobs += [
             ("fast forward, FA2 control (2-D boxes)", fast, "fast_forward_kernel Lb0ELi2E"),
             ("fast forward, positional (1-D)", fast, "fast_forward_kernel Lb1ELi1E"),
@@ -205,6 +220,10 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
             ("fast forward, positional (3-D)", fast, "fast_forward_kernel Lb1ELi3E"),
             ("tiled forward (WMMA, positional term)", tiled, "relpos_tiled_forward_kernel"),
         ]
+    return _run_jobs(jobs, cuobjdump)
+
+
+def _run_jobs(jobs: List[Tuple[str, Path, str]], cuobjdump: str) -> List[Tuple[str, Counter, int]]:
     rows = []
     for label, cubin, needle in jobs:
         sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
@@ -221,6 +240,7 @@ def main() -> None:
     p.add_argument("--kernel", default=None, help="substring of the kernel's (mangled) name, with --cubin")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "half"])
     p.add_argument("--d", type=int, default=64, choices=[32, 64, 128], help="head dim")
+    p.add_argument("--backward", action="store_true", help="the backward's kernels instead of the forwards")
     args = p.parse_args()
     cuobjdump = find_tool("cuobjdump", "CUOBJDUMP")
 

@@ -8,7 +8,7 @@ a window and how the paths compare inside one model; the figures that count come
 GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
 functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
 so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16, D = Dv = 32,
-positional term on. Paths: fast (the plan's choice: the fast forward, then the tiled backward),
+positional term on. Paths: fast (the plan's choice: the fast forward and backward),
 tiled (forced), general, tiled-goffsets.
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
@@ -40,12 +40,14 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 def short_name(mangled: str) -> str:
     if "relpos_tiled_backward" in mangled:  # KEY_MAJOR is the last template argument: ...Lb1EE
         return "tiled dk/dv" if "Lb1EE" in mangled else "tiled dq"
+    if "fast_backward_kernel" in mangled:  # KEYS likewise
+        return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
     for key, name in (
         ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
         ("round_to_kernel", "tiled offsets: rounding"),
         ("relpos_tiled_forward", "tiled fwd"),
         ("fast_forward_kernel", "fast fwd"),
-        ("offset_tables_kernel", "fast fwd: offset tables"),
+        ("offset_tables_kernel", "fast: offset tables"),
         ("relpos_forward_kernel", "general fwd"),
         ("relpos_backward_dq", "general dq"),
         ("relpos_backward_dkv", "general dk/dv"),
@@ -65,7 +67,7 @@ def kernel_cycles(log: str):
 
 def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None, H: int = 1):
     # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma);
-    # "fast": the plan's choice (the fast forward, the tiled backward); "tiled": the tiled forward too
+    # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled kernels
     harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
     harness_path = "tiled" if path == "fast" else harness_path
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)

@@ -177,10 +177,18 @@ class SimRun:
         return dict(line.split(None, 1) for line in lines if line.strip())
 
 
-def run(binary: Path, args: Sequence[str] = (), timing: bool = False, timeout: float = 900, rundir=None):
+def run(
+    binary: Path,
+    args: Sequence[str] = (),
+    timing: bool = False,
+    timeout: float = 900,
+    rundir=None,
+    extra_env: Optional[Dict[str, str]] = None,
+):
     """Runs `binary` on the simulator (timing: GPGPU-Sim's cycle model, much slower;
-    rundir: keep the simulator's run directory, with its log, there); the process."""
-    env = dict(os.environ)
+    rundir: keep the simulator's run directory, with its log, there; extra_env: more
+    environment variables for the program); the process."""
+    env = dict(os.environ, **(extra_env or {}))
     env.pop("GPUSIM_TIMING", None)
     if timing:
         env["GPUSIM_TIMING"] = "1"

@@ -74,7 +74,7 @@ quick_tests=(
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_tiled_backward_is_bitwise_deterministic
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_nan_and_fully_masked_rows
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_kernel_choice_is_checked
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_auto_picks_the_tiled_kernel_where_it_applies
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_auto_picks_the_fast_kernels_where_they_apply
   tests/ops/apply_maps/test_apply_maps_cuda.py tests/ops/relpos/test_relpos_plan.py
 )
 xdist=()
@@ -124,7 +124,7 @@ print("CUDA kernels registered")'
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
     profile)
-      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward" --launch-count 12 \
+      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward|fast_backward" --launch-count 12 \
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)

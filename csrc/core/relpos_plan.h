@@ -31,7 +31,7 @@ struct CpuPlan {
 
 // The CUDA plan of a forward or a backward.
 struct CudaPlan {
-  // kFast: FlashAttention-2-class kernels (forward only so far: cuda/relpos_fast_forward.cuh)
+  // kFast: FlashAttention-2-class kernels (cuda/relpos_fast_forward.cuh, relpos_fast_backward.cuh)
   enum class Kernels { kGeneral, kTiled, kFast };
   Kernels path = Kernels::kGeneral;  // forward; d q, d k, d v, d q_pos of the backward
   std::string path_reason;           // why that path (the tiled kernels' refusal, or the request)

@@ -1,7 +1,8 @@
 // The fast path's kernels of relpos_attention as the entry point calls them: one set per
 // (element type, head dim), each compiled in a translation unit of its own
 // (cuda/fast/relpos_fast_<type>_d<D>.cu) so that a build compiles the six in parallel.
-// The forward is relpos_fast_forward.cuh; which calls it takes, relpos_plan.cuh.
+// The forward is relpos_fast_forward.cuh, the backward relpos_fast_backward.cuh; which
+// calls they take, relpos_plan.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +19,10 @@ struct FastKernels {
   // out and lse of a call the plan gave the fast forward (q_pos and rel given, a grid of
   // 1-3 axes), with t.offset_add / t.offset_mul filled (relpos_fast_tables.cuh)
   static cudaError_t forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
+  // d q, d k, d v, d q_pos of a call the plan gave the fast backward, with the same tables
+  // and t.gout, t.rowd, t.lse (relpos_fast_backward.cuh); d rel, d bias, d sigma are the
+  // offset kernel's
+  static cudaError_t backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
 };
 
 // compiled in cuda/fast/*.cu, not where this header is included

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "relpos_fast.cuh"
+#include "relpos_fast_backward.cuh"
 #include "relpos_fast_forward.cuh"
 
 namespace posattn::relpos::cuda_fast {
@@ -11,6 +12,12 @@ template <typename T, int D>
 cudaError_t FastKernels<T, D>::forward(const RelposParams& p, const RelposTensors<T>& t,
                                        cudaStream_t stream) {
   return launch_fast_forward_by_rank<T, D, true>(p, t, stream);
+}
+
+template <typename T, int D>
+cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t,
+                                        cudaStream_t stream) {
+  return launch_fast_backward_by_rank<T, D, true>(p, t, stream);
 }
 
 }  // namespace posattn::relpos::cuda_fast

@@ -2,9 +2,11 @@
 // its forward or backward, computed from its RelposParams and the device's
 // limits alone (torch-free), so that the entry points (relpos/relpos_cuda.cu), the
 // simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
-// follow one rule. The fast forward (FlashAttention-2-class, relpos_fast_forward.cuh)
-// takes float16 / bfloat16 calls with D == Dv in {32, 64, 128} and q_pos, windows and
-// span thresholds included, on grids of 1-3 axes, on sm_80+ where its shared memory fits; the tiled
+// follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh and
+// relpos_fast_backward.cuh) take float16 / bfloat16 calls with D == Dv in {32, 64, 128}
+// and q_pos, windows and span thresholds included, on grids of 1-3 axes, on sm_80+ where
+// their shared memory fits (the backward's d rel, d bias, d sigma: the tiled offset
+// kernel where it fits, else the general one); the tiled
 // tensor-core kernels take float16 / bfloat16 (and float32 through TF32 where
 // allowed) with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits
 // (every backward the general kernels do not take); the general kernels every other call.
@@ -21,6 +23,7 @@
 
 #include "../core/relpos_params.h"
 #include "../core/relpos_plan.h"
+#include "relpos_fast_backward.cuh"
 #include "relpos_fast_forward.cuh"
 #include "relpos_general.cuh"
 #include "relpos_tiled_offsets.cuh"
@@ -135,6 +138,28 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
   return why;
 }
 
+// Why the fast backward cannot take a call the fast forward takes (empty: it can); `smem`:
+// the larger of its kernels' shared memory.
+inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
+                                         size_t* smem) {
+  std::string why;
+  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    if constexpr (!std::is_same<CT, float>::value) {
+      const size_t bytes = cuda_fast::positional_backward_bytes<CT, D>(p.g.ndim);
+      if (bytes == 0) {
+        why = "its backward needs more shared memory per block than sm_90 has for D = " + std::to_string(D) +
+              " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
+      } else {
+        *smem = std::max(*smem, bytes);
+        why = smem_refusal(bytes, dev, "its backward", D);
+      }
+    }
+  });
+  return why;
+}
+
 // Why the tiled offset kernel cannot compute d rel, d bias, d sigma (empty: it can).
 inline std::string tiled_offsets_refusal(const cuda_tiled::TiledArgs& a, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
@@ -175,23 +200,41 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   plan.has_offsets = backward && (p.has_pos || p.has_bias || p.has_sigma);
   size_t smem = 0;
   std::string not_fast;  // why the fast forward does not take an auto forward
-  if (!backward && request == KernelRequest::kAuto) {
+  // d rel, d bias, d sigma from the tiled offset kernel where it fits
+  const auto tiled_offsets = [&](const cuda_tiled::TiledArgs& a) {
+    if (!plan.has_offsets) return;
+    size_t osmem = 0;
+    plan.offsets_reason = tiled_offsets_refusal(a, dt, dev, &osmem);
+    if (plan.offsets_reason.empty()) {
+      plan.offsets = Kernels::kTiled;
+      plan.offsets_reason = "the tiled offset kernel takes it";
+      plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
+      plan.smem = std::max(plan.smem, osmem);
+    }
+  };
+  bool fast = false;
+  if (request == KernelRequest::kAuto) {
     not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
+    if (not_fast.empty() && backward) not_fast = fast_backward_refusal(p, dt, dev, &smem);
     if (not_fast.empty()) {
       plan.path = Kernels::kFast;
       plan.path_reason = "the fast kernels take it";
       plan.smem = smem;
-      return plan;
+      if (!backward) return plan;
+      tiled_offsets(cuda_tiled::make_tiled_args(p));
+      fast = true;
     }
   }
   const std::string why =
-      request == KernelRequest::kGeneral ? "" : tiled_refusal(p, dt, backward, aligned16, dev, &smem);
+      fast || request == KernelRequest::kGeneral ? "" : tiled_refusal(p, dt, backward, aligned16, dev, &smem);
   if (request == KernelRequest::kTiled && !why.empty()) {
     plan.error =
         "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;
     return plan;
   }
-  if (request != KernelRequest::kGeneral && why.empty()) {
+  if (fast) {
+    // (the fast kernels' own checks above)
+  } else if (request != KernelRequest::kGeneral && why.empty()) {
     const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
     if (a.blocks > INT_MAX) {
       plan.error = blocks_error(a.blocks, "the tiled kernels", "split the batch");
@@ -201,18 +244,9 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     plan.path_reason = request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled"
                        : not_fast.empty()
                            ? "the tiled kernels take it"
-                           : "the tiled kernels take it (not the fast forward: " + not_fast + ")";
+                           : "the tiled kernels take it (not the fast kernels: " + not_fast + ")";
     plan.smem = smem;
-    if (plan.has_offsets) {
-      size_t osmem = 0;
-      plan.offsets_reason = tiled_offsets_refusal(a, dt, dev, &osmem);
-      if (plan.offsets_reason.empty()) {
-        plan.offsets = Kernels::kTiled;
-        plan.offsets_reason = "the tiled offset kernel takes it";
-        plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
-        plan.smem = std::max(plan.smem, osmem);
-      }
-    }
+    tiled_offsets(a);
   } else {
     plan.path_reason = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
                                                           : "the tiled kernels cannot take it: " + why;

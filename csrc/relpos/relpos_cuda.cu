@@ -1,7 +1,7 @@
 // The CUDA entry points of relpos_attention, its backward and its plan (ATen
 // glue): the checked call, its plan (cuda/relpos_plan.cuh: which kernels run it),
 // the outputs, the RelposTensors the kernels take, the stream and device guard,
-// and the launches: the fast forward (cuda/relpos_fast.cuh, one translation unit
+// and the launches: the fast kernels (cuda/relpos_fast.cuh, one translation unit
 // per element type and head dim in cuda/fast/), the tiled tensor-core kernels
 // (cuda/relpos_tiled.cuh, likewise in cuda/tiled/) or the general ones
 // (cuda/relpos_general.cuh). The kernels are torch-free and also run on the
@@ -88,25 +88,30 @@ void by_tiled_dim(int64_t D, Fn fn) {
     fn(std::integral_constant<int, 128>{});
 }
 
+// The fast kernels' forward or backward (d q, d k, d v, d q_pos): the per-offset terms
+// (bias, span) as float32 tables, then the kernels.
+template <typename T>
+void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, cudaStream_t stream) {
+  const RelposParams& p = c.params;
+  const auto table = [&](bool has) {
+    return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
+  };
+  const at::Tensor add = table(cuda_fast::has_offset_add(p)), mul = table(cuda_fast::has_offset_mul(p));
+  t.offset_add = ptr_or_null<float>(add);
+  t.offset_mul = ptr_or_null<float>(mul);
+  check_launch(
+      cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
+  by_tiled_dim(p.D, [&](auto d) {
+    using K = cuda_fast::FastKernels<T, decltype(d)::value>;
+    check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
+  });
+  // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
+}
+
 template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
   if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
-    if (plan.path == CudaPlan::Kernels::kFast) {
-      // the per-offset terms (bias, span) as float32 tables, then the forward
-      const RelposParams& p = c.params;
-      const auto table = [&](bool has) {
-        return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
-      };
-      const at::Tensor add = table(cuda_fast::has_offset_add(p)), mul = table(cuda_fast::has_offset_mul(p));
-      t.offset_add = ptr_or_null<float>(add);
-      t.offset_mul = ptr_or_null<float>(mul);
-      check_launch(
-          cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
-      by_tiled_dim(p.D, [&](auto d) {
-        check_launch(cuda_fast::FastKernels<T, decltype(d)::value>::forward(p, t, stream));
-      });
-      return;  // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
-    }
+    if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, stream);
   }
   if constexpr (!std::is_same<T, double>::value) {
     if (plan.path == CudaPlan::Kernels::kTiled) {
@@ -125,6 +130,9 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   using Kernels = CudaPlan::Kernels;
   const RelposParams& p = c.params;
   const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
+  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+    if (plan.path == Kernels::kFast) launch_fast(c, t, true, stream);
+  }
   if constexpr (!std::is_same<T, double>::value) {
     const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
     by_tiled_dim(p.D, [&](auto d) {

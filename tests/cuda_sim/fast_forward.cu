@@ -16,7 +16,11 @@
 //
 // prints "out_err E", "lse_err E" (the largest error relative to the largest |out|,
 // and the largest absolute lse error) and "rows_written N_OK of N_ALL"; exit status
-// 0, or 3 on a CUDA error. Run by tests/cuda_sim/test_fast_forward.py.
+// 0, or 3 on a CUDA error. With FAST_BACKWARD=1 in the environment it then runs the
+// backward's kernels (relpos_fast_backward.cuh: d q, d k, d v, d q_pos) from that forward
+// with dO uniform, and prints "dq_err E" ... "dqpos_err E" against the float64
+// reference (relative to each gradient's largest value; nan for a row not written).
+// Run by tests/cuda_sim/test_fast_forward.py.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -26,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/relpos_fast_backward.cuh"
 #include "cuda/relpos_fast_forward.cuh"
 #include "sim_host.h"
 
@@ -165,6 +170,39 @@ int main(int argc, char** argv) {
   const std::vector<T> out = dout.get();
   const std::vector<float> lse = dlse.get();
 
+  // FAST_BACKWARD=1: the backward's kernels (relpos_fast_backward.cuh) from this forward's
+  // out and lse, with dO uniform and D_i = dO_i . out_i as the entry point computes it
+  const bool backward = getenv("FAST_BACKWARD") != nullptr && atoi(getenv("FAST_BACKWARD")) != 0;
+  std::vector<T> gout(backward ? n_qkv : 0);
+  for (auto& e : gout) e = from_float<T>(uniform());
+  std::vector<T> g_q, g_k, g_v, g_qpos;
+  if (backward) {
+    std::vector<float> rowd(static_cast<size_t>(B) * H * N);
+    for (size_t r = 0; r < rowd.size(); ++r) {
+      double d = 0;
+      for (int e = 0; e < kD; ++e)
+        d += static_cast<double>(to_float(gout[r * kD + e])) * to_float(out[r * kD + e]);
+      rowd[r] = static_cast<float>(d);
+    }
+    Device<T> dgout(gout), gq(out_init), gk(out_init), gv(out_init), gqp(out_init), dqpos(qpos), drel(rel);
+    Device<float> drowd(rowd), dadd(add_tab), dmul(mul_tab);
+    t.gout = dgout.p, t.rowd = drowd.p, t.dq = gq.p, t.dk = gk.p, t.dv = gv.p;
+    if (pos) {
+      t.qpos = dqpos.p, t.rel = drel.p, t.dqpos = gqp.p;
+      t.offset_add = has_bias || span == 1 ? dadd.p : nullptr;
+      t.offset_mul = span == 2 ? dmul.p : nullptr;
+      CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, true>(p, t, nullptr)));
+    } else {
+      CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, false>(p, t, nullptr)));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    g_q = gq.get(), g_k = gk.get(), g_v = gv.get();
+    if (pos) g_qpos = gqp.get();
+  }
+  // the reference gradients (float64): dS = P (dP - D) d logit / d (q k)
+  std::vector<double> r_q(backward ? n_qkv : 0), r_k(r_q.size()), r_v(r_q.size()),
+      r_qpos(pos ? r_q.size() : 0), dp(N);
+
   double out_err = 0, out_max = 0, lse_err = 0;
   int rows_ok = 0;
   std::vector<double> w(N), ref(kD);
@@ -215,10 +253,53 @@ int main(int argc, char** argv) {
       }
       lse_err = std::fmax(lse_err, std::fabs(lse[bh * N + i] - (mx + std::log(sum))));
       rows_ok += row_ok;
+      if (!backward) continue;
+      double rd = 0;
+      for (int j = 0; j < keys; ++j) {
+        dp[j] = 0;
+        for (int d = 0; d < kD; ++d)
+          dp[j] +=
+              static_cast<double>(to_float(gout[(bh * N + i) * kD + d])) * to_float(v[(bh * N + j) * kD + d]);
+        rd += w[j] / sum * dp[j];
+      }
+      for (int j = 0; j < keys; ++j) {
+        const double pr = w[j] / sum;
+        if (pr == 0) continue;
+        posattn::unravel_index(j, g.n, G, cj);
+        for (int a = 0; a < G; ++a) delta[a] = cj[a] - ci[a];
+        const int64_t u = posattn::offset_row(delta, g.n, G);
+        const double ds =
+            pr * (dp[j] - rd) * p.scale * (pos && span == 2 ? std::exp(-quad[(bh % H) * U + u]) : 1.0);
+        for (int d = 0; d < kD; ++d) {
+          r_q[(bh * N + i) * kD + d] += ds * to_float(k[(bh * N + j) * kD + d]);
+          r_k[(bh * N + j) * kD + d] += ds * to_float(q[(bh * N + i) * kD + d]);
+          r_v[(bh * N + j) * kD + d] += pr * to_float(gout[(bh * N + i) * kD + d]);
+          if (pos)
+            r_qpos[(bh * N + i) * kD + d] +=
+                ds * to_float(rel[(static_cast<size_t>(bh % H) * U + u) * kD + d]);
+        }
+      }
     }
   }
   // NaN errors (an unwritten row) print as nan and fail the caller's comparison
   printf("out_err %.3e\nlse_err %.3e\nrows_written %d of %lld\n", out_err / out_max, lse_err, rows_ok,
          static_cast<long long>(B) * H * N);
+  // the gradients' largest errors relative to their largest reference value (NaN: a row not written)
+  const auto grad_err = [&](const char* name, const std::vector<T>& got, const std::vector<double>& want) {
+    double err = 0, mx = 0;
+    for (size_t e = 0; e < want.size(); ++e) {
+      const double x = to_float(got[e]);
+      err = std::isnan(x) ? NAN : std::fmax(err, std::fabs(x - want[e]));
+      mx = std::fmax(mx, std::fabs(want[e]));
+      if (std::isnan(err)) break;
+    }
+    printf("%s_err %.3e\n", name, err / mx);
+  };
+  if (backward) {
+    grad_err("dq", g_q, r_q);
+    grad_err("dk", g_k, r_k);
+    grad_err("dv", g_v, r_v);
+    if (pos) grad_err("dqpos", g_qpos, r_qpos);
+  }
   return 0;
 }

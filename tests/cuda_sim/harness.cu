@@ -36,6 +36,7 @@
 #include "cuda/relpos_fast_forward.cuh"
 #include "cuda/relpos_fast_tables.cuh"
 #include "cuda/relpos_tiled_backward.cuh"
+#include "cuda/relpos_fast_backward.cuh"
 #include "cuda/relpos_tiled_forward.cuh"
 #include "cuda/relpos_tiled_offsets.cuh"
 #endif
@@ -342,7 +343,7 @@ int run_relpos(const Case& c) {
   t.drel_acc = drel_acc.p;
   t.dbias_acc = dbias_acc.p;
   const int64_t per_head = plan.dsig_partials;  // d sigma partials per head
-  if (plan.path == Kernels::kTiled || tiled_offsets) check_tiled_dim(p);
+  if (plan.path != Kernels::kGeneral || tiled_offsets) check_tiled_dim(p);
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
   const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
   for (int rep = 0; rep < run.repeats; ++rep) {
@@ -361,6 +362,22 @@ int run_relpos(const Case& c) {
 #if defined(HARNESS_TILED_D)
     if constexpr (!std::is_same<T, double>::value) {
       const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
+      if (plan.path == Kernels::kFast) {  // the entry point's steps: the offset tables, then the kernels
+        if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+          namespace fast = rp::cuda_fast;
+          Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0),
+              mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
+          t.offset_add = add.p;
+          t.offset_mul = mul.p;
+          check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
+          check(fast::launch_fast_backward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
+                "fast backward launch");
+          check(cudaDeviceSynchronize(), "fast backward");  // (before the tables are freed)
+          t.offset_add = t.offset_mul = nullptr;
+        } else {
+          fail("the plan gave the fast backward a type it does not take");
+        }
+      }
       if (plan.path == Kernels::kTiled)
         check(rp::cuda_tiled::launch_backward<T, HARNESS_TILED_D>(ta, t, nullptr), "tiled backward launch");
       if (tiled_offsets)

@@ -262,6 +262,16 @@ def _forward_path(c: Case) -> str:
     return "fast" if c.path == "tiled" and fast else c.path
 
 
+def _backward_path(c: Case) -> str:
+    """The backward the plan must choose: the fast one where the fast forward runs and its
+    shared memory fits (relpos_plan.cuh, fast_backward_refusal: not D = 128 on 3-D grids),
+    else the tiled one where the case says it fits, else the general one."""
+    axes = len([n for n in c.grid if n > 1])
+    if _forward_path(c) == "fast" and not (c.D == 128 and axes >= 3):
+        return "fast"
+    return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
+
+
 def check_relpos(c: Case, tmp_path: Path):
     x, run, (out_ref, lse_ref, grads, *clean) = run_relpos(c, tmp_path)
     N = math.prod(c.grid)
@@ -277,10 +287,14 @@ def check_relpos(c: Case, tmp_path: Path):
     assert plan["forward"] == _forward_path(c), plan
     if not c.backward:
         return errors
-    assert plan["backward"] == ("tiled" if c.path == "tiled" and c.tiled_backward else "general"), plan
+    assert plan["backward"] == _backward_path(c), plan
     has_offsets = c.pos or c.bias or c.sigma
     want = (
-        "none" if not has_offsets else "tiled" if plan["backward"] == "tiled" and not c.general_offsets else "general"
+        "none"
+        if not has_offsets
+        else "tiled"
+        if plan["backward"] in ("tiled", "fast") and not c.general_offsets
+        else "general"
     )
     assert plan["offsets"] == want, plan
     U = math.prod(2 * n - 1 for n in c.grid)

@@ -1,5 +1,5 @@
-"""The fast path's forward (csrc/cuda/relpos_fast_forward.cuh: FA2's structure) on
-the simulated GPU against a float64 reference (tests/cuda_sim/fast_forward.cu), on
+"""The fast path's forward (csrc/cuda/relpos_fast_forward.cuh: FA2's structure) and
+backward (relpos_fast_backward.cuh) on the simulated GPU against a float64 reference (tests/cuda_sim/fast_forward.cu), on
 1-D, 2-D and 3-D grids: the FA2 control (no positional term) and the positional kernel
 (q_pos . rel on the tensor cores, bias, span add / multiply as per-offset tables); bf16
 and f16, D = 32, 64, 128 (the offset tile in two pipeline stages, or in one refilled
@@ -97,8 +97,7 @@ def _id(case):
     return name
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
-def test_fast_forward(case):
+def _run(case, backward=False):
     t, d, b, h, n, causal, pos, *box = case
     binary = simlib.build(PROGRAM, f"fast_forward_{t}_d{d}", [f"FAST_T={t}", f"FAST_D={d}"])
     args = [str(b), str(h), str(n), str(int(causal)), "7"]
@@ -106,7 +105,7 @@ def test_fast_forward(case):
         args += ["0", "0", "0"] if pos is None else ["1", str(pos[0]), str(pos[1])]
     if box:
         args += [box[0][0], repr(box[0][1])]
-    done = simlib.run(binary, args, timeout=600)
+    done = simlib.run(binary, args, timeout=600, extra_env={"FAST_BACKWARD": str(int(backward))})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     got = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip())
@@ -114,3 +113,45 @@ def test_fast_forward(case):
     assert got["rows_written"] == f"{b * h * tokens} of {b * h * tokens}", out[-3000:]
     assert float(got["out_err"]) <= OUT_TOL[t], out[-3000:]  # (nan fails)
     assert float(got["lse_err"]) <= LSE_TOL, out[-3000:]
+    return got, out
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_fast_forward(case):
+    _run(case)
+
+
+# The backward (relpos_fast_backward.cuh: d q, d q_pos query-major, d k, d v key-major) from
+# the forward's out and lse: the control and the positional kernels, several query tiles
+# and key blocks (both pipelines turn over, the key-major kernel's causal suffix of tiles),
+# tails, a size-1 axis, windows and span boxes (the key-major kernel's bisected query
+# tiles), the offset tile in one stage (D = 64 on 3-D grids, D = 128 on 1-D), the streamed
+# boxes in one stage too (D = 128 on 2-D grids)
+BACKWARD_CASES = [
+    ("bf16", 64, 1, 2, 130, False, None),
+    ("half", 32, 1, 1, 200, True, None),
+    ("bf16", 64, 2, 1, 130, True, (1, 1)),
+    ("half", 128, 1, 1, 150, False, (2, 1)),
+    ("bf16", 128, 1, 1, "11x10", True, (1, 1)),  # one stage of the streamed boxes too
+    ("bf16", 32, 1, 1, 257, True, (2, 0)),
+    ("bf16", 64, 1, 1, "13x17", True, None),
+    ("bf16", 64, 1, 2, "9x12", False, (1, 1)),
+    ("half", 32, 1, 1, "17x9", True, (2, 1)),
+    ("bf16", 64, 1, 1, "9x1x12", False, (0, 1)),
+    ("bf16", 64, 1, 1, "5x6x7", True, (1, 1)),
+    ("half", 32, 1, 1, "6x5x9", False, (2, 0)),
+    ("bf16", 64, 1, 1, 300, False, (1, 1), ("-", 0.9)),
+    ("half", 64, 1, 1, 200, False, (0, 1), ("16.8.1", 0.0)),
+    ("bf16", 32, 1, 1, "20x24", False, (1, 1), ("5.1.0x7.1.0", 0.0)),
+    ("half", 32, 1, 1, "20x24", True, (2, 0), ("4.2.1x7.3.0/shift", 0.0)),
+    ("bf16", 64, 1, 1, "9x10x11", True, (1, 1), ("3.1.0x3.1.0x5.2.0/shift", 0.0)),
+]
+GRAD_TOL = {"bf16": 2e-2, "half": 4e-3}  # relative to a gradient's largest value: dS and P rounded to T
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=_id)
+def test_fast_backward(case):
+    got, out = _run(case, backward=True)
+    names = ["dq", "dk", "dv"] + (["dqpos"] if case[6] is not None else [])
+    for name in names:
+        assert float(got[f"{name}_err"]) <= GRAD_TOL[case[0]], (name, out[-3000:])  # (nan fails)

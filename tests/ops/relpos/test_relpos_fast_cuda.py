@@ -1,9 +1,10 @@
-"""The fast forward of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
-FlashAttention-2-class: float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, windows and
-span thresholds, grids of 1-3 axes): the plan gives it every such call under
-POSATTN_CUDA_KERNEL=auto; its output and lse match the float64 reference and the tiled
-forward; the backward (the tiled kernels) from its lse matches the reference. Run on a
-GPU machine; skipped cleanly without one."""
+"""The fast kernels of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh and
+relpos_fast_backward.cuh, FlashAttention-2-class: float16 / bfloat16, D == Dv in
+{32, 64, 128}, q_pos, windows and span thresholds, grids of 1-3 axes): the plan gives
+them every such call under POSATTN_CUDA_KERNEL=auto (the backward where its shared
+memory fits: not D = 128 on 3-D grids); the output and lse match the float64
+reference and the tiled forward, the gradients the reference, bitwise the same on a
+second run. Run on a GPU machine; skipped cleanly without one."""
 
 import pytest
 import torch
@@ -74,6 +75,13 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
     got = torch.autograd.grad((out * g.to("cuda", dtype)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, got, want):
         assert rel_err(a, b) < 0.05, name
+    bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
+    axes = len([n for n in grid if n > 1])
+    assert bplan["backward"] == ("tiled" if D == 128 and axes >= 3 else "fast"), bplan
+    out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    again = torch.autograd.grad((out * g.to("cuda", dtype)).sum() + lse.sum(), list(xc.values()))
+    for name, a, b in zip(x, again, got):
+        assert torch.equal(a, b), name  # deterministic: bitwise the same
 
 
 def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():

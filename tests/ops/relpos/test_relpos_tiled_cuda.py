@@ -92,13 +92,16 @@ def test_tiled_forward_matches_reference_and_general_path(monkeypatch, grid, kw,
         assert rel_err(a, c) < 0.05, name
 
 
-def test_auto_picks_the_tiled_kernel_where_it_applies(monkeypatch):
+def test_auto_picks_the_fast_kernels_where_they_apply(monkeypatch):
     x = make_relpos_inputs([8, 8], B=2, H=2, D=64, Dv=64, sigma=True, dtype=torch.bfloat16, device="cuda")
     x["sigma"] = x["sigma"].float()
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2, backward=True)["backward"] == "tiled"
     tiled = ops.relpos_attention(**x, grid=[8, 8], threshold=0.2)
     monkeypatch.delenv("POSATTN_CUDA_KERNEL")
-    assert torch.equal(ops.relpos_attention(**x, grid=[8, 8], threshold=0.2), tiled)
+    assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2)["forward"] == "fast"
+    assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2, backward=True)["backward"] == "fast"
+    assert rel_err(ops.relpos_attention(**x, grid=[8, 8], threshold=0.2), tiled) < 2e-2
 
 
 def test_kernel_choice_is_checked(monkeypatch):

@@ -1,0 +1,799 @@
+// The fast path's backward: d q, d q_pos (query-major) and d k, d v (key-major),
+// FlashAttention-2's structure on the warp-level primitives, deterministic: every
+// gradient row is written once, by one warp, from sums in a fixed order (no atomics).
+// d rel, d bias and d sigma come from the tiled offset kernel (relpos_tiled_offsets.cuh)
+// or the general one, as the plan says.
+//
+// Both kernels are one template (KEYS: key-major). A block owns a fixed box of 64
+// (a query tile, or a key block) and streams the boxes of the other kind through two
+// shared-memory stages (cp.async, the next box copied while this one is computed): the
+// key blocks that cover its queries' key ranges, as the forward visits them; or the query
+// tiles whose queries may keep one of its keys (per axis an interval found by bisection,
+// with causal masking a suffix of their row-major order). Per (query tile, key block)
+// every warp recomputes its 16 queries' logits against the 64 keys exactly as the forward
+// does (relpos_fast_forward.cuh: S = Q K^T in mma.sync accumulators, the positional
+// products per warp offset box, the skewed read, the masks per key range), then, with
+// P = 2^(s log2 e - lse log2 e), dP = dO V^T and D_i = dO_i . out_i - d lse_i (rowd):
+//   dS' = P (dP - D) times d logit / d (q k): scale, or scale mul[u] (multiply span)
+//   query-major: dQ += dS' K (dS' from the accumulators, as P in the forward's PV), and
+//                dQpos += box(dS') rel_box, dS' scattered into the warp's offset box (a
+//                per-warp buffer whose other entries stay 0: a row's columns are the
+//                same for every key block) times the rel rows of the box
+//   key-major:   P and dS' of the 64 x 64 pair through shared memory (T), then each warp
+//                its 16 keys: dV += P^T dO, dK += dS'^T Q (ldmatrix.trans).
+// Two barriers per streamed box in the key-major kernel, one in the query-major (plus
+// one where the offset tile or the streamed box has a single stage: D = 64 on 3-D grids,
+// D = 128; the backward does not fit sm_90 at D = 128 on 3-D grids, which keep the
+// tiled backward).
+#pragma once
+
+#include "cuda_common.cuh"
+#include "relpos_fast_forward.cuh"
+
+namespace posattn::relpos::cuda_fast {
+
+template <typename T, int D, bool POS, int NDIM, bool KEYS>
+struct BwdLayout {
+  static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
+  static constexpr int kLd = D + 8;
+  static constexpr int kTile = 64 * kLd;
+  static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
+  static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
+  static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
+  static constexpr int kRTile = kTileOffsets * kLd;
+  static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the forward's
+  static constexpr int kPbuf = 17 * kPLd;
+  static constexpr int kSLd = kWarpCols + 8;  // query-major: the warp's dS' box (T)
+  static constexpr int kXLd = kBlockN + 8;    // key-major: P and dS' of the pair (T)
+  // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per
+  // stage the streamed box's (K, V; Q, q_pos, dO)
+  static constexpr int kFixed = KEYS ? 2 : 3, kPer = KEYS ? 3 : 2;
+  static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
+  static constexpr size_t bytes(int stages, int rel_stages) {
+    const size_t tel = static_cast<size_t>((kFixed + stages * kPer) * kTile) +
+                       (POS ? rel_stages * kRTile : 0) +
+                       (KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
+    const size_t fl = POS ? kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
+    return tel * sizeof(T) + fl * 4 + (KEYS ? 2 * 2 * 64 * 4 : 0) + kRangeInts * 4;
+  }
+  // two stages of the streamed box and of the offset tile where they fit, else one of the
+  // offset tile, else one of each (refilled after another barrier)
+  static constexpr int kStages = bytes(2, 1) <= kMaxSharedBytes ? 2 : 1;
+  static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kMaxSharedBytes ? 2 : 1;
+  static constexpr bool kFits = bytes(1, 1) <= kMaxSharedBytes;
+  static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
+                "the boxes' sizes");
+  static constexpr bool same_extents() {
+    for (int a = 0; a < NDIM; ++a)
+      if (extent<NDIM>(Box::kTile, a) != extent<NDIM>(Box::kKey, a)) return false;
+    return true;
+  }
+  static_assert(same_extents(), "query tiles and key blocks of one shape (origin_of walks both)");
+  static __device__ __forceinline__ int fixed_at(int i) { return i * kTile; }
+  static __device__ __forceinline__ int staged_at(int stage, int i) {
+    return (kFixed + stage * kPer + i) * kTile;
+  }
+  static constexpr int kR0 = (kFixed + kStages * kPer) * kTile;
+  static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
+  static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);  // exchange (KEYS) or dS' boxes
+  static constexpr int kTElems = kX + (KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
+  static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
+  // floats: per warp its positional products, per stage, warp and table its add / mul
+  // entries; then ints: per warp its columns' offset rows (woff) and tile rows (wrow)
+  static __device__ __forceinline__ int table_at(int stage, int w, int which) {
+    return kWarps * kPbuf + ((stage * kWarps + w) * 2 + which) * kWarpCols;
+  }
+  static constexpr int kFloats = POS ? kWarps * kPbuf + kRelStages * kWarps * 2 * kWarpCols : 0;
+  static constexpr int kInts = POS ? 2 * kWarps * kWarpCols : 0;
+  // key-major: per stage the query tile's lse (base 2) and rowd, 64 floats each
+  static constexpr size_t kRowsAt = kTBytes + static_cast<size_t>(kFloats + kInts) * 4;
+  static constexpr size_t kRangesAt = kRowsAt + (KEYS ? 2 * 2 * 64 * 4 : 0);
+  static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
+  static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0, "the regions aligned");
+};
+
+// Grid (fixed boxes, H, B)
+template <typename T, int D, bool POS, int NDIM, bool KEYS>
+__global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // as the forward: sm_80 instructions, never launched below it
+#else
+  using L = BwdLayout<T, D, POS, NDIM, KEYS>;
+  constexpr int LD = L::kLd;
+  constexpr KeyBlockParts<NDIM> kParts{};
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int N = static_cast<int>(p.N);
+  int n[NDIM], gs[NDIM], rs[NDIM];  // extents, token strides, offset-row strides
+  if constexpr (NDIM == 1) {
+    n[0] = N, gs[0] = 1, rs[0] = 1;
+  } else {
+    int s = 1;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
+      s *= n[a];
+    }
+  }
+  // the fixed box's origin (boxes row-major over the grid; tiles and key blocks have the
+  // same extents)
+  int fo[NDIM];
+  {
+    int r = blockIdx.x;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      const int e = extent<NDIM>(Box::kTile, a), cnt = (n[a] + e - 1) / e;
+      fo[a] = r % cnt * e;
+      r /= cnt;
+    }
+  }
+  const int64_t bh = blockIdx.z * p.H + blockIdx.y;
+  const int64_t head = bh * N * D;
+  const T* q = t.q + head;
+  const T* k = t.k + head;
+  const T* v = t.v + head;
+  const T* qp = POS ? t.qpos + head : nullptr;
+  const T* dout = t.gout + head;
+  const float* lse_g = t.lse + bh * N;
+  const float* rowd_g = t.rowd + bh * N;
+
+  // which keys a query keeps along axis a (the forward's rule)
+  const bool boxed = p.has_box && p.g.ndim == NDIM;
+  int span[NDIM];
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) {
+    span[a] = n[a] - 1;
+    if (boxed && p.has_sigma && p.threshold > 0.0) {
+      const double sg = t.sigma[blockIdx.y * p.G_in + p.g.axis[a]];
+      if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, n[a]));
+    }
+  }
+  const auto key_range = [&](int a, int c) {
+    if (!boxed) return make_int2(0, n[a] - 1);
+    int64_t lo, hi;
+    axis_key_range(window_limit(p, a, span[a]), min(c, n[a] - 1), lo, hi);
+    return make_int2(static_cast<int>(lo), static_cast<int>(hi));
+  };
+
+  // the streamed boxes: origins first[a] + i ext per axis, cnt[a] of them, visited
+  // row-major from rank r0 on
+  int first[NDIM], cnt[NDIM], total = 1, r0 = 0;
+  if constexpr (!KEYS) {  // key blocks covering the tile's ranges, with causal a prefix
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int K = extent<NDIM>(Box::kKey, a), last = min(fo[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1;
+      first[a] = key_range(a, fo[a]).x / K * K;
+      cnt[a] = (key_range(a, last).y / K * K - first[a]) / K + 1;
+      total *= cnt[a];
+    }
+    if (p.causal) {
+      int rank = 0;
+      bool tight = true;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        const int K = extent<NDIM>(Box::kKey, a), last = min(fo[a] + extent<NDIM>(Box::kTile, a), n[a]) - 1;
+        const int klast = first[a] + (cnt[a] - 1) * K;
+        const int b = tight ? min(last / K * K, klast) : klast;
+        rank = rank * cnt[a] + (b - first[a]) / K;
+        tight = tight && b == last;
+      }
+      total = rank + 1;
+    }
+  } else {  // query tiles whose queries' ranges meet the key block, with causal a suffix
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int Q = extent<NDIM>(Box::kTile, a), kend = min(fo[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1;
+      int lo = 0, hi = n[a];  // the first query c with hi(c) >= fo[a]
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (key_range(a, mid).y >= fo[a])
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      const int qlo = lo;
+      lo = 0, hi = n[a];  // the first query c with lo(c) > kend
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (key_range(a, mid).x > kend)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      if (lo <= qlo) {
+        total = 0;
+        first[a] = 0, cnt[a] = 1;
+      } else {
+        first[a] = qlo / Q * Q;
+        cnt[a] = ((lo - 1) / Q * Q - first[a]) / Q + 1;
+        total *= cnt[a];
+      }
+    }
+    if (p.causal && total > 0) {
+      // the first tile (row-major) whose last query comes at or after the block's first
+      // key in token order (lexicographic on coordinates); later tiles all do
+      const auto reaches = [&](int rank) {
+        int c[NDIM];
+#pragma unroll
+        for (int a = NDIM - 1; a >= 0; --a) {
+          c[a] = min(first[a] + rank % cnt[a] * extent<NDIM>(Box::kTile, a) + extent<NDIM>(Box::kTile, a),
+                     n[a]) -
+                 1;
+          rank /= cnt[a];
+        }
+        int cmp = 0;
+#pragma unroll
+        for (int a = 0; a < NDIM; ++a)
+          if (cmp == 0) cmp = c[a] > fo[a] ? 1 : c[a] < fo[a] ? -1 : 0;
+        return cmp >= 0;
+      };
+      int lo = 0, hi = total;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (reaches(mid))
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      r0 = lo;
+    }
+  }
+  const auto origin_of = [&](int rank, int* o) {
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      o[a] = first[a] + rank % cnt[a] * extent<NDIM>(Box::kKey, a);
+      rank /= cnt[a];
+    }
+  };
+
+  // token of row r of the query tile at origin qo (row 16 w' + i: query i of warp w'),
+  // -1 outside the grid; the cell's coordinate along a
+  const auto query_coord = [&](const int* qo, int r, auto ax) {
+    constexpr int a = decltype(ax)::value;
+    return qo[a] + coord_of<NDIM, Box::kWarpsInTile, a>(r / 16) * extent<NDIM>(Box::kWarp, a) +
+           coord_of<NDIM, Box::kWarp, a>(r % 16);
+  };
+  const auto query_token = [&](const int* qo, int r) {
+    int tok = 0;
+    bool in = true;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int c = query_coord(qo, r, ax);
+      in = in && c < n[a];
+      tok += c * gs[a];
+    });
+    return in ? tok : -1;
+  };
+  const auto key_token = [&](const int* kb, int r) {
+    int tok = 0;
+    bool in = true;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(r);
+      in = in && c < n[a];
+      tok += c * gs[a];
+    });
+    return in ? tok : -1;
+  };
+  // the warp's rows' key ranges (rows past the grid's end as its last cell's)
+  int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
+  const auto fill_ranges = [&](const int* qo) {
+    if (lane < 16) {
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        ranges[lane * NDIM + a] = key_range(a, query_coord(qo, 16 * w + lane, ax));
+      });
+    }
+  };
+
+  // POS: the head's rel rows and offset tables, the warp's buffers and maps
+  const int U = static_cast<int>(p.U);
+  const T* rel = POS ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
+  const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
+  const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
+  const bool has_add = add != nullptr, has_mul = mul != nullptr;
+  float* fsmem = reinterpret_cast<float*>(smem_raw + L::kTBytes);
+  float* pbuf = fsmem + w * L::kPbuf;
+  int* woff = reinterpret_cast<int*>(fsmem + L::kFloats) + w * L::kWarpCols;
+  int* wrow = woff + kWarps * L::kWarpCols;
+  const float scale = static_cast<float>(p.scale);
+  if constexpr (POS) {
+    for (int c = lane; c < L::kWarpCols; c += 32) {
+      const int cc = c < L::kWarpOffsets ? c : 0;
+      int o = 0, r = 0;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        const int x = warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a);
+        o += x * rs[a];
+        r += x * stride<NDIM>(Box::kTileOffsets, a);
+      });
+      woff[c] = o, wrow[c] = r;
+    }
+    if constexpr (!KEYS) {  // the warp's dS' box: entries no row ever writes stay 0
+      T* box = smem + L::kX + w * 16 * L::kSLd;
+      for (int i = lane; i < 16 * L::kSLd / 2; i += 32) reinterpret_cast<uint32_t*>(box)[i] = 0u;
+    }
+    __syncwarp();
+  }
+  // the offset tile between the query tile at qo and the key block at kb into rel stage
+  // rst: its rel rows (zero-filled outside [0, U)) and each warp's add / mul entries
+  const auto load_offsets = [&](int rst, const int* qo, const int* kb) {
+    int u0 = 0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a)
+      u0 += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
+    load_box_async<T, D, LD, NDIM, Box::kTileOffsets, false>(smem + L::r_at(rst), rel, nullptr, nullptr,
+                                                             [&](const int* x) {
+                                                               int u = u0;
+#pragma unroll
+                                                               for (int a = 0; a < NDIM; ++a)
+                                                                 u += x[a] * rs[a];
+                                                               return u >= 0 && u < U ? u : -1;
+                                                             });
+    if (has_add || has_mul) {
+      float* add_w = fsmem + L::table_at(rst, w, 0);
+      float* mul_w = fsmem + L::table_at(rst, w, 1);
+      for (int c = lane; c < L::kWarpCols; c += 32) {
+        const int u = u0 + woff[c];
+        const bool in = u >= 0 && u < U;
+        if (has_add) warp::cp_async_4(add_w + c, in ? add + u : add, in);
+        if (has_mul) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
+      }
+    }
+  };
+  const auto key_rows = [&](const int* kb) {
+    return [=, &n, &gs](const int* x) {
+      int tok = 0;
+      bool in = true;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        in = in && kb[a] + x[a] < n[a];
+        tok += (kb[a] + x[a]) * gs[a];
+      }
+      return in ? tok : -1;
+    };
+  };
+  // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
+  // with (KEYS) the rows' lse in base 2 and rowd (-inf and 0 outside the grid)
+  const auto load_stream = [&](int st, const int* so) {
+    if constexpr (!KEYS) {
+      load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::staged_at(st, 0), k,
+                                                      smem + L::staged_at(st, 1), v, key_rows(so));
+    } else {
+      const auto tok = [&](unsigned r) { return query_token(so, static_cast<int>(r)); };
+      load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 0), q, tok);
+      if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 1), qp, tok);
+      load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 2), dout, tok);
+      if (threadIdx.x < kBlockM) {
+        float* rows = reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64;
+        const int r = tok(threadIdx.x);
+        warp::cp_async_4(rows + threadIdx.x, r >= 0 ? lse_g + r : lse_g, r >= 0);
+        warp::cp_async_4(rows + 64 + threadIdx.x, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+      }
+    }
+  };
+
+  // the fixed box and the first streamed one
+  if constexpr (!KEYS) {
+    const auto tok = [&](unsigned r) { return query_token(fo, static_cast<int>(r)); };
+    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
+    if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(1), qp, tok);
+    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(2), dout, tok);
+    fill_ranges(fo);
+  } else {
+    load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::fixed_at(0), k, smem + L::fixed_at(1), v,
+                                                    key_rows(fo));
+  }
+  int so[NDIM];  // the streamed box's origin
+  origin_of(r0, so);
+  if (total > r0) {
+    load_stream(0, so);
+    if constexpr (POS) load_offsets(0, KEYS ? so : fo, KEYS ? fo : so);
+  }
+  warp::cp_async_commit();
+
+  // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): tokens, lse in
+  // base 2, rowd (query-major: fixed; key-major: per query tile), and where the skewed
+  // reads start (as the forward's pcol)
+  int row_tok[2], pcol[2];
+  float lse2[2] = {}, rowd[2] = {};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int il = lane / 4 + 8 * r;
+    pcol[r] = il * L::kPLd + column_part<NDIM>(Box::kKey, 2 * (lane % 4)) -
+              column_part<NDIM>(Box::kWarp, il) + column_part<NDIM>(Box::kWarp, 15);
+    row_tok[r] = -1;
+    if constexpr (!KEYS) {
+      row_tok[r] = query_token(fo, 16 * w + il);
+      lse2[r] = row_tok[r] >= 0 ? lse_g[row_tok[r]] * kLog2e : -INFINITY;
+      rowd[r] = row_tok[r] >= 0 ? rowd_g[row_tok[r]] : 0.f;
+    }
+  }
+  // the accumulators: query-major dQ and dQpos of the warp's queries, key-major dK and
+  // dV of its keys (16 x D each: n-blocks of 8 columns)
+  float acc0[D / 8][4] = {}, acc1[D / 8][4] = {};
+
+  for (int j = r0; j < total; ++j) {
+    const int stage = L::kStages == 2 ? (j - r0) & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
+    warp::cp_async_wait<0>();
+    __syncthreads();  // box j visible to every warp, every warp done with box j - 1's stage
+    int nx[NDIM];
+    origin_of(j + 1, nx);
+    if (L::kStages == 2 && j + 1 < total) {
+      load_stream(stage ^ 1, nx);
+      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, KEYS ? nx : fo, KEYS ? fo : nx);
+      warp::cp_async_commit();
+    }
+    const int* qo = KEYS ? so : fo;  // this pair's query tile and key block
+    const int* kb = KEYS ? fo : so;
+    const T* Qs = KEYS ? smem + L::staged_at(stage, 0) : smem + L::fixed_at(0);
+    const T* Qps = KEYS ? smem + L::staged_at(stage, 1) : smem + L::fixed_at(1);
+    const T* dOs = KEYS ? smem + L::staged_at(stage, 2) : smem + L::fixed_at(2);
+    const T* Ks = KEYS ? smem + L::fixed_at(0) : smem + L::staged_at(stage, 0);
+    const T* Vs = KEYS ? smem + L::fixed_at(1) : smem + L::staged_at(stage, 1);
+    if constexpr (KEYS) {
+      __syncwarp();  // the warp done reading its previous ranges
+      fill_ranges(qo);
+      const float* rows = reinterpret_cast<const float*>(smem_raw + L::kRowsAt) + stage * 2 * 64;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * w + lane / 4 + 8 * r;
+        row_tok[r] = query_token(qo, i);
+        lse2[r] = row_tok[r] >= 0 ? rows[i] * kLog2e : -INFINITY;
+        rowd[r] = rows[64 + i];
+      }
+      __syncwarp();
+    }
+    bool active = true, full = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int2 fr = ranges[a], lr = ranges[15 * NDIM + a];
+      const int kend = kb[a] + extent<NDIM>(Box::kKey, a) - 1;
+      active = active && kb[a] <= lr.y && kend >= fr.x;
+      full = full && kb[a] >= lr.x && kend <= fr.y;
+    }
+
+    // POS: the warp's positional products (the forward's)
+    if constexpr (POS) {
+      if (active) {
+        uint32_t qpf[D / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          warp::ldmatrix<4>(qpf[kk], Qps + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+        const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
+        const float* add_w = fsmem + L::table_at(rst, w, 0);
+        const float* mul_w = fsmem + L::table_at(rst, w, 1);
+#pragma unroll 1
+        for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
+          const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
+          float acc[2][4] = {};
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t b[4];
+            warp::ldmatrix<4>(b, row + 16 * kk);
+            warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
+            warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int col = 8 * (nb + h) + 2 * (lane % 4);
+            const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
+            const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
+            *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
+                make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
+            *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
+                make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
+            if (has_mul && lane < 4)
+              *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
+          }
+        }
+        __syncwarp();
+      }
+      if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
+        __syncthreads();  // every warp done with the offset tile: refill it with the next pair's
+        if (j + 1 < total) {
+          load_offsets(0, nx, fo);
+          warp::cp_async_commit();
+        }
+      }
+    }
+
+    float s[kBlockN / 8][4] = {};   // S, then P
+    float dp[kBlockN / 8][4] = {};  // dP, then dS'
+    if (active) {
+      // S = Q K^T and dP = dO V^T
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qf[4], df[4];
+        warp::ldmatrix<4>(qf, Qs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+        warp::ldmatrix<4>(df, dOs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; nb += 2) {
+          const int at = (8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2);
+          uint32_t b[4];
+          warp::ldmatrix<4>(b, Ks + at);
+          warp::mma_m16n8k16<T>(s[nb], qf, {b[0], b[1]});
+          warp::mma_m16n8k16<T>(s[nb + 1], qf, {b[2], b[3]});
+          warp::ldmatrix<4>(b, Vs + at);
+          warp::mma_m16n8k16<T>(dp[nb], df, {b[0], b[1]});
+          warp::mma_m16n8k16<T>(dp[nb + 1], df, {b[2], b[3]});
+        }
+      }
+      // the logits in base 2 as the forward computes them, -inf where masked
+      const float to_log2 = POS ? kLog2e : scale * kLog2e;
+      if constexpr (POS) {
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int c = pcol[i >> 1] + kParts.col[nb] + (i & 1);
+            const int mc = c + (16 - lane / 4 - 8 * (i >> 1)) * L::kPLd;
+            s[nb][i] = fmaf(s[nb][i], has_mul ? pbuf[mc] : scale, pbuf[c]);
+          }
+        }
+      }
+      int key_last = 0, tile_first = 0;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
+        tile_first += qo[a] * gs[a];
+      }
+      if (!full || (p.causal && key_last > tile_first)) {
+        int kc[NDIM], key_tok = 0;
+        for_axes<NDIM>([&](auto ax) {
+          constexpr int a = decltype(ax)::value;
+          kc[a] = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
+          key_tok += kc[a] * gs[a];
+        });
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int lo[NDIM], hi[NDIM];
+#pragma unroll
+          for (int a = 0; a < NDIM; ++a) {
+            const int2 x = ranges[(lane / 4 + 8 * r) * NDIM + a];
+            lo[a] = x.x - kc[a], hi[a] = x.y - kc[a];
+          }
+#pragma unroll
+          for (int nb = 0; nb < kBlockN / 8; ++nb) {
+            int tok = key_tok;
+#pragma unroll
+            for (int a = 0; a < NDIM; ++a) tok += kParts.c[nb][a] * gs[a];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              bool kept = !p.causal || tok + e <= row_tok[r];
+#pragma unroll
+              for (int a = 0; a < NDIM; ++a) {
+                const int c = kParts.c[nb][a] + (a == NDIM - 1 ? e : 0);
+                kept = kept && c >= lo[a] && c <= hi[a];
+              }
+              float& x = s[nb][2 * r + e];
+              x = kept ? x * to_log2 : -INFINITY;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
+      }
+      // P and dS' = P (dP - D) d logit / d (q k); a masked pair (or a row with no key
+      // kept) adds exactly 0, a kept one P (dP - D) also where P underflows to 0, so that
+      // a NaN in dP or D (or a +inf lse) stays visible as in the reference
+#pragma unroll
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = i >> 1;
+          const bool kept = s[nb][i] != -INFINITY && lse2[r] != -INFINITY;
+          const float pr = kept ? warp::exp2_approx(s[nb][i] - lse2[r]) : 0.f;
+          float g = scale;
+          if constexpr (POS) {
+            const int c = pcol[r] + kParts.col[nb] + (i & 1);
+            if (has_mul) g = pbuf[c + (16 - lane / 4 - 8 * r) * L::kPLd];
+          }
+          dp[nb][i] = kept ? pr * (dp[nb][i] - rowd[r]) * g : 0.f;
+          s[nb][i] = pr;
+        }
+      }
+    }
+
+    if constexpr (!KEYS) {
+      if (active) {
+        // dQ += dS' K: dS' as the A operand straight from the accumulators, K by ldmatrix.trans
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          const uint32_t a[4] = {warp::pack2<T>(dp[2 * kk][0], dp[2 * kk][1]),
+                                 warp::pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                                 warp::pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                 warp::pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+          for (int nd = 0; nd < D / 8; nd += 2) {
+            uint32_t b[4];
+            warp::ldmatrix<4, true>(b, Ks + (16 * kk + lane % 16) * LD + 8 * nd + 8 * (lane / 16));
+            warp::mma_m16n8k16<T>(acc0[nd], a, {b[0], b[1]});
+            warp::mma_m16n8k16<T>(acc0[nd + 1], a, {b[2], b[3]});
+          }
+        }
+        if constexpr (POS) {
+          // dQpos += box(dS') rel_box: dS' into the warp's offset box (pair (i, j) at the
+          // forward's skewed column; a permutation of the row's columns), then the product
+          T* box = smem + L::kX + w * 16 * L::kSLd;
+#pragma unroll
+          for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              box[pcol[i >> 1] - (lane / 4 + 8 * (i >> 1)) * (L::kPLd - L::kSLd) + kParts.col[nb] + (i & 1)] =
+                  posattn::cuda::from_acc<T>(dp[nb][i]);
+          __syncwarp();
+          const T* Rj = smem + L::r_at(rst);
+#pragma unroll 1
+          for (int kk = 0; kk < L::kWarpCols / 16; ++kk) {
+            uint32_t a[4];
+            warp::ldmatrix<4>(a, box + (lane % 16) * L::kSLd + 16 * kk + 8 * (lane / 16));
+            const T* row = Rj + wrow[16 * kk + lane % 16] * LD + 8 * (lane / 16);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd += 2) {
+              uint32_t b[4];
+              warp::ldmatrix<4, true>(b, row + 8 * nd);
+              warp::mma_m16n8k16<T>(acc1[nd], a, {b[0], b[1]});
+              warp::mma_m16n8k16<T>(acc1[nd + 1], a, {b[2], b[3]});
+            }
+          }
+        }
+      }
+    } else {
+      // P and dS' of the warp's 16 queries into the exchange (zeros where inactive)
+      T* X = smem + L::kX;
+#pragma unroll
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int at = (16 * w + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(X + at) = warp::pack2<T>(s[nb][2 * r], s[nb][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(X + 64 * L::kXLd + at) =
+              warp::pack2<T>(dp[nb][2 * r], dp[nb][2 * r + 1]);
+        }
+      }
+      __syncthreads();  // every warp's P and dS' rows written
+      // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const int at = (16 * kk + lane % 8 + 8 * (lane / 16)) * L::kXLd + 16 * w + 8 * ((lane / 8) % 2);
+        uint32_t pa[4], da[4];
+        warp::ldmatrix<4, true>(pa, X + at);
+        warp::ldmatrix<4, true>(da, X + 64 * L::kXLd + at);
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+          const int bt = (16 * kk + lane % 16) * LD + 8 * nd + 8 * (lane / 16);
+          uint32_t b[4];
+          warp::ldmatrix<4, true>(b, dOs + bt);
+          warp::mma_m16n8k16<T>(acc1[nd], pa, {b[0], b[1]});
+          warp::mma_m16n8k16<T>(acc1[nd + 1], pa, {b[2], b[3]});
+          warp::ldmatrix<4, true>(b, Qs + bt);
+          warp::mma_m16n8k16<T>(acc0[nd], da, {b[0], b[1]});
+          warp::mma_m16n8k16<T>(acc0[nd + 1], da, {b[2], b[3]});
+        }
+      }
+    }
+    if constexpr (L::kStages == 1 || (POS && L::kRelStages == 1 && !KEYS)) {
+      // one stage: every warp done with the streamed box (the offset tile, dQpos's too): refill
+      __syncthreads();
+      if (j + 1 < total) {
+        if constexpr (L::kStages == 1) load_stream(0, nx);
+        if constexpr (POS && L::kRelStages == 1 && (L::kStages == 1 || !KEYS))
+          load_offsets(0, KEYS ? nx : fo, KEYS ? fo : nx);
+        warp::cp_async_commit();
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) so[a] = nx[a];
+  }
+
+  // the warp's rows of its gradients: query-major dQ (acc0) and dQpos (acc1) of its
+  // queries, key-major dK (acc0) and dV (acc1) of its keys
+  T* g0 = (KEYS ? t.dk : t.dq) + head;
+  T* g1 = KEYS ? t.dv + head : (POS && t.dqpos ? t.dqpos + head : nullptr);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = 16 * w + lane / 4 + 8 * r;
+    const int row = KEYS ? key_token(fo, i) : query_token(fo, i);
+    if (row < 0) continue;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      const int64_t at = static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(g0 + at) = warp::pack2<T>(acc0[nd][2 * r], acc0[nd][2 * r + 1]);
+      if (g1 != nullptr)
+        *reinterpret_cast<uint32_t*>(g1 + at) = warp::pack2<T>(acc1[nd][2 * r], acc1[nd][2 * r + 1]);
+    }
+  }
+#endif
+}
+
+// Launches both backward kernels over every (batch, head) and box: the forward's checks
+// (launch_fast_forward), plus gout, rowd and lse given, dq, dk, dv (dq_pos where q_pos is
+// given) 4-byte aligned and given. The caller has checked sm_80+ and the shared memory
+// (fast_backward_bytes) within the device's opt-in limit.
+template <typename T, int D, bool POS, int NDIM>
+cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+  const auto misaligned = [](const void* ptr, uintptr_t a) {
+    return reinterpret_cast<uintptr_t>(ptr) % a != 0;
+  };
+  if (p.D != D || p.Dv != D || p.N >= (int64_t{1} << 31) || p.H > 65535 || p.B > 65535)
+    return cudaErrorInvalidValue;
+  if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.gout, 16))
+    return cudaErrorInvalidValue;
+  if (misaligned(t.dq, 4) || misaligned(t.dk, 4) || misaligned(t.dv, 4) || misaligned(t.dqpos, 4))
+    return cudaErrorInvalidValue;
+  if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  if (p.has_box && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
+  int64_t boxes = 1;
+  if (NDIM == 1) {
+    boxes = (p.N + kBlockM - 1) / kBlockM;
+  } else {
+    for (int a = 0; a < NDIM; ++a)
+      boxes *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
+  }
+  if (boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (POS) {
+    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+      return cudaErrorInvalidValue;
+    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
+      return cudaErrorInvalidValue;
+    if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
+      return cudaErrorInvalidValue;
+  }
+  if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
+  if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.dq == nullptr || t.dk == nullptr ||
+      t.dv == nullptr)
+    return cudaErrorInvalidValue;
+  using QL = BwdLayout<T, D, POS, NDIM, false>;
+  using KL = BwdLayout<T, D, POS, NDIM, true>;
+  if constexpr (!QL::kFits || !KL::kFits) {
+    return cudaErrorInvalidValue;  // (the plan never gives it such a call)
+  } else {
+    const dim3 grid(static_cast<unsigned>(boxes), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+    cudaError_t e = cudaSuccess;
+    const auto launch = [&](auto kernel, size_t bytes) {
+      if (e != cudaSuccess) return;
+      if (bytes > 48 * 1024)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e != cudaSuccess) return;
+      kernel<<<grid, kThreads, bytes, stream>>>(p, t);
+      e = cudaGetLastError();
+    };
+    launch(fast_backward_kernel<T, D, POS, NDIM, false>, QL::kBytes);
+    launch(fast_backward_kernel<T, D, POS, NDIM, true>, KL::kBytes);
+    return e;
+  }
+}
+
+template <typename T, int D, bool POS>
+cudaError_t launch_fast_backward_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+                                         cudaStream_t stream) {
+  if (p.g.ndim == 3) return launch_fast_backward<T, D, POS, 3>(p, t, stream);
+  if (p.g.ndim == 2) return launch_fast_backward<T, D, POS, 2>(p, t, stream);
+  return launch_fast_backward<T, D, POS, 1>(p, t, stream);
+}
+
+// The larger shared memory of the positional backward's two kernels on a grid of `ndim`
+// axes, or 0 where one does not fit sm_90's (the plan's check).
+template <typename T, int D, int NDIM>
+constexpr size_t positional_backward_bytes_() {
+  using Q = BwdLayout<T, D, true, NDIM, false>;
+  using K = BwdLayout<T, D, true, NDIM, true>;
+  if (!Q::kFits || !K::kFits) return 0;
+  return Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes;
+}
+template <typename T, int D>
+constexpr size_t positional_backward_bytes(int ndim) {
+  return ndim == 3   ? positional_backward_bytes_<T, D, 3>()
+         : ndim == 2 ? positional_backward_bytes_<T, D, 2>()
+                     : positional_backward_bytes_<T, D, 1>();
+}
+
+}  // namespace posattn::relpos::cuda_fast
