@@ -11,8 +11,8 @@
 // tiles whose queries may keep one of its keys (per axis an interval found by bisection,
 // with causal masking a suffix of their row-major order). Per (query tile, key block)
 // every warp recomputes its 16 queries' logits against the 64 keys exactly as the forward
-// does (relpos_fast_forward.cuh: S = Q K^T in mma.sync accumulators, the positional
-// products per warp offset box, the skewed read, the masks per key range), then, with
+// does (relpos_fast_forward.cuh: S = Q K^T in mma.sync accumulators; relpos_fast_common.cuh:
+// the positional products per warp offset box, the skewed read, the masks per key range), then, with
 // P = 2^(s log2 e - lse log2 e), dP = dO V^T and D_i = dO_i . out_i - d lse_i (rowd):
 //   dS' = P (dP - D) times d logit / d (q k): scale, or scale mul[u] (multiply span)
 //   query-major: dQ += dS' K (dS' from the accumulators, as P in the forward's PV), and
@@ -28,7 +28,7 @@
 #pragma once
 
 #include "cuda_common.cuh"
-#include "relpos_fast_forward.cuh"
+#include "relpos_fast_common.cuh"
 
 namespace posattn::relpos::cuda_fast {
 
@@ -89,7 +89,8 @@ struct BwdLayout {
   static constexpr size_t kRowsAt = kTBytes + static_cast<size_t>(kFloats + kInts) * 4;
   static constexpr size_t kRangesAt = kRowsAt + (KEYS ? 2 * 2 * 64 * 4 : 0);
   static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
-  static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0, "the regions aligned");
+  static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0,
+                "the regions aligned (float2, int2)");
 };
 
 // Grid (fixed boxes, H, B)
@@ -107,29 +108,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int N = static_cast<int>(p.N);
-  int n[NDIM], gs[NDIM], rs[NDIM];  // extents, token strides, offset-row strides
-  if constexpr (NDIM == 1) {
-    n[0] = N, gs[0] = 1, rs[0] = 1;
-  } else {
-    int s = 1;
-#pragma unroll
-    for (int a = NDIM - 1; a >= 0; --a) {
-      n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
-      s *= n[a];
-    }
-  }
+  const FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  const int (&n)[NDIM] = g.n;
+  const int (&gs)[NDIM] = g.gs;
+  const int (&rs)[NDIM] = g.rs;
   // the fixed box's origin (boxes row-major over the grid; tiles and key blocks have the
   // same extents)
   int fo[NDIM];
-  {
-    int r = blockIdx.x;
-#pragma unroll
-    for (int a = NDIM - 1; a >= 0; --a) {
-      const int e = extent<NDIM>(Box::kTile, a), cnt = (n[a] + e - 1) / e;
-      fo[a] = r % cnt * e;
-      r /= cnt;
-    }
-  }
+  g.box_origin(blockIdx.x, fo);
   const int64_t bh = blockIdx.z * p.H + blockIdx.y;
   const int64_t head = bh * N * D;
   const T* q = t.q + head;
@@ -140,23 +126,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const float* lse_g = t.lse + bh * N;
   const float* rowd_g = t.rowd + bh * N;
 
-  // which keys a query keeps along axis a (the forward's rule)
-  const bool boxed = p.has_box && p.g.ndim == NDIM;
-  int span[NDIM];
-#pragma unroll
-  for (int a = 0; a < NDIM; ++a) {
-    span[a] = n[a] - 1;
-    if (boxed && p.has_sigma && p.threshold > 0.0) {
-      const double sg = t.sigma[blockIdx.y * p.G_in + p.g.axis[a]];
-      if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, n[a]));
-    }
-  }
-  const auto key_range = [&](int a, int c) {
-    if (!boxed) return make_int2(0, n[a] - 1);
-    int64_t lo, hi;
-    axis_key_range(window_limit(p, a, span[a]), min(c, n[a] - 1), lo, hi);
-    return make_int2(static_cast<int>(lo), static_cast<int>(hi));
-  };
+  // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
+  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
 
   // the streamed boxes: origins first[a] + i ext per axis, cnt[a] of them, visited
   // row-major from rank r0 on
@@ -249,34 +221,16 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     }
   };
 
-  // token of row r of the query tile at origin qo (row 16 w' + i: query i of warp w'),
-  // -1 outside the grid; the cell's coordinate along a
-  const auto query_coord = [&](const int* qo, int r, auto ax) {
-    constexpr int a = decltype(ax)::value;
-    return qo[a] + coord_of<NDIM, Box::kWarpsInTile, a>(r / 16) * extent<NDIM>(Box::kWarp, a) +
-           coord_of<NDIM, Box::kWarp, a>(r % 16);
-  };
-  const auto query_token = [&](const int* qo, int r) {
-    int tok = 0;
-    bool in = true;
-    for_axes<NDIM>([&](auto ax) {
-      constexpr int a = decltype(ax)::value;
-      const int c = query_coord(qo, r, ax);
-      in = in && c < n[a];
-      tok += c * gs[a];
-    });
-    return in ? tok : -1;
-  };
+  // the token of row r of the query tile at qo, of key r of the key block at kb (-1 outside
+  // the grid)
+  const auto query_token = [&](const int* qo, int r) { return g.query_token(qo, r); };
   const auto key_token = [&](const int* kb, int r) {
-    int tok = 0;
-    bool in = true;
+    int x[NDIM];
     for_axes<NDIM>([&](auto ax) {
       constexpr int a = decltype(ax)::value;
-      const int c = kb[a] + coord_of<NDIM, Box::kKey, a>(r);
-      in = in && c < n[a];
-      tok += c * gs[a];
+      x[a] = coord_of<NDIM, Box::kKey, a>(r);
     });
-    return in ? tok : -1;
+    return g.key_token(kb, x);
   };
   // the warp's rows' key ranges (rows past the grid's end as its last cell's)
   int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
@@ -284,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     if (lane < 16) {
       for_axes<NDIM>([&](auto ax) {
         constexpr int a = decltype(ax)::value;
-        ranges[lane * NDIM + a] = key_range(a, query_coord(qo, 16 * w + lane, ax));
+        ranges[lane * NDIM + a] = key_range(a, g.query_coord<a>(qo, 16 * w + lane));
       });
     }
   };
@@ -301,17 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   int* wrow = woff + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
-    for (int c = lane; c < L::kWarpCols; c += 32) {
-      const int cc = c < L::kWarpOffsets ? c : 0;
-      int o = 0, r = 0;
-      for_axes<NDIM>([&](auto ax) {
-        constexpr int a = decltype(ax)::value;
-        const int x = warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a);
-        o += x * rs[a];
-        r += x * stride<NDIM>(Box::kTileOffsets, a);
-      });
-      woff[c] = o, wrow[c] = r;
-    }
+    fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
     if constexpr (!KEYS) {  // the warp's dS' box: entries no row ever writes stay 0
       T* box = smem + L::kX + w * 16 * L::kSLd;
       for (int i = lane; i < 16 * L::kSLd / 2; i += 32) reinterpret_cast<uint32_t*>(box)[i] = 0u;
@@ -319,43 +263,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     __syncwarp();
   }
   // the offset tile between the query tile at qo and the key block at kb into rel stage
-  // rst: its rel rows (zero-filled outside [0, U)) and each warp's add / mul entries
+  // rst: its rel rows and each warp's add / mul entries
   const auto load_offsets = [&](int rst, const int* qo, const int* kb) {
-    int u0 = 0;
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a)
-      u0 += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
-    load_box_async<T, D, LD, NDIM, Box::kTileOffsets, false>(smem + L::r_at(rst), rel, nullptr, nullptr,
-                                                             [&](const int* x) {
-                                                               int u = u0;
-#pragma unroll
-                                                               for (int a = 0; a < NDIM; ++a)
-                                                                 u += x[a] * rs[a];
-                                                               return u >= 0 && u < U ? u : -1;
-                                                             });
-    if (has_add || has_mul) {
-      float* add_w = fsmem + L::table_at(rst, w, 0);
-      float* mul_w = fsmem + L::table_at(rst, w, 1);
-      for (int c = lane; c < L::kWarpCols; c += 32) {
-        const int u = u0 + woff[c];
-        const bool in = u >= 0 && u < U;
-        if (has_add) warp::cp_async_4(add_w + c, in ? add + u : add, in);
-        if (has_mul) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
-      }
-    }
+    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), rel, g.first_offset(qo, kb), U, rs, add, mul,
+                                    fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff,
+                                    lane);
   };
-  const auto key_rows = [&](const int* kb) {
-    return [=, &n, &gs](const int* x) {
-      int tok = 0;
-      bool in = true;
-#pragma unroll
-      for (int a = 0; a < NDIM; ++a) {
-        in = in && kb[a] + x[a] < n[a];
-        tok += (kb[a] + x[a]) * gs[a];
-      }
-      return in ? tok : -1;
-    };
-  };
+  const auto key_rows = [&](const int* kb) { return [&g, kb](const int* x) { return g.key_token(kb, x); }; };
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
   // with (KEYS) the rows' lse in base 2 and rowd (-inf and 0 outside the grid)
   const auto load_stream = [&](int st, const int* so) {
@@ -403,8 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int il = lane / 4 + 8 * r;
-    pcol[r] = il * L::kPLd + column_part<NDIM>(Box::kKey, 2 * (lane % 4)) -
-              column_part<NDIM>(Box::kWarp, il) + column_part<NDIM>(Box::kWarp, 15);
+    pcol[r] = skew_start<NDIM, L>(lane, il);
     row_tok[r] = -1;
     if constexpr (!KEYS) {
       row_tok[r] = query_token(fo, 16 * w + il);
@@ -463,33 +376,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
           warp::ldmatrix<4>(qpf[kk], Qps + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-        const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
-        const float* add_w = fsmem + L::table_at(rst, w, 0);
-        const float* mul_w = fsmem + L::table_at(rst, w, 1);
-#pragma unroll 1
-        for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
-          const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
-          float acc[2][4] = {};
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t b[4];
-            warp::ldmatrix<4>(b, row + 16 * kk);
-            warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
-            warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int col = 8 * (nb + h) + 2 * (lane % 4);
-            const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
-            const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
-            *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
-                make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
-            *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
-                make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
-            if (has_mul && lane < 4)
-              *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
-          }
-        }
+        warp_positional_products<T, D, L, false>(
+            qpf, smem + L::r_at(rst), wrow, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1),
+            pbuf, lane, scale, has_add, has_mul);
         __syncwarp();
       }
       if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
@@ -524,17 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       }
       // the logits in base 2 as the forward computes them, -inf where masked
       const float to_log2 = POS ? kLog2e : scale * kLog2e;
-      if constexpr (POS) {
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int c = pcol[i >> 1] + kParts.col[nb] + (i & 1);
-            const int mc = c + (16 - lane / 4 - 8 * (i >> 1)) * L::kPLd;
-            s[nb][i] = fmaf(s[nb][i], has_mul ? pbuf[mc] : scale, pbuf[c]);
-          }
-        }
-      }
+      if constexpr (POS) skewed_logits<NDIM, L>(s, pbuf, pcol, lane, scale, has_mul);
       int key_last = 0, tile_first = 0;
 #pragma unroll
       for (int a = 0; a < NDIM; ++a) {
@@ -542,38 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         tile_first += qo[a] * gs[a];
       }
       if (!full || (p.causal && key_last > tile_first)) {
-        int kc[NDIM], key_tok = 0;
-        for_axes<NDIM>([&](auto ax) {
-          constexpr int a = decltype(ax)::value;
-          kc[a] = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
-          key_tok += kc[a] * gs[a];
-        });
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          int lo[NDIM], hi[NDIM];
-#pragma unroll
-          for (int a = 0; a < NDIM; ++a) {
-            const int2 x = ranges[(lane / 4 + 8 * r) * NDIM + a];
-            lo[a] = x.x - kc[a], hi[a] = x.y - kc[a];
-          }
-#pragma unroll
-          for (int nb = 0; nb < kBlockN / 8; ++nb) {
-            int tok = key_tok;
-#pragma unroll
-            for (int a = 0; a < NDIM; ++a) tok += kParts.c[nb][a] * gs[a];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              bool kept = !p.causal || tok + e <= row_tok[r];
-#pragma unroll
-              for (int a = 0; a < NDIM; ++a) {
-                const int c = kParts.c[nb][a] + (a == NDIM - 1 ? e : 0);
-                kept = kept && c >= lo[a] && c <= hi[a];
-              }
-              float& x = s[nb][2 * r + e];
-              x = kept ? x * to_log2 : -INFINITY;
-            }
-          }
-        }
+        mask_keys<NDIM>(s, ranges, kb, gs, lane, row_tok, p.causal, to_log2);
       } else {
 #pragma unroll
         for (int nb = 0; nb < kBlockN / 8; ++nb)
@@ -693,6 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     for (int a = 0; a < NDIM; ++a) so[a] = nx[a];
   }
 
+  warp::cp_async_wait<0>();  // (no copy left in flight at exit, also where nothing was visited)
   // the warp's rows of its gradients: query-major dQ (acc0) and dQpos (acc1) of its
   // queries, key-major dK (acc0) and dV (acc1) of its keys
   T* g0 = (KEYS ? t.dk : t.dq) + head;
@@ -713,40 +562,21 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #endif
 }
 
-// Launches both backward kernels over every (batch, head) and box: the forward's checks
-// (launch_fast_forward), plus gout, rowd and lse given, dq, dk, dv (dq_pos where q_pos is
-// given) 4-byte aligned and given. The caller has checked sm_80+ and the shared memory
-// (fast_backward_bytes) within the device's opt-in limit.
+// Launches both backward kernels over every (batch, head) and box. The caller has checked
+// sm_80+ and the shared memory (positional_backward_bytes) within the device's opt-in
+// limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), gout 16-byte
+// aligned, dq, dk, dv (dq_pos) 4-byte aligned, and gout, rowd, lse, dq, dk, dv given.
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
-  if (p.D != D || p.Dv != D || p.N >= (int64_t{1} << 31) || p.H > 65535 || p.B > 65535)
+  int64_t boxes = 0;
+  const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &boxes);
+  if (bad != cudaSuccess) return bad;
+  if (misaligned(t.gout, 16) || misaligned(t.dq, 4) || misaligned(t.dk, 4) || misaligned(t.dv, 4) ||
+      misaligned(t.dqpos, 4))
     return cudaErrorInvalidValue;
-  if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.gout, 16))
-    return cudaErrorInvalidValue;
-  if (misaligned(t.dq, 4) || misaligned(t.dk, 4) || misaligned(t.dv, 4) || misaligned(t.dqpos, 4))
-    return cudaErrorInvalidValue;
-  if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
-  if (p.has_box && p.g.ndim != NDIM) return cudaErrorInvalidValue;
-  if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
-  int64_t boxes = 1;
-  if (NDIM == 1) {
-    boxes = (p.N + kBlockM - 1) / kBlockM;
-  } else {
-    for (int a = 0; a < NDIM; ++a)
-      boxes *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
-  }
-  if (boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  if (POS) {
-    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
-      return cudaErrorInvalidValue;
-    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
-      return cudaErrorInvalidValue;
-    if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
-      return cudaErrorInvalidValue;
-  }
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.dq == nullptr || t.dk == nullptr ||
       t.dv == nullptr)

@@ -39,14 +39,10 @@
 #include "../core/relpos_params.h"
 #include "../core/relpos_tensors.h"
 #include "relpos_fast_boxes.cuh"
+#include "relpos_fast_common.cuh"
 #include "warp_primitives.cuh"
 
 namespace posattn::relpos::cuda_fast {
-
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kBlockM = 16 * kWarps;            // queries per tile
-constexpr int kBlockN = 64;                     // keys per key block
-constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 
 template <typename T, int D, bool POS, int NDIM>
 struct FwdLayout {
@@ -101,62 +97,6 @@ struct FwdLayout {
   static_assert(kBytes <= kMaxSharedBytes, "the layout fits sm_90's shared memory");
 };
 
-// Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
-// copies: row r from row token(r) of the row-major (., D) matrix g, zero-filled where
-// token(r) < 0. The caller commits the group.
-// A thread copies one fixed 16-byte chunk of every kStep-th row (unsigned row indices: no
-// sign fix-ups in the row decode).
-template <typename T, int D, int LD, int ROWS, typename RowFn>
-__device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
-                kChunks = D / kPer;  // elements per copy, copies per row
-  constexpr unsigned kStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
-  const unsigned c = threadIdx.x % kChunks;
-  T* sc = s + c * kPer;
-  const T* gc = g + c * kPer;
-#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
-  for (unsigned r = threadIdx.x / kChunks; r < ROWS; r += kStep) {
-    const int row = token(r);
-    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * D : g, row >= 0);
-  }
-}
-
-// The rows of box B (row-major over its extents) into shared memory (row stride LD) by
-// 16-byte cp.async copies: row r from row token(x) of the row-major (., D) matrices g
-// (into s) and, where PAIR, g2 (into s2: K and V share their rows), x being r's
-// coordinates in the box, zero-filled where token(x) < 0. A thread copies one fixed chunk
-// of every kStep-th row and walks x by kStep's coordinates with carries (compile-time
-// extents): no row decode per copy. The caller commits the group.
-template <typename T, int D, int LD, int NDIM, Box B, bool PAIR, typename TokenFn>
-__device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T* s2, const T* __restrict__ g2,
-                                               TokenFn token) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer;
-  constexpr int kStep = kThreads / kChunks, kRows = volume<NDIM>(B);
-  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
-  const int c = threadIdx.x % kChunks;
-  int r = threadIdx.x / kChunks, x[NDIM];
-  for_axes<NDIM>([&](auto ax) {
-    constexpr int a = decltype(ax)::value;
-    x[a] = coord_of<NDIM, B, a>(r);
-  });
-#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
-  for (; r < kRows; r += kStep) {
-    const int row = token(x);
-    const int64_t at = static_cast<int64_t>(row >= 0 ? row : 0) * D + c * kPer;
-    warp::cp_async_16(s + r * LD + c * kPer, g + at, row >= 0);
-    if constexpr (PAIR) warp::cp_async_16(s2 + r * LD + c * kPer, g2 + at, row >= 0);
-    int carry = 0;  // x += kStep's coordinates, last axis first (at most one carry per axis)
-    for_axes<NDIM>([&](auto ax) {
-      constexpr int a = NDIM - 1 - decltype(ax)::value;
-      constexpr int step = coord<NDIM>(B, kStep, a), ext = extent<NDIM>(B, a);
-      x[a] += step + carry;
-      carry = x[a] >= ext;
-      x[a] -= carry ? ext : 0;
-    });
-  }
-}
-
 // Grid (query tiles, H, B)
 // (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
 // spilled on the 1-D grid at D = 32; held to the blocks per SM that shared memory allows,
@@ -168,75 +108,38 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 #else
   using L = FwdLayout<T, D, POS, NDIM>;
   constexpr int LD = L::kLd;
-  constexpr KeyBlockParts<NDIM> kParts{};
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int N = static_cast<int>(p.N);
-  // the grid: extents, token strides, offset-row strides (NDIM = 1: the N tokens in a row)
-  int n[NDIM], gs[NDIM], rs[NDIM];
-  if constexpr (NDIM == 1) {
-    n[0] = N, gs[0] = 1, rs[0] = 1;
-  } else {
-    int s = 1;
-#pragma unroll
-    for (int a = NDIM - 1; a >= 0; --a) {
-      n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
-      s *= n[a];
-    }
-  }
+  const FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  const int (&n)[NDIM] = g.n;
+  const int (&gs)[NDIM] = g.gs;
+  const int (&rs)[NDIM] = g.rs;
   // the query tile's origin (tiles row-major over the grid) and its first token
   int t0[NDIM], tile_first = 0;
-  {
-    int r = blockIdx.x;
+  g.box_origin(blockIdx.x, t0);
 #pragma unroll
-    for (int a = NDIM - 1; a >= 0; --a) {
-      const int tiles = (n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
-      t0[a] = r % tiles * extent<NDIM>(Box::kTile, a);
-      r /= tiles;
-    }
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) tile_first += t0[a] * gs[a];
-  }
+  for (int a = 0; a < NDIM; ++a) tile_first += t0[a] * gs[a];
   const int64_t bh = blockIdx.z * p.H + blockIdx.y;
   const int64_t head = bh * N * D;  // the (batch, head)'s offset in q, k, v, out
   const T* q = t.q + head;
   const T* k = t.k + head;
   const T* v = t.v + head;
 
-  // Which keys a query keeps along axis a: [lo, hi] of its window and span box
-  // (axis_key_range: NATTEN's vocabulary; the span's half width from sigma and the
-  // threshold, as the other paths compute it), the whole axis where the call has neither.
-  // Neither bound decreases as the query's coordinate grows, so the queries of a box keep
-  // keys in [lo(its first cell), hi(its last)] only, and all of them every key of
-  // [lo(its last cell), hi(its first)].
-  const bool boxed = p.has_box && p.g.ndim == NDIM;
-  int span[NDIM];
-#pragma unroll
-  for (int a = 0; a < NDIM; ++a) {
-    span[a] = n[a] - 1;
-    if (boxed && p.has_sigma && p.threshold > 0.0) {
-      const double sg = t.sigma[blockIdx.y * p.G_in + p.g.axis[a]];
-      if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, n[a]));
-    }
-  }
-  const auto key_range = [&](int a, int c) {
-    if (!boxed) return make_int2(0, n[a] - 1);
-    int64_t lo, hi;
-    axis_key_range(window_limit(p, a, span[a]), min(c, n[a] - 1), lo, hi);
-    return make_int2(static_cast<int>(lo), static_cast<int>(hi));
-  };
+  // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
+  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
   // each row's ranges (row lane of warp w; rows past the grid's end as its last cell's),
   // read by the warp from its first barrier on
   const int2* ranges = reinterpret_cast<const int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
   if (lane < 16) {
     for_axes<NDIM>([&](auto ax) {
       constexpr int a = decltype(ax)::value;
-      const int c = t0[a] + coord_of<NDIM, Box::kWarpsInTile, a>(w) * extent<NDIM>(Box::kWarp, a) +
-                    coord_of<NDIM, Box::kWarp, a>(lane);
-      reinterpret_cast<int2*>(smem_raw + L::kRangesAt)[(w * 16 + lane) * NDIM + a] = key_range(a, c);
+      reinterpret_cast<int2*>(smem_raw + L::kRangesAt)[(w * 16 + lane) * NDIM + a] =
+          key_range(a, g.query_coord<a>(t0, 16 * w + lane));
     });
   }
 
@@ -266,18 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   }
 
   // a tile row's token (row 16 w' + i: query i of warp w'), -1 outside the grid
-  const auto query_token = [&](int r) {
-    int tok = 0;
-    bool in = true;
-    for_axes<NDIM>([&](auto ax) {
-      constexpr int a = decltype(ax)::value;
-      const int c = t0[a] + coord_of<NDIM, Box::kWarpsInTile, a>(r / 16) * extent<NDIM>(Box::kWarp, a) +
-                    coord_of<NDIM, Box::kWarp, a>(r % 16);
-      in = in && c < n[a];
-      tok += c * gs[a];
-    });
-    return in ? tok : -1;
-  };
+  const auto query_token = [&](int r) { return g.query_token(t0, r); };
 
   // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
@@ -291,65 +183,19 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   int* wrow = woff + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
-    // the warp's columns: their offset row relative to the tile offset box's first, and
-    // their row in it (padding columns: column 0's)
-    for (int c = lane; c < L::kWarpCols; c += 32) {
-      const int cc = c < L::kWarpOffsets ? c : 0;
-      int o = 0, r = 0;
-      for_axes<NDIM>([&](auto ax) {
-        constexpr int a = decltype(ax)::value;
-        const int x = warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a);
-        o += x * rs[a];
-        r += x * stride<NDIM>(Box::kTileOffsets, a);
-      });
-      woff[c] = o, wrow[c] = r;
-    }
+    fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
     __syncwarp();
   }
-  // the offset row of the tile offset box's first row against key block kb (origin)
-  const auto first_offset = [&](const int* kb) {
-    int u = 0;
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a)
-      u += (kb[a] - t0[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
-    return u;
-  };
-  // the offset tile of key block kb into rel stage rst: its rel rows (zero-filled outside
-  // [0, U)) and each warp's add / mul entries (4-byte copies, zero-filled likewise)
+  // the offset tile of key block kb into rel stage rst (its rel rows, the warp's add / mul)
   const auto load_offsets = [&](int rst, const int* kb) {
-    const int u0 = first_offset(kb);
-    load_box_async<T, D, LD, NDIM, Box::kTileOffsets, false>(smem + L::r_at(rst), rel, nullptr, nullptr,
-                                                             [&](const int* x) {
-                                                               int u = u0;
-#pragma unroll
-                                                               for (int a = 0; a < NDIM; ++a)
-                                                                 u += x[a] * rs[a];
-                                                               return u >= 0 && u < U ? u : -1;
-                                                             });
-    float* add_w = fsmem + L::table_at(rst, w, 0);
-    float* mul_w = fsmem + L::table_at(rst, w, 1);
-    if (has_add || has_mul) {
-      for (int c = lane; c < L::kWarpCols; c += 32) {
-        const int u = u0 + woff[c];
-        const bool in = u >= 0 && u < U;
-        if (has_add) warp::cp_async_4(add_w + c, in ? add + u : add, in);
-        if (has_mul) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
-      }
-    }
+    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), rel, g.first_offset(t0, kb), U, rs, add, mul,
+                                    fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff,
+                                    lane);
   };
   // key block kb's K and V rows into stage st
   const auto load_keys = [&](int st, const int* kb) {
     load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::k_at(st), k, smem + L::v_at(st), v,
-                                                    [&](const int* x) {
-                                                      int tok = 0;
-                                                      bool in = true;
-#pragma unroll
-                                                      for (int a = 0; a < NDIM; ++a) {
-                                                        in = in && kb[a] + x[a] < n[a];
-                                                        tok += (kb[a] + x[a]) * gs[a];
-                                                      }
-                                                      return in ? tok : -1;
-                                                    });
+                                                    [&](const int* x) { return g.key_token(kb, x); });
   };
 
   int kb[NDIM];  // key block j's origin
@@ -368,8 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   for (int r = 0; r < 2; ++r) {
     const int il = lane / 4 + 8 * r;
     row_tok[r] = query_token(16 * w + il);
-    pcol[r] = il * L::kPLd + column_part<NDIM>(Box::kKey, 2 * (lane % 4)) -
-              column_part<NDIM>(Box::kWarp, il) + column_part<NDIM>(Box::kWarp, 15);
+    pcol[r] = skew_start<NDIM, L>(lane, il);
   }
   const float scale_log2 = scale * kLog2e;
   float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
@@ -427,33 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
     if constexpr (POS) {
       if (active) {
-        const T* Rj = smem + L::r_at(rst) + 8 * ((lane / 8) % 2);
-        const float* add_w = fsmem + L::table_at(rst, w, 0);
-        const float* mul_w = fsmem + L::table_at(rst, w, 1);
-#pragma unroll
-        for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
-          const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
-          float acc[2][4] = {};
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t b[4];
-            warp::ldmatrix<4>(b, row + 16 * kk);
-            warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
-            warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
-            const int col = 8 * (nb + h) + 2 * (lane % 4);
-            const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
-            const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
-            *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
-                make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
-            *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
-                make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
-            if (has_mul && lane < 4)
-              *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
-          }
-        }
+        warp_positional_products<T, D, L, true>(
+            qpf, smem + L::r_at(rst), wrow, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1),
+            pbuf, lane, scale, has_add, has_mul);
         __syncwarp();  // the warp's products visible to its lanes
       }
       if constexpr (L::kRelStages == 1) {
@@ -489,16 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     float to_log2 = scale_log2;
     if constexpr (POS) {
       to_log2 = kLog2e;
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = pcol[i >> 1] + kParts.col[nb] + (i & 1);
-          // (the row of scale mul: 16 rows below row 0, so c - il kPLd + 16 kPLd)
-          const int mc = c + (16 - lane / 4 - 8 * (i >> 1)) * L::kPLd;
-          s[nb][i] = fmaf(s[nb][i], has_mul ? pbuf[mc] : scale, pbuf[c]);
-        }
-      }
+      skewed_logits<NDIM, L>(s, pbuf, pcol, lane, scale, has_mul);
     }
 
     // scale to base 2; on key blocks with keys outside a row's ranges (the grid's end
@@ -506,52 +318,19 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     int key_last = 0;  // the block's last key in the grid
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
-    float mx[2] = {-INFINITY, -INFINITY};
     if (!full || (p.causal && key_last > tile_first)) {
-      // this lane's keys 8 nb + 2 (lane % 4) + e: its part of their coordinates and tokens
-      int kc[NDIM], key_tok = 0;
-      for_axes<NDIM>([&](auto ax) {
-        constexpr int a = decltype(ax)::value;
-        kc[a] = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
-        key_tok += kc[a] * gs[a];
-      });
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int lo[NDIM], hi[NDIM];  // the row's ranges against this lane's part of the keys
-#pragma unroll
-        for (int a = 0; a < NDIM; ++a) {
-          const int2 x = ranges[(lane / 4 + 8 * r) * NDIM + a];
-          lo[a] = x.x - kc[a], hi[a] = x.y - kc[a];
-        }
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; ++nb) {
-          int tok = key_tok;
-#pragma unroll
-          for (int a = 0; a < NDIM; ++a) tok += kParts.c[nb][a] * gs[a];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            bool kept = !p.causal || tok + e <= row_tok[r];
-#pragma unroll
-            for (int a = 0; a < NDIM; ++a) {
-              const int c = kParts.c[nb][a] + (a == NDIM - 1 ? e : 0);
-              kept = kept && c >= lo[a] && c <= hi[a];
-            }
-            float& x = s[nb][2 * r + e];
-            x = kept ? x * to_log2 : -INFINITY;
-            mx[r] = fmaxf(mx[r], x);
-          }
-        }
-      }
+      mask_keys<NDIM>(s, ranges, kb, gs, lane, row_tok, p.causal, to_log2);
     } else {
 #pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      for (int nb = 0; nb < kBlockN / 8; ++nb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          s[nb][i] *= to_log2;
-          mx[i >> 1] = fmaxf(mx[i >> 1], s[nb][i]);
-        }
-      }
+        for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
     }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mx[i >> 1] = fmaxf(mx[i >> 1], s[nb][i]);
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -635,42 +414,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 
 // Launches the forward over every (batch, head) and query tile. The caller has checked
 // sm_80+ and FwdLayout<T, D, POS, NDIM>::kBytes of shared memory within the device's
-// opt-in limit; this checks the rest: D = Dv, N < 2^31, H and B at most 65535 (the
-// grid's y and z), q, k, v (q_pos, rel) 16-byte aligned and out 4-byte aligned
-// (cp.async and the paired stores), out and lse given; NDIM > 1: a grid of NDIM axes
-// (NDIM = 1 takes the N tokens in a row, any grid for the control without a window or
-// span box); sigma given where a threshold makes span boxes; POS: q_pos and rel
-// given, U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows
-// in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. cudaErrorInvalidValue where one fails.
+// opt-in limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), out
+// 4-byte aligned (the paired stores), out and lse given. cudaErrorInvalidValue where one
+// fails.
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  const auto misaligned = [](const void* ptr, uintptr_t a) {
-    return reinterpret_cast<uintptr_t>(ptr) % a != 0;
-  };
-  if (p.D != D || p.Dv != D || p.N >= (int64_t{1} << 31) || p.H > 65535 || p.B > 65535)
-    return cudaErrorInvalidValue;
-  if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16) || misaligned(t.out, 4))
-    return cudaErrorInvalidValue;
-  if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
-  // windows and span boxes on the grid's own axes only
-  if (p.has_box && p.g.ndim != NDIM) return cudaErrorInvalidValue;
-  if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
-  int64_t tiles = 1;
-  if (NDIM == 1) {
-    tiles = (p.N + kBlockM - 1) / kBlockM;
-  } else {
-    for (int a = 0; a < NDIM; ++a)
-      tiles *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
-  }
-  if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  if (POS) {
-    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
-      return cudaErrorInvalidValue;
-    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
-      return cudaErrorInvalidValue;
-    if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
-      return cudaErrorInvalidValue;
-  }
+  int64_t tiles = 0;
+  const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &tiles);
+  if (bad != cudaSuccess) return bad;
+  if (reinterpret_cast<uintptr_t>(t.out) % 4 != 0) return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
   constexpr size_t kBytes = FwdLayout<T, D, POS, NDIM>::kBytes;

@@ -1,0 +1,367 @@
+// What the fast path's forward (relpos_fast_forward.cuh) and backward
+// (relpos_fast_backward.cuh) share, written once: the block's geometry (the grid as 32-bit
+// extents and strides, box origins, a query's key range per axis), the copies into shared
+// memory (cp.async per row of a box), the positional term per warp (the warp's columns of
+// the offset tile, the offset tile's copy with the add / mul tables, the positional products
+// on the tensor cores, the skewed read into S), the masks per key range, and the launchers'
+// checks. A layout L (FwdLayout, BwdLayout) gives kLd, kPLd, kWarpCols, kWarpOffsets and
+// table_at(stage, warp, which).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../core/grid_index.h"
+#include "../core/relpos_params.h"
+#include "../core/relpos_tensors.h"
+#include "relpos_fast_boxes.cuh"
+#include "warp_primitives.cuh"
+
+namespace posattn::relpos::cuda_fast {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kBlockM = 16 * kWarps;            // queries per tile
+constexpr int kBlockN = 64;                     // keys per key block
+constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
+
+// Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
+// copies: row r from row token(r) of the row-major (., D) matrix g, zero-filled where
+// token(r) < 0. The caller commits the group.
+// A thread copies one fixed 16-byte chunk of every kStep-th row (unsigned row indices: no
+// sign fix-ups in the row decode).
+template <typename T, int D, int LD, int ROWS, typename RowFn>
+__device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
+                kChunks = D / kPer;  // elements per copy, copies per row
+  constexpr unsigned kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
+  const unsigned c = threadIdx.x % kChunks;
+  T* sc = s + c * kPer;
+  const T* gc = g + c * kPer;
+#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
+  for (unsigned r = threadIdx.x / kChunks; r < ROWS; r += kStep) {
+    const int row = token(r);
+    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * D : g, row >= 0);
+  }
+}
+
+// The rows of box B (row-major over its extents) into shared memory (row stride LD) by
+// 16-byte cp.async copies: row r from row token(x) of the row-major (., D) matrices g
+// (into s) and, where PAIR, g2 (into s2: K and V share their rows), x being r's
+// coordinates in the box, zero-filled where token(x) < 0. A thread copies one fixed chunk
+// of every kStep-th row and walks x by kStep's coordinates with carries (compile-time
+// extents): no row decode per copy. The caller commits the group.
+template <typename T, int D, int LD, int NDIM, Box B, bool PAIR, typename TokenFn>
+__device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T* s2, const T* __restrict__ g2,
+                                               TokenFn token) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer;
+  constexpr int kStep = kThreads / kChunks, kRows = volume<NDIM>(B);
+  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
+  const int c = threadIdx.x % kChunks;
+  int r = threadIdx.x / kChunks, x[NDIM];
+  for_axes<NDIM>([&](auto ax) {
+    constexpr int a = decltype(ax)::value;
+    x[a] = coord_of<NDIM, B, a>(r);
+  });
+#pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
+  for (; r < kRows; r += kStep) {
+    const int row = token(x);
+    const int64_t at = static_cast<int64_t>(row >= 0 ? row : 0) * D + c * kPer;
+    warp::cp_async_16(s + r * LD + c * kPer, g + at, row >= 0);
+    if constexpr (PAIR) warp::cp_async_16(s2 + r * LD + c * kPer, g2 + at, row >= 0);
+    int carry = 0;  // x += kStep's coordinates, last axis first (at most one carry per axis)
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = NDIM - 1 - decltype(ax)::value;
+      constexpr int step = coord<NDIM>(B, kStep, a), ext = extent<NDIM>(B, a);
+      x[a] += step + carry;
+      carry = x[a] >= ext;
+      x[a] -= carry ? ext : 0;
+    });
+  }
+}
+
+// The grid of a call as the kernels see it: extents, token strides and offset-row strides
+// per axis in 32 bits (NDIM = 1: the N tokens in a row).
+template <int NDIM>
+struct FastGrid {
+  int n[NDIM], gs[NDIM], rs[NDIM];
+  __device__ __forceinline__ explicit FastGrid(const RelposParams& p) {
+    if constexpr (NDIM == 1) {
+      n[0] = static_cast<int>(p.N), gs[0] = 1, rs[0] = 1;
+    } else {
+      int s = 1;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
+        s *= n[a];
+      }
+    }
+  }
+  // origin o of box r of the tiles' extents (row-major over the grid: the blocks' order)
+  __device__ __forceinline__ void box_origin(int r, int* o) const {
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      const int e = extent<NDIM>(Box::kTile, a), cnt = (n[a] + e - 1) / e;
+      o[a] = r % cnt * e;
+      r /= cnt;
+    }
+  }
+  // coordinate a of row r of the query tile at qo (row 16 w' + i: query i of warp w')
+  template <int A>
+  __device__ __forceinline__ int query_coord(const int* qo, int r) const {
+    return qo[A] + coord_of<NDIM, Box::kWarpsInTile, A>(r / 16) * extent<NDIM>(Box::kWarp, A) +
+           coord_of<NDIM, Box::kWarp, A>(r % 16);
+  }
+  // the token of row r of the query tile at qo, -1 outside the grid
+  __device__ __forceinline__ int query_token(const int* qo, int r) const {
+    int tok = 0;
+    bool in = true;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int c = query_coord<a>(qo, r);
+      in = in && c < n[a];
+      tok += c * gs[a];
+    });
+    return in ? tok : -1;
+  }
+  // the token of the cell at x in the key block at kb, -1 outside the grid
+  __device__ __forceinline__ int key_token(const int* kb, const int* x) const {
+    int tok = 0;
+    bool in = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      in = in && kb[a] + x[a] < n[a];
+      tok += (kb[a] + x[a]) * gs[a];
+    }
+    return in ? tok : -1;
+  }
+  // the offset row of the first row of the tile offset box between the query tile at qo
+  // and the key block at kb
+  __device__ __forceinline__ int first_offset(const int* qo, const int* kb) const {
+    int u = 0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a)
+      u += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
+    return u;
+  }
+};
+
+// Which keys a query keeps along axis a: [lo, hi] of its window and span box
+// (axis_key_range: NATTEN's vocabulary; the span's half width from sigma and the
+// threshold, as the other paths compute it), the whole axis where the call has neither
+// (or its grid is not of NDIM axes: the control on any grid). Neither bound decreases as
+// the query's coordinate grows, so the queries of a box keep keys in [lo(its first cell),
+// hi(its last)] only, and all of them every key of [lo(its last cell), hi(its first)].
+template <int NDIM>
+struct KeyRanges {
+  bool boxed;
+  int span[NDIM];
+  __device__ __forceinline__ KeyRanges(const RelposParams& p, const double* __restrict__ sigma,
+                                       const FastGrid<NDIM>& g) {
+    boxed = p.has_box && p.g.ndim == NDIM;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      span[a] = g.n[a] - 1;
+      if (boxed && p.has_sigma && p.threshold > 0.0) {
+        const double sg = sigma[blockIdx.y * p.G_in + p.g.axis[a]];
+        if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, g.n[a]));
+      }
+    }
+  }
+  // the range of a query at coordinate c (past the grid's end: its last cell's)
+  __device__ __forceinline__ int2 operator()(const RelposParams& p, const FastGrid<NDIM>& g, int a,
+                                             int c) const {
+    if (!boxed) return make_int2(0, g.n[a] - 1);
+    int64_t lo, hi;
+    axis_key_range(window_limit(p, a, span[a]), min(c, g.n[a] - 1), lo, hi);
+    return make_int2(static_cast<int>(lo), static_cast<int>(hi));
+  }
+};
+
+// The warp's columns of its offset box: their offset row relative to the tile offset box's
+// first (woff) and their row in the tile offset box (wrow); padding columns: column 0's.
+template <int NDIM, typename L>
+__device__ __forceinline__ void fill_warp_columns(int w, int lane, const int* rs, int* woff, int* wrow) {
+  for (int c = lane; c < L::kWarpCols; c += 32) {
+    const int cc = c < L::kWarpOffsets ? c : 0;
+    int o = 0, r = 0;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int x = warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a);
+      o += x * rs[a];
+      r += x * stride<NDIM>(Box::kTileOffsets, a);
+    });
+    woff[c] = o, wrow[c] = r;
+  }
+}
+
+// The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
+// rows, zero-filled outside [0, U); and the warp's add / mul entries (4-byte copies,
+// zero-filled likewise; add or mul null where the call has none). The caller commits.
+template <typename T, int D, int NDIM, typename L>
+__device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
+                                                 const int* rs, const float* __restrict__ add,
+                                                 const float* __restrict__ mul, float* add_w, float* mul_w,
+                                                 const int* woff, int lane) {
+  load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr, [&](const int* x) {
+    int u = u0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) u += x[a] * rs[a];
+    return u >= 0 && u < U ? u : -1;
+  });
+  if (add != nullptr || mul != nullptr) {
+    for (int c = lane; c < L::kWarpCols; c += 32) {
+      const int u = u0 + woff[c];
+      const bool in = u >= 0 && u < U;
+      if (add != nullptr) warp::cp_async_4(add_w + c, in ? add + u : add, in);
+      if (mul != nullptr) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
+    }
+  }
+}
+
+// The warp's positional products into pbuf: column c of row i is (scale q_pos_i . rel[wrow
+// c] + add[c]) mul[c], with q_pos's A fragments qpf, the offset tile R; row 16 holds scale
+// mul[c] (has_mul). UNROLL: the column loop unrolled (the forward) or not (the backward,
+// whose accumulators leave fewer registers). The caller syncs the warp before reading.
+template <typename T, int D, typename L, bool UNROLL>
+__device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / 16][4], const T* R,
+                                                         const int* wrow, const float* add_w,
+                                                         const float* mul_w, float* pbuf, int lane,
+                                                         float scale, bool has_add, bool has_mul) {
+  constexpr int LD = L::kLd, kUnroll = UNROLL ? L::kWarpCols / 16 : 1;
+  const T* Rj = R + 8 * ((lane / 8) % 2);
+#pragma unroll kUnroll
+  for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
+    const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      warp::ldmatrix<4>(b, row + 16 * kk);
+      warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
+      warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
+      const int col = 8 * (nb + h) + 2 * (lane % 4);
+      const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
+      const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
+      *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
+          make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
+      *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
+          make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
+      if (has_mul && lane < 4)
+        *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
+    }
+  }
+}
+
+// Where a thread's skewed reads of pbuf start for its row il (accumulator rows lane / 4 and
+// + 8): the row in pbuf + kpart(2 (lane % 4)) - qpart(il) + C0 (relpos_fast_boxes.cuh).
+template <int NDIM, typename L>
+__device__ __forceinline__ int skew_start(int lane, int il) {
+  return il * L::kPLd + column_part<NDIM>(Box::kKey, 2 * (lane % 4)) - column_part<NDIM>(Box::kWarp, il) +
+         column_part<NDIM>(Box::kWarp, 15);
+}
+
+// S's logits in natural units: q k (scale mul) + ((scale q_pos rel + add) mul), the pair's
+// column kpart(8 nb) + e past the row's start pcol.
+template <int NDIM, typename L>
+__device__ __forceinline__ void skewed_logits(float (&s)[kBlockN / 8][4], const float* pbuf,
+                                              const int (&pcol)[2], int lane, float scale, bool has_mul) {
+  constexpr KeyBlockParts<NDIM> kParts{};
+#pragma unroll
+  for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = pcol[i >> 1] + kParts.col[nb] + (i & 1);
+      // (the row of scale mul: 16 rows below row 0, so c - il kPLd + 16 kPLd)
+      const int mc = c + (16 - lane / 4 - 8 * (i >> 1)) * L::kPLd;
+      s[nb][i] = fmaf(s[nb][i], has_mul ? pbuf[mc] : scale, pbuf[c]);
+    }
+  }
+}
+
+// S scaled by to_log2 where a pair is kept, -inf where its key is outside its row's ranges
+// (the warp's rows' int2 per axis, the grid's end included) or after its causal limit
+// (row_tok: the thread's rows' tokens); kb: the key block's origin.
+template <int NDIM>
+__device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2* ranges, const int* kb,
+                                          const int* gs, int lane, const int (&row_tok)[2], bool causal,
+                                          float to_log2) {
+  constexpr KeyBlockParts<NDIM> kParts{};
+  // this lane's keys 8 nb + 2 (lane % 4) + e: its part of their coordinates and tokens
+  int kc[NDIM], key_tok = 0;
+  for_axes<NDIM>([&](auto ax) {
+    constexpr int a = decltype(ax)::value;
+    kc[a] = kb[a] + coord_of<NDIM, Box::kKey, a>(2 * (lane % 4));
+    key_tok += kc[a] * gs[a];
+  });
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int lo[NDIM], hi[NDIM];  // the row's ranges against this lane's part of the keys
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int2 x = ranges[(lane / 4 + 8 * r) * NDIM + a];
+      lo[a] = x.x - kc[a], hi[a] = x.y - kc[a];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      int tok = key_tok;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) tok += kParts.c[nb][a] * gs[a];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        bool kept = !causal || tok + e <= row_tok[r];
+#pragma unroll
+        for (int a = 0; a < NDIM; ++a) {
+          const int c = kParts.c[nb][a] + (a == NDIM - 1 ? e : 0);
+          kept = kept && c >= lo[a] && c <= hi[a];
+        }
+        float& x = s[nb][2 * r + e];
+        x = kept ? x * to_log2 : -INFINITY;
+      }
+    }
+  }
+}
+
+// The checks both launchers share: D = Dv, N < 2^31, H and B at most 65535 (the grid's
+// y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
+// takes the N tokens in a row, any grid for the control without a window or span box);
+// sigma given where a threshold makes span boxes; POS: q_pos and rel given, U = prod (2 n_d
+// - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows in 32 bits), N <= 2^30 -
+// kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per (batch, head).
+// cudaErrorInvalidValue where one fails.
+template <int D, bool POS, int NDIM, typename T>
+cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, int64_t* boxes) {
+  const auto misaligned = [](const void* ptr, uintptr_t a) {
+    return reinterpret_cast<uintptr_t>(ptr) % a != 0;
+  };
+  if (p.D != D || p.Dv != D || p.N >= (int64_t{1} << 31) || p.H > 65535 || p.B > 65535)
+    return cudaErrorInvalidValue;
+  if (misaligned(t.q, 16) || misaligned(t.k, 16) || misaligned(t.v, 16)) return cudaErrorInvalidValue;
+  if (NDIM > 1 && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  // windows and span boxes on the grid's own axes only
+  if (p.has_box && p.g.ndim != NDIM) return cudaErrorInvalidValue;
+  if (p.has_box && p.has_sigma && p.threshold > 0.0 && t.sigma == nullptr) return cudaErrorInvalidValue;
+  *boxes = 1;
+  if (NDIM == 1) {
+    *boxes = (p.N + kBlockM - 1) / kBlockM;
+  } else {
+    for (int a = 0; a < NDIM; ++a)
+      *boxes *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
+  }
+  if (*boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (POS) {
+    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+      return cudaErrorInvalidValue;
+    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
+      return cudaErrorInvalidValue;
+    if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
+      return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace posattn::relpos::cuda_fast
