@@ -44,7 +44,8 @@ def short_name(mangled: str) -> str:
         return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
     for key, name in (
         ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
-        ("round_to_kernel", "tiled offsets: rounding"),
+        ("fast_offsets_kernel", "fast offsets (d rel, d bias, d sigma)"),
+        ("round_to_kernel", "offsets: rounding"),
         ("relpos_tiled_forward", "tiled fwd"),
         ("fast_forward_kernel", "fast fwd"),
         ("offset_tables_kernel", "fast: offset tables"),

@@ -124,7 +124,7 @@ print("CUDA kernels registered")'
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
     profile)
-      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward|fast_backward" --launch-count 12 \
+      run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward|fast_backward|fast_offsets" --launch-count 12 \
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)

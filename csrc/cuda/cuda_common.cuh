@@ -72,6 +72,20 @@ cudaError_t launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cuda
   return cudaGetLastError();
 }
 
+// dst[i] = src[i] rounded to T, for i < n (float32 accumulators to the inputs' dtype)
+template <typename T>
+__global__ void round_to_kernel(const float* __restrict__ src, T* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_acc<T>(src[i]);
+}
+template <typename T>
+cudaError_t launch_round_to(const float* src, T* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+  return launch(round_to_kernel<T>, blocks, 256, 0, stream, src, dst, n);
+}
+
 }  // namespace cuda
 }  // namespace posattn
 

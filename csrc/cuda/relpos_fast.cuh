@@ -1,8 +1,8 @@
 // The fast path's kernels of relpos_attention as the entry point calls them: one set per
 // (element type, head dim), each compiled in a translation unit of its own
 // (cuda/fast/relpos_fast_<type>_d<D>.cu) so that a build compiles the six in parallel.
-// The forward is relpos_fast_forward.cuh, the backward relpos_fast_backward.cuh; which
-// calls they take, relpos_plan.cuh.
+// The forward is relpos_fast_forward.cuh, the backward relpos_fast_backward.cuh and
+// relpos_fast_offsets.cuh; which calls they take, relpos_plan.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +23,9 @@ struct FastKernels {
   // and t.gout, t.rowd, t.lse (relpos_fast_backward.cuh); d rel, d bias, d sigma are the
   // offset kernel's
   static cudaError_t backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
+  // d rel, d bias, d sigma of such a call where the plan gives them the fast offset kernel
+  // (relpos_fast_offsets.cuh): through t.drel_acc / t.dbias_acc, into t.drel, t.dbias, t.dsig_part
+  static cudaError_t offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
 };
 
 // compiled in cuda/fast/*.cu, not where this header is included

@@ -93,6 +93,85 @@ struct BwdLayout {
                 "the regions aligned (float2, int2)");
 };
 
+// The warp's 16 x 64 logits of a (query tile at qo, key block at kb) pair in base 2 as the
+// forward computes them, -inf where masked, into s, and dP = dO V^T into dp: Qs and dOs the
+// tile's rows, Ks and Vs the key block's (row stride L::kLd); POS: with the positional
+// products in pbuf; full: every key of the block is in every row's ranges.
+template <typename T, int D, bool POS, int NDIM, typename L>
+__device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
+                                                   const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
+                                                   int lane, const float* pbuf, const int (&pcol)[2],
+                                                   const int2* ranges, const int* qo, const int* kb,
+                                                   const FastGrid<NDIM>& g, const int (&row_tok)[2],
+                                                   float scale, bool has_mul, bool causal, bool full) {
+  constexpr int LD = L::kLd;
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t qf[4], df[4];
+    warp::ldmatrix<4>(qf, Qs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+    warp::ldmatrix<4>(df, dOs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; nb += 2) {
+      const int at = (8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2);
+      uint32_t b[4];
+      warp::ldmatrix<4>(b, Ks + at);
+      warp::mma_m16n8k16<T>(s[nb], qf, {b[0], b[1]});
+      warp::mma_m16n8k16<T>(s[nb + 1], qf, {b[2], b[3]});
+      warp::ldmatrix<4>(b, Vs + at);
+      warp::mma_m16n8k16<T>(dp[nb], df, {b[0], b[1]});
+      warp::mma_m16n8k16<T>(dp[nb + 1], df, {b[2], b[3]});
+    }
+  }
+  const float to_log2 = POS ? kLog2e : scale * kLog2e;
+  if constexpr (POS) skewed_logits<NDIM, L>(s, pbuf, pcol, lane, scale, has_mul);
+  int key_last = 0, tile_first = 0;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) {
+    key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), g.n[a]) - 1) * g.gs[a];
+    tile_first += qo[a] * g.gs[a];
+  }
+  if (!full || (causal && key_last > tile_first)) {
+    mask_keys<NDIM>(s, ranges, kb, g.gs, lane, row_tok, causal, to_log2);
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
+  }
+}
+
+// P and dS' in place of the base-2 logits s and of dp: P = 2^(s - lse2), dS' = P (dP - D) g
+// with g = d logit / d (q k): scale, or scale mul[u] (row 16 of pbuf). A masked pair (or a
+// row with no key kept) adds exactly 0, a kept one P (dP - D) also where P underflows to 0,
+// so that a NaN in dP or D (or a +inf lse) stays visible as in the reference. each(nb, i,
+// dA, x): every pair's dA = P (dP - D) and base-2 logit x (both 0 where not kept).
+template <int NDIM, typename L, bool POS, typename Each>
+__device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
+                                                 const float* pbuf, const int (&pcol)[2], int lane,
+                                                 const float (&lse2)[2], const float (&rowd)[2], float scale,
+                                                 bool has_mul, Each&& each) {
+  constexpr KeyBlockParts<NDIM> kParts{};
+#pragma unroll
+  for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i >> 1;
+      const bool kept = s[nb][i] != -INFINITY && lse2[r] != -INFINITY;
+      const float pr = kept ? warp::exp2_approx(s[nb][i] - lse2[r]) : 0.f;
+      float g = scale;
+      if constexpr (POS) {
+        const int c = pcol[r] + kParts.col[nb] + (i & 1);
+        if (has_mul) g = pbuf[c + (16 - lane / 4 - 8 * r) * L::kPLd];
+      }
+      const float da = kept ? pr * (dp[nb][i] - rowd[r]) : 0.f;
+      each(nb, i, da, kept ? s[nb][i] : 0.f);
+      dp[nb][i] = da * g;
+      s[nb][i] = pr;
+    }
+  }
+}
+
 // Grid (fixed boxes, H, B)
 template <typename T, int D, bool POS, int NDIM, bool KEYS>
 __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
@@ -110,7 +189,6 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const int N = static_cast<int>(p.N);
   const FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
   const int (&n)[NDIM] = g.n;
-  const int (&gs)[NDIM] = g.gs;
   const int (&rs)[NDIM] = g.rs;
   // the fixed box's origin (boxes row-major over the grid; tiles and key blocks have the
   // same extents)
@@ -238,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     if (lane < 16) {
       for_axes<NDIM>([&](auto ax) {
         constexpr int a = decltype(ax)::value;
-        ranges[lane * NDIM + a] = key_range(a, g.query_coord<a>(qo, 16 * w + lane));
+        ranges[lane * NDIM + a] = key_range(a, g.template query_coord<a>(qo, 16 * w + lane));
       });
     }
   };
@@ -393,60 +471,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     float s[kBlockN / 8][4] = {};   // S, then P
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
     if (active) {
-      // S = Q K^T and dP = dO V^T
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t qf[4], df[4];
-        warp::ldmatrix<4>(qf, Qs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-        warp::ldmatrix<4>(df, dOs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; nb += 2) {
-          const int at = (8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2);
-          uint32_t b[4];
-          warp::ldmatrix<4>(b, Ks + at);
-          warp::mma_m16n8k16<T>(s[nb], qf, {b[0], b[1]});
-          warp::mma_m16n8k16<T>(s[nb + 1], qf, {b[2], b[3]});
-          warp::ldmatrix<4>(b, Vs + at);
-          warp::mma_m16n8k16<T>(dp[nb], df, {b[0], b[1]});
-          warp::mma_m16n8k16<T>(dp[nb + 1], df, {b[2], b[3]});
-        }
-      }
-      // the logits in base 2 as the forward computes them, -inf where masked
-      const float to_log2 = POS ? kLog2e : scale * kLog2e;
-      if constexpr (POS) skewed_logits<NDIM, L>(s, pbuf, pcol, lane, scale, has_mul);
-      int key_last = 0, tile_first = 0;
-#pragma unroll
-      for (int a = 0; a < NDIM; ++a) {
-        key_last += (min(kb[a] + extent<NDIM>(Box::kKey, a), n[a]) - 1) * gs[a];
-        tile_first += qo[a] * gs[a];
-      }
-      if (!full || (p.causal && key_last > tile_first)) {
-        mask_keys<NDIM>(s, ranges, kb, gs, lane, row_tok, p.causal, to_log2);
-      } else {
-#pragma unroll
-        for (int nb = 0; nb < kBlockN / 8; ++nb)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
-      }
-      // P and dS' = P (dP - D) d logit / d (q k); a masked pair (or a row with no key
-      // kept) adds exactly 0, a kept one P (dP - D) also where P underflows to 0, so that
-      // a NaN in dP or D (or a +inf lse) stays visible as in the reference
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = i >> 1;
-          const bool kept = s[nb][i] != -INFINITY && lse2[r] != -INFINITY;
-          const float pr = kept ? warp::exp2_approx(s[nb][i] - lse2[r]) : 0.f;
-          float g = scale;
-          if constexpr (POS) {
-            const int c = pcol[r] + kParts.col[nb] + (i & 1);
-            if (has_mul) g = pbuf[c + (16 - lane / 4 - 8 * r) * L::kPLd];
-          }
-          dp[nb][i] = kept ? pr * (dp[nb][i] - rowd[r]) * g : 0.f;
-          s[nb][i] = pr;
-        }
-      }
+      warp_logits_and_dp<T, D, POS, NDIM, L>(s, dp, Qs, dOs, Ks, Vs, w, lane, pbuf, pcol, ranges, qo, kb, g,
+                                             row_tok, scale, has_mul, p.causal, full);
+      softmax_backward<NDIM, L, POS>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
+                                     [](int, int, float, float) {});
     }
 
     if constexpr (!KEYS) {

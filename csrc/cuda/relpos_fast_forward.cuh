@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     for_axes<NDIM>([&](auto ax) {
       constexpr int a = decltype(ax)::value;
       reinterpret_cast<int2*>(smem_raw + L::kRangesAt)[(w * 16 + lane) * NDIM + a] =
-          key_range(a, g.query_coord<a>(t0, 16 * w + lane));
+          key_range(a, g.template query_coord<a>(t0, 16 * w + lane));
     });
   }
 

@@ -5,6 +5,7 @@
 #include "relpos_fast.cuh"
 #include "relpos_fast_backward.cuh"
 #include "relpos_fast_forward.cuh"
+#include "relpos_fast_offsets.cuh"
 
 namespace posattn::relpos::cuda_fast {
 
@@ -18,6 +19,12 @@ template <typename T, int D>
 cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t,
                                         cudaStream_t stream) {
   return launch_fast_backward_by_rank<T, D, true>(p, t, stream);
+}
+
+template <typename T, int D>
+cudaError_t FastKernels<T, D>::offsets(const RelposParams& p, const RelposTensors<T>& t,
+                                       cudaStream_t stream) {
+  return launch_fast_offsets_by_rank<T, D>(p, t, stream);
 }
 
 }  // namespace posattn::relpos::cuda_fast

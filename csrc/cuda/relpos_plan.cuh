@@ -5,8 +5,9 @@
 // follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh and
 // relpos_fast_backward.cuh) take float16 / bfloat16 calls with D == Dv in {32, 64, 128}
 // and q_pos, windows and span thresholds included, on grids of 1-3 axes, on sm_80+ where
-// their shared memory fits (the backward's d rel, d bias, d sigma: the tiled offset
-// kernel where it fits, else the general one); the tiled
+// their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
+// relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
+// one); the tiled
 // tensor-core kernels take float16 / bfloat16 (and float32 through TF32 where
 // allowed) with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits
 // (every backward the general kernels do not take); the general kernels every other call.
@@ -25,6 +26,7 @@
 #include "../core/relpos_plan.h"
 #include "relpos_fast_backward.cuh"
 #include "relpos_fast_forward.cuh"
+#include "relpos_fast_offsets.cuh"
 #include "relpos_general.cuh"
 #include "relpos_tiled_offsets.cuh"
 
@@ -160,6 +162,26 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
   return why;
 }
 
+// Why the fast offset kernel cannot compute d rel, d bias, d sigma of a call the fast
+// backward takes (empty: it can); `smem`: its shared memory.
+inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
+                                        size_t* smem) {
+  std::string why;
+  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+    using CT = decltype(ct_tag);
+    constexpr int D = decltype(d_tag)::value;
+    if constexpr (!std::is_same<CT, float>::value) {
+      *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
+      if (*smem == 0)
+        why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
+              std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
+      else
+        why = smem_refusal(*smem, dev, "the fast offset kernel", D);
+    }
+  });
+  return why;
+}
+
 // Why the tiled offset kernel cannot compute d rel, d bias, d sigma (empty: it can).
 inline std::string tiled_offsets_refusal(const cuda_tiled::TiledArgs& a, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
@@ -189,8 +211,9 @@ inline std::string general_smem_error(size_t bytes, const RelposParams& p, const
 // dt: a forward on the fast path where it takes the call and `request` is auto; else
 // the tiled path where it takes the call and `request` allows (aligned16: every
 // input is 16-byte aligned), else the general one; in a backward, d rel, d bias
-// and d sigma from the tiled offset kernel where the tiled path runs and its
-// shared memory fits, else from the general one. plan.error says why a call
+// and d sigma from the fast offset kernel where the fast path runs and its shared
+// memory fits, else from the tiled offset kernel where the fast or tiled path runs
+// and its shared memory fits, else from the general one. plan.error says why a call
 // cannot run at all (too many blocks, too much shared memory, a refused request).
 inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool aligned16,
                           KernelRequest request, const CudaDevice& dev) {
@@ -221,8 +244,18 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
       plan.path_reason = "the fast kernels take it";
       plan.smem = smem;
       if (!backward) return plan;
-      tiled_offsets(cuda_tiled::make_tiled_args(p));
       fast = true;
+      size_t osmem = 0;
+      const std::string no_fast_offsets = plan.has_offsets ? fast_offsets_refusal(p, dt, dev, &osmem) : "";
+      if (plan.has_offsets && no_fast_offsets.empty()) {
+        plan.offsets = Kernels::kFast;
+        plan.offsets_reason = "the fast offset kernel takes it";
+        plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
+        plan.smem = std::max(plan.smem, osmem);
+      } else {
+        tiled_offsets(cuda_tiled::make_tiled_args(p));
+        if (plan.has_offsets) plan.offsets_reason += " (not the fast one: " + no_fast_offsets + ")";
+      }
     }
   }
   const std::string why =

@@ -301,14 +301,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// dst[i] = src[i] rounded to CT
-template <typename CT>
-__global__ void round_to_kernel(const float* __restrict__ src, CT* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = from_acc<CT>(src[i]);
-}
-
 // d rel (t.drel, (H, U, D)) and d bias (t.dbias, (H, U)) in CT, through the float32
 // accumulators t.drel_acc / t.dbias_acc, and the d sigma partials t.dsig_part
 // (H, og.count, G_in), each only where the call has q_pos / bias / sigma. The
@@ -335,12 +327,9 @@ cudaError_t launch_backward_offsets(const TiledArgs& a, const RelposTensors<CT>&
                        parity, per_head, t);
   }
   if (err == cudaSuccess && p.has_pos)
-    err = cuda::launch(round_to_kernel<CT>,
-                       (p.H * p.U * D + 255) / 256 < 4096 ? (p.H * p.U * D + 255) / 256 : 4096, 256, 0,
-                       stream, static_cast<const float*>(t.drel_acc), t.drel, p.H * p.U * D);
+    err = cuda::launch_round_to<CT>(t.drel_acc, t.drel, p.H * p.U * D, stream);
   if (err == cudaSuccess && p.has_bias)
-    err = cuda::launch(round_to_kernel<CT>, (p.H * p.U + 255) / 256 < 4096 ? (p.H * p.U + 255) / 256 : 4096,
-                       256, 0, stream, static_cast<const float*>(t.dbias_acc), t.dbias, p.H * p.U);
+    err = cuda::launch_round_to<CT>(t.dbias_acc, t.dbias, p.H * p.U, stream);
   return err;
 }
 

@@ -88,10 +88,10 @@ void by_tiled_dim(int64_t D, Fn fn) {
     fn(std::integral_constant<int, 128>{});
 }
 
-// The fast kernels' forward or backward (d q, d k, d v, d q_pos): the per-offset terms
-// (bias, span) as float32 tables, then the kernels.
+// The fast kernels' forward or backward (d q, d k, d v, d q_pos; with `offsets`, d rel,
+// d bias, d sigma too): the per-offset terms (bias, span) as float32 tables, then the kernels.
 template <typename T>
-void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, cudaStream_t stream) {
+void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool offsets, cudaStream_t stream) {
   const RelposParams& p = c.params;
   const auto table = [&](bool has) {
     return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
@@ -104,6 +104,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, cudaStr
   by_tiled_dim(p.D, [&](auto d) {
     using K = cuda_fast::FastKernels<T, decltype(d)::value>;
     check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
+    if (backward && offsets) check_launch(K::offsets(p, t, stream));
   });
   // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
 }
@@ -111,7 +112,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, cudaStr
 template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
   if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
-    if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, stream);
+    if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, false, stream);
   }
   if constexpr (!std::is_same<T, double>::value) {
     if (plan.path == CudaPlan::Kernels::kTiled) {
@@ -131,7 +132,8 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   const RelposParams& p = c.params;
   const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
   if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
-    if (plan.path == Kernels::kFast) launch_fast(c, t, true, stream);
+    if (plan.path == Kernels::kFast)
+      launch_fast(c, t, true, plan.has_offsets && plan.offsets == Kernels::kFast, stream);
   }
   if constexpr (!std::is_same<T, double>::value) {
     const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
@@ -145,7 +147,8 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
     check_launch(cuda_general::launch_backward_dq<T>(p, t, stream));
     check_launch(cuda_general::launch_backward_dkv<T>(p, t, stream));
   }
-  if (plan.has_offsets && !tiled_offsets) check_launch(cuda_general::launch_backward_offset<T>(p, t, stream));
+  if (plan.has_offsets && plan.offsets == Kernels::kGeneral)
+    check_launch(cuda_general::launch_backward_offset<T>(p, t, stream));
 }
 
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(POSATTN_RELPOS_HEAD_PARAMS,
@@ -198,12 +201,11 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
     at::Tensor rowd = (gout.to(acc) * out.to(acc)).sum(-1);
     if (grad_lse.has_value()) rowd = rowd - grad_lse->to(acc);
     rowd = rowd.contiguous();
-    const bool tiled_offsets = plan.has_offsets && plan.offsets == CudaPlan::Kernels::kTiled;
+    // the fast or tiled offset kernel's float32 accumulators (zeroed by its launcher)
+    const bool offset_acc = plan.has_offsets && plan.offsets != CudaPlan::Kernels::kGeneral;
     const auto f32 = c.q.options().dtype(at::kFloat);
-    // the tiled offset kernel's float32 accumulators (zeroed by its launcher)
-    const at::Tensor drel_acc = tiled_offsets && s.has_pos ? at::empty({c.rel.numel()}, f32) : at::Tensor();
-    const at::Tensor dbias_acc =
-        tiled_offsets && s.has_bias ? at::empty({c.bias.numel()}, f32) : at::Tensor();
+    const at::Tensor drel_acc = offset_acc && s.has_pos ? at::empty({c.rel.numel()}, f32) : at::Tensor();
+    const at::Tensor dbias_acc = offset_acc && s.has_bias ? at::empty({c.bias.numel()}, f32) : at::Tensor();
     const at::Tensor dsig_part =
         s.has_sigma ? at::zeros({s.H, plan.dsig_partials, c.params.G_in}, c.q.options().dtype(at::kDouble))
                     : at::Tensor();

@@ -37,6 +37,7 @@
 #include "cuda/relpos_fast_tables.cuh"
 #include "cuda/relpos_tiled_backward.cuh"
 #include "cuda/relpos_fast_backward.cuh"
+#include "cuda/relpos_fast_offsets.cuh"
 #include "cuda/relpos_tiled_forward.cuh"
 #include "cuda/relpos_tiled_offsets.cuh"
 #endif
@@ -252,6 +253,34 @@ void check_tiled_dim(const posattn::RelposParams& p) {
 #endif
 }
 
+// The entry point's steps for the fast kernels' forward or backward (relpos/relpos_cuda.cu,
+// launch_fast; with `offsets`, the fast offset kernel too): the per-offset tables, then the
+// kernels, with the tables in t meanwhile.
+void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets) {
+#if defined(HARNESS_TILED_D)
+  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+    namespace fast = rp::cuda_fast;
+    Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
+    t.offset_add = add.p;
+    t.offset_mul = mul.p;
+    check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
+    if (backward)
+      check(fast::launch_fast_backward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
+            "fast backward launch");
+    if (backward && offsets)
+      check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
+    if (!backward)
+      check(fast::launch_fast_forward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
+            "fast forward launch");
+    check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)
+    t.offset_add = t.offset_mul = nullptr;
+    return;
+  }
+#endif
+  (void)p, (void)t, (void)backward, (void)offsets;
+  fail("the plan gave the fast kernels a type they do not take");
+}
+
 int run_relpos(const Case& c) {
   using Kernels = rp::CudaPlan::Kernels;
   const RelposRun run = relpos_setup(c);
@@ -281,23 +310,9 @@ int run_relpos(const Case& c) {
   t.sigma = sigma.p;
   t.out = out.p;
   t.lse = lse.p;
-  if (run.fwd.path == Kernels::kFast) {  // the entry point's steps: the offset tables, then the forward
+  if (run.fwd.path == Kernels::kFast) {
     check_tiled_dim(p);
-#if defined(HARNESS_TILED_D)
-    if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
-      namespace fast = rp::cuda_fast;
-      Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
-      t.offset_add = add.p;
-      t.offset_mul = mul.p;
-      check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
-      check(fast::launch_fast_forward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
-            "fast forward launch");
-      check(cudaDeviceSynchronize(), "fast forward");  // (before the tables are freed)
-      t.offset_add = t.offset_mul = nullptr;
-    } else {
-      fail("the plan gave the fast forward a type it does not take");
-    }
-#endif
+    run_fast(p, t, false, false);
   } else if (run.fwd.path == Kernels::kTiled) {
     check_tiled_dim(p);
 #if defined(HARNESS_TILED_D)
@@ -336,8 +351,9 @@ int run_relpos(const Case& c) {
   rowd.upload(rowd_h);
   const rp::CudaPlan& plan = run.bwd;
   const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
-  Dev<float> drel_acc(tiled_offsets && p.has_pos ? p.H * p.U * p.D : 0),
-      dbias_acc(tiled_offsets && p.has_bias ? p.H * p.U : 0);
+  const bool fast_offsets = plan.has_offsets && plan.offsets == Kernels::kFast;
+  Dev<float> drel_acc((tiled_offsets || fast_offsets) && p.has_pos ? p.H * p.U * p.D : 0),
+      dbias_acc((tiled_offsets || fast_offsets) && p.has_bias ? p.H * p.U : 0);
   t.gout = gout.p;
   t.rowd = rowd.p;
   t.drel_acc = drel_acc.p;
@@ -362,22 +378,7 @@ int run_relpos(const Case& c) {
 #if defined(HARNESS_TILED_D)
     if constexpr (!std::is_same<T, double>::value) {
       const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
-      if (plan.path == Kernels::kFast) {  // the entry point's steps: the offset tables, then the kernels
-        if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
-          namespace fast = rp::cuda_fast;
-          Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0),
-              mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
-          t.offset_add = add.p;
-          t.offset_mul = mul.p;
-          check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
-          check(fast::launch_fast_backward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
-                "fast backward launch");
-          check(cudaDeviceSynchronize(), "fast backward");  // (before the tables are freed)
-          t.offset_add = t.offset_mul = nullptr;
-        } else {
-          fail("the plan gave the fast backward a type it does not take");
-        }
-      }
+      if (plan.path == Kernels::kFast) run_fast(p, t, true, fast_offsets);
       if (plan.path == Kernels::kTiled)
         check(rp::cuda_tiled::launch_backward<T, HARNESS_TILED_D>(ta, t, nullptr), "tiled backward launch");
       if (tiled_offsets)
@@ -389,7 +390,7 @@ int run_relpos(const Case& c) {
       check(rp::cuda_general::launch_backward_dq<T>(p, t, nullptr), "general backward dq launch");
       check(rp::cuda_general::launch_backward_dkv<T>(p, t, nullptr), "general backward dkv launch");
     }
-    if (plan.has_offsets && !tiled_offsets)
+    if (plan.has_offsets && plan.offsets == Kernels::kGeneral)
       check(rp::cuda_general::launch_backward_offset<T>(p, t, nullptr), "backward offset launch");
     check(cudaDeviceSynchronize(), "backward");
     // d sigma: the glue sums the per-block partials over the blocks (dsig_part.sum(1))

@@ -272,6 +272,19 @@ def _backward_path(c: Case) -> str:
     return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
 
 
+def _offsets_kernel(c: Case, backward: str) -> str:
+    """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
+    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 on
+    1-3 axes, D = 64 on 1-2), else the tiled one unless the case says it does not fit, else
+    the general one."""
+    if not (c.pos or c.bias or c.sigma):
+        return "none"
+    axes = len([n for n in c.grid if n > 1])
+    if backward == "fast" and (c.D == 32 or (c.D == 64 and axes <= 2)):
+        return "fast"
+    return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
+
+
 def check_relpos(c: Case, tmp_path: Path):
     x, run, (out_ref, lse_ref, grads, *clean) = run_relpos(c, tmp_path)
     N = math.prod(c.grid)
@@ -288,15 +301,7 @@ def check_relpos(c: Case, tmp_path: Path):
     if not c.backward:
         return errors
     assert plan["backward"] == _backward_path(c), plan
-    has_offsets = c.pos or c.bias or c.sigma
-    want = (
-        "none"
-        if not has_offsets
-        else "tiled"
-        if plan["backward"] in ("tiled", "fast") and not c.general_offsets
-        else "general"
-    )
-    assert plan["offsets"] == want, plan
+    assert plan["offsets"] == _offsets_kernel(c, plan["backward"]), plan
     U = math.prod(2 * n - 1 for n in c.grid)
     shapes = dict(
         q=(c.B, c.H, N, c.D),

@@ -1,0 +1,559 @@
+// The fast path's d rel, d bias and d sigma: the offset kernel in the structure of the fast
+// backward (relpos_fast_backward.cuh), deterministic (fixed orders, no atomics).
+//
+// Every pair of a query tile I and a key block J = I + dT (dT: the tile offset, in tiles
+// per axis) has its offset in the same tile offset box, the rows of rel the fast kernels
+// copy per (tile, key block) pair. So a block owns one tile offset dT of one head: it copies
+// that box's rel rows and add / mul entries once, then streams the pairs (batch element b,
+// tile I) of its dT in a fixed order (two cp.async stages of q_pos, one of Q, dO, K, V),
+// and per pair every warp recomputes its 16 queries' logits, P and dS' as the backward does.
+// Then:
+//   d rel[box] += X q_pos: X (tile offset box x 64 queries) holds dS' at (offset of (i,
+//     j), i), a permutation of each query's row, 0 elsewhere (T, in the warp's pbuf, whose
+//     positional products are spent by then); warp w owns the box's 16-row chunks w, w + 4,
+//     ... and adds their X q_pos (the tensor cores; 16 x 16 blocks of X that no query group
+//     reaches skipped at compile time) into float accumulators in shared memory;
+//   d bias, d sigma: per warp column sums over its 16 rows of dA mul (the d bias term) and,
+//     with span multiply, dA times the logit (d quad's), in float registers per column of
+//     the warp's offset box; added into the tile offset box in warp order at the end.
+// At the end the block adds its box into float32 d rel / d bias accumulators in global
+// memory and writes its d sigma partial. The boxes of tile offsets whose every component has
+// the same parity are disjoint (2 tile - 1 wide, 2 tile apart), so one launch per parity class
+// (2^NDIM, in a fixed order) adds boxes no other block of its launch touches; a last kernel
+// rounds d rel and d bias to T.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda_common.cuh"
+#include "relpos_fast_backward.cuh"
+
+namespace posattn::relpos::cuda_fast {
+
+// The tile offsets of a call: per axis the tiles (nt) and dT_a in [-reach_a, reach_a] (nt_a
+// - 1, or fewer where a window bounds every head's offsets); count: d sigma partials per head.
+struct OffsetTiles {
+  int nt[3] = {1, 1, 1};
+  int reach[3] = {0, 0, 0};
+  int count = 1;
+};
+
+template <int NDIM>
+inline OffsetTiles offset_tiles(const RelposParams& p) {
+  OffsetTiles o;
+  for (int a = 0; a < NDIM; ++a) {
+    const int64_t n = NDIM == 1 ? p.N : p.g.n[a], e = extent<NDIM>(Box::kTile, a);
+    int64_t lim = n - 1;  // the largest offset a key may have along the axis
+    if (p.has_box && p.g.ndim == NDIM)
+      lim = std::min<int64_t>(lim, axis_max_offset(window_limit(p, a, n - 1)));
+    o.nt[a] = static_cast<int>((n + e - 1) / e);
+    o.reach[a] = static_cast<int>(std::min<int64_t>(o.nt[a] - 1, (std::max<int64_t>(lim, 0) + e - 1) / e));
+    o.count *= 2 * o.reach[a] + 1;
+  }
+  return o;
+}
+
+// The rank the fast kernels take a call with (relpos_fast_backward.cuh, launch_*_by_rank).
+inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
+  return p.g.ndim == 3 ? offset_tiles<3>(p) : p.g.ndim == 2 ? offset_tiles<2>(p) : offset_tiles<1>(p);
+}
+
+template <typename T, int D, int NDIM>
+struct OffLayout {
+  static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
+  static constexpr int kLd = D + 8;
+  static constexpr int kTile = 64 * kLd;
+  static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
+  static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
+  static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
+  static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the backward's
+  static constexpr int kPbuf = 17 * kPLd;
+  static constexpr int kCols = (kWarpOffsets + 31) / 32;  // a lane's columns of the warp's offset box
+  static constexpr int kChunks = (kTileOffsets + 15) / 16, kRows = 16 * kChunks;
+  static constexpr int kXLd = kRows + 8;  // X's rows (T), one per query, in its warp's pbuf
+  static constexpr int kALd = D + 8;      // the d rel accumulator's rows (float)
+  // T: Q, dO, K, V, q_pos in two stages, the offset tile
+  static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 6 * kTile;
+  static __device__ __forceinline__ int qpos_at(int stage) { return (4 + stage) * kTile; }
+  static constexpr int kTElems = (kR + kTileOffsets * kLd + 7) / 8 * 8;
+  static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
+  // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator, the sums
+  // per tile offset (d bias's, d quad's), the pair's lse and rowd
+  static constexpr int kTables = kWarps * kPbuf;
+  static constexpr int kAcc = kTables + kWarps * 2 * kWarpCols;
+  static constexpr int kSums = kAcc + kRows * kALd;
+  static constexpr int kRowsF = kSums + 2 * kRows;
+  static constexpr int kFloats = kRowsF + 2 * kBlockM;
+  // ints: per warp its columns' offset rows (woff) and tile offset box rows (wrow); int2: per
+  // warp its rows' key ranges
+  static constexpr size_t kIntsAt = kTBytes + static_cast<size_t>(kFloats) * 4;
+  static constexpr size_t kRangesAt = kIntsAt + 2 * kWarps * kWarpCols * 4;
+  static constexpr size_t kBytes = kRangesAt + kWarps * 16 * NDIM * 8;
+  static constexpr bool kFits = kBytes <= kMaxSharedBytes;
+  static_assert(16 * kXLd * sizeof(T) <= kPbuf * 4, "a warp's rows of X fit its pbuf");
+  static_assert(kTBytes % 16 == 0 && kPbuf % 4 == 0 && kIntsAt % 8 == 0 && kAcc % 2 == 0,
+                "the regions aligned (uint4, float2, int2)");
+  static __device__ __forceinline__ int table_at(int, int w, int which) {
+    return kTables + (2 * w + which) * kWarpCols;
+  }
+};
+
+// Per 16-row chunk c of the tile offset box, which warps' query groups q reach it: X's 16 x
+// 16 blocks that are not all zero (bit 4 c + q of two 64-bit words: constants, where a table
+// indexed at run time would go to local memory).
+template <int NDIM>
+struct ChunkGroups {
+  static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
+  static_assert((kTileOffsets + 15) / 16 * kWarps <= 128, "two words of bits");
+  unsigned long long bits[2] = {};
+  // column part (tile offset box strides) of key 8 nb
+  int col[kBlockN / 8] = {};
+  constexpr ChunkGroups() {
+    for (int e = 0; e < kTileOffsets; ++e)
+      for (int g = 0; g < kWarps; ++g) {
+        bool in = true;  // e inside warp g's offset box (every entry of which some pair has)
+        for (int a = 0; a < NDIM; ++a) {
+          const int y = coord<NDIM>(Box::kTileOffsets, e, a);
+          const int lo = warp_to_tile_offset<NDIM>(g, 0, a);
+          in = in && y >= lo && y < lo + extent<NDIM>(Box::kWarpOffsets, a);
+        }
+        const int bit = e / 16 * kWarps + g;
+        if (in) bits[bit / 64] |= 1ull << (bit % 64);
+      }
+    for (int nb = 0; nb < kBlockN / 8; ++nb)
+      for (int a = 0; a < NDIM; ++a)
+        col[nb] += coord<NDIM>(Box::kKey, 8 * nb, a) * stride<NDIM>(Box::kTileOffsets, a);
+  }
+  __device__ __forceinline__ bool reaches(int c, int q) const {
+    const int bit = c * kWarps + q;
+    return ((bit < 64 ? bits[0] >> bit : bits[1] >> (bit - 64)) & 1) != 0;
+  }
+};
+
+// One block: tile offset blockIdx.x of parity class `parity` (bit a: dT_a + reach_a odd) of
+// head blockIdx.y.
+template <typename T, int D, int NDIM>
+__global__ void __launch_bounds__(kThreads, 1)
+    fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // as the forward: sm_80 instructions, never launched below it
+#else
+  using L = OffLayout<T, D, NDIM>;
+  constexpr int LD = L::kLd;
+  constexpr KeyBlockParts<NDIM> kParts{};
+  constexpr ChunkGroups<NDIM> kGroups{};
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  float* fs = reinterpret_cast<float*>(smem_raw + L::kTBytes);
+
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y, N = static_cast<int>(p.N), U = static_cast<int>(p.U);
+  const FastGrid<NDIM> g(p);
+  const int (&n)[NDIM] = g.n;
+  // this block's tile offset, its number among the head's, the query tiles it pairs
+  int dT[NDIM], icnt[NDIM], ilo[NDIM], tiles = 1, dT_index = 0;
+  {
+    int rest = blockIdx.x;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      const int bit = (parity >> a) & 1, cnt = ot.reach[a] + 1 - bit;
+      dT[a] = -ot.reach[a] + bit + 2 * (rest % cnt);
+      rest /= cnt;
+    }
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      dT_index = dT_index * (2 * ot.reach[a] + 1) + dT[a] + ot.reach[a];
+      icnt[a] = ot.nt[a] - abs(dT[a]);
+      ilo[a] = max(0, -dT[a]);
+      tiles *= icnt[a];
+    }
+  }
+  const int64_t total = static_cast<int64_t>(p.B) * tiles;  // pairs (b, I), b-major
+  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
+  // pair j: its batch element, query tile origin and key block origin
+  const auto decode = [&](int64_t j, int& b, int* qo, int* kb) {
+    b = static_cast<int>(j / tiles);
+    int rest = static_cast<int>(j % tiles);
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      const int e = extent<NDIM>(Box::kTile, a);
+      qo[a] = (ilo[a] + rest % icnt[a]) * e;
+      kb[a] = qo[a] + dT[a] * e;
+      rest /= icnt[a];
+    }
+  };
+  // the first pair from j on whose key block meets its tile's key ranges (and causal limit)
+  const auto next_pair = [&](int64_t j) {
+    for (; j < total; ++j) {
+      int b, qo[NDIM], kb[NDIM];
+      decode(j, b, qo, kb);
+      bool meets = true;
+      int first_key = 0, last_query = 0;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        const int e = extent<NDIM>(Box::kTile, a), last = min(qo[a] + e, n[a]) - 1;
+        meets = meets && kb[a] <= key_range(a, last).y && kb[a] + e - 1 >= key_range(a, qo[a]).x;
+        first_key += kb[a] * g.gs[a];
+        last_query += last * g.gs[a];
+      }
+      if (meets && (!p.causal || first_key <= last_query)) break;
+    }
+    return j;
+  };
+  int64_t j = next_pair(0);
+  if (j >= total) return;  // no pair (uniform; nothing copied yet): this box adds nothing
+
+  // the head's offset tables, the warp's buffers and maps
+  const T* rel = t.rel + static_cast<int64_t>(h) * U * D;
+  const float* add = t.offset_add ? t.offset_add + static_cast<int64_t>(h) * U : nullptr;
+  const float* mul = t.offset_mul ? t.offset_mul + static_cast<int64_t>(h) * U : nullptr;
+  const bool has_add = add != nullptr, has_mul = mul != nullptr;
+  const bool sums = p.has_bias || p.has_sigma, quad_sums = p.has_sigma && has_mul;
+  float* pbuf = fs + w * L::kPbuf;
+  T* X = reinterpret_cast<T*>(pbuf);  // the warp's rows of X (after its positional products)
+  int* woff = reinterpret_cast<int*>(smem_raw + L::kIntsAt) + w * L::kWarpCols;
+  int* wrow = woff + kWarps * L::kWarpCols;
+  int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
+  float* rows = fs + L::kRowsF;  // the pair's lse and rowd
+  float* acc = fs + L::kAcc;
+  const float scale = static_cast<float>(p.scale), inv_scale = 1.f / scale;
+  fill_warp_columns<NDIM, L>(w, lane, g.rs, woff, wrow);
+  for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
+  __syncwarp();
+
+  // the pair's rows into the stages: Q, dO, K, V, lse, rowd (one stage), q_pos (stage st)
+  const auto load_pair = [&](int st, int b, const int* qo, const int* kb) {
+    const int64_t bh = static_cast<int64_t>(b) * p.H + h, head = bh * N * D;
+    const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
+    load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, t.q + head, tok);
+    load_rows_async<T, D, LD, kBlockM>(smem + L::kDO, t.gout + head, tok);
+    load_rows_async<T, D, LD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
+    load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::kK, t.k + head, smem + L::kV, t.v + head,
+                                                    [&g, kb](const int* x) { return g.key_token(kb, x); });
+    if (threadIdx.x < kBlockM) {
+      const int r = tok(threadIdx.x);
+      const float* lse_g = t.lse + bh * N;
+      const float* rowd_g = t.rowd + bh * N;
+      warp::cp_async_4(rows + threadIdx.x, r >= 0 ? lse_g + r : lse_g, r >= 0);
+      warp::cp_async_4(rows + kBlockM + threadIdx.x, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+    }
+  };
+  int b, qo[NDIM], kb[NDIM];
+  decode(j, b, qo, kb);
+  load_pair(0, b, qo, kb);
+  {  // the tile offset box (the same for every pair): its rel rows, the warp's add / mul entries
+    int u0 = 0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int e = extent<NDIM>(Box::kTile, a);
+      u0 += (dT[a] * e - (e - 1) + n[a] - 1) * g.rs[a];
+    }
+    load_offset_tile<T, D, NDIM, L>(smem + L::kR, rel, u0, U, g.rs, add, mul, fs + L::table_at(0, w, 0),
+                                    fs + L::table_at(0, w, 1), woff, lane);
+  }
+  warp::cp_async_commit();
+
+  // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): where its pbuf
+  // reads start (pcol) and its X writes (xcol: the pair's tile offset box entry)
+  int pcol[2], xcol[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int il = lane / 4 + 8 * r;
+    pcol[r] = skew_start<NDIM, L>(lane, il);
+    int x = il * L::kXLd;
+    for_axes<NDIM>([&](auto ax) {
+      constexpr int a = decltype(ax)::value;
+      const int q = warp_origin<NDIM>(w, a) + coord_of<NDIM, Box::kWarp, a>(il);
+      x += (coord_of<NDIM, Box::kKey, a>(2 * (lane % 4)) - q + extent<NDIM>(Box::kTile, a) - 1) *
+           stride<NDIM>(Box::kTileOffsets, a);
+    });
+    xcol[r] = x;
+  }
+  // this lane's columns of the warp's offset box (lane + 32 m): the rows that have a pair there
+  // (bit r), and their sums of the d bias term and of d quad's
+  unsigned cmask[L::kCols];
+  float bsum[L::kCols] = {}, qsum[L::kCols] = {};
+#pragma unroll
+  for (int m = 0; m < L::kCols; ++m) {
+    const int c = lane + 32 * m;
+    cmask[m] = 0;
+    for (int r = 0; c < L::kWarpOffsets && r < 16; ++r) {
+      bool in = true;
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        const int k = coord_of<NDIM, Box::kWarpOffsets, a>(c) + coord_of<NDIM, Box::kWarp, a>(r) -
+                      (extent<NDIM>(Box::kWarp, a) - 1);
+        in = in && k >= 0 && k < extent<NDIM>(Box::kKey, a);
+      });
+      cmask[m] |= in ? 1u << r : 0u;
+    }
+  }
+  // the sums over the warp's rows of what each pair wrote at its pbuf position
+  const auto column_sums = [&](float (&sum)[L::kCols]) {
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < L::kCols; ++m) {
+      const int c = lane + 32 * m;
+      if (c >= L::kWarpOffsets) continue;
+      float x = 0.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r)
+        if ((cmask[m] >> r) & 1) x += pbuf[r * L::kPLd + c];
+      sum[m] += x;
+    }
+    __syncwarp();
+  };
+
+  for (int st = 0; j < total; st ^= 1) {
+    warp::cp_async_wait<0>();
+    __syncthreads();  // pair j visible to every warp, every warp done with pair j - 1 (X, q_pos)
+    const int64_t jn = next_pair(j + 1);
+    int bn = 0, qn[NDIM], kn[NDIM];
+    if (jn < total) decode(jn, bn, qn, kn);
+    int row_tok[2];
+    float lse2[2], rowd[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = 16 * w + lane / 4 + 8 * r;
+      row_tok[r] = g.query_token(qo, i);
+      lse2[r] = row_tok[r] >= 0 ? rows[i] * kLog2e : -INFINITY;
+      rowd[r] = rows[kBlockM + i];
+    }
+    if (lane < 16) {
+      for_axes<NDIM>([&](auto ax) {
+        constexpr int a = decltype(ax)::value;
+        ranges[lane * NDIM + a] = key_range(a, g.template query_coord<a>(qo, 16 * w + lane));
+      });
+    }
+    __syncwarp();
+    bool active = true, full = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int2 fr = ranges[a], lr = ranges[15 * NDIM + a];
+      const int kend = kb[a] + extent<NDIM>(Box::kKey, a) - 1;
+      active = active && kb[a] <= lr.y && kend >= fr.x;
+      full = full && kb[a] >= lr.x && kend <= fr.y;
+    }
+    const T* Qp = smem + L::qpos_at(st);
+    float s[kBlockN / 8][4] = {};   // S, then P
+    float dp[kBlockN / 8][4] = {};  // dP, then dS'
+    if (active) {
+      uint32_t qpf[D / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        warp::ldmatrix<4>(qpf[kk], Qp + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+      warp_positional_products<T, D, L, false>(qpf, smem + L::kR, wrow, fs + L::table_at(0, w, 0),
+                                               fs + L::table_at(0, w, 1), pbuf, lane, scale, has_add,
+                                               has_mul);
+      __syncwarp();
+      warp_logits_and_dp<T, D, true, NDIM, L>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
+                                              w, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
+                                              p.causal, full);
+      // (each pair's pbuf position is its own: the logits read it, the sums write it)
+      softmax_backward<NDIM, L, true>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
+                                      [&](int nb, int i, float da, float x) {
+                                        if (quad_sums) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = da * x;
+                                      });
+      if (quad_sums) column_sums(qsum);  // sum dA x (x the base-2 logit)
+      if (sums) {                        // the d bias term dA mul = dS' / scale
+#pragma unroll
+        for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = dp[nb][i] * inv_scale;
+        column_sums(bsum);
+      }
+    }
+    // the warp's rows of X: zeros, then dS' at each pair's entry of the tile offset box
+    __syncwarp();
+    for (int i = lane; i < 16 * L::kXLd * static_cast<int>(sizeof(T)) / 16; i += 32)
+      reinterpret_cast<uint4*>(X)[i] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
+    if (active) {
+#pragma unroll
+      for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          X[xcol[i >> 1] + kGroups.col[nb] + (i & 1)] = posattn::cuda::from_acc<T>(dp[nb][i]);
+    }
+    __syncthreads();  // X complete; every warp done with Q, dO, K, V
+    if (jn < total) {
+      load_pair(st ^ 1, bn, qn, kn);
+      warp::cp_async_commit();
+    }
+    // d rel += X q_pos over the warp's chunks of the tile offset box
+#pragma unroll 1
+    for (int c = w; c < L::kChunks; c += kWarps) {
+      float* arow = acc + 16 * c * L::kALd;
+      float a4[D / 8][4];
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float2 v =
+              *reinterpret_cast<const float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4));
+          a4[nd][2 * r] = v.x, a4[nd][2 * r + 1] = v.y;
+        }
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) {
+        if (!kGroups.reaches(c, q)) continue;
+        const T* Xq = reinterpret_cast<const T*>(fs + q * L::kPbuf);
+        uint32_t xa[4];
+        warp::ldmatrix<4, true>(xa,
+                                Xq + (lane % 8 + 8 * (lane / 16)) * L::kXLd + 16 * c + 8 * ((lane / 8) % 2));
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+          uint32_t bq[4];
+          warp::ldmatrix<4, true>(bq, Qp + (16 * q + lane % 16) * LD + 8 * nd + 8 * (lane / 16));
+          warp::mma_m16n8k16<T>(a4[nd], xa, {bq[0], bq[1]});
+          warp::mma_m16n8k16<T>(a4[nd + 1], xa, {bq[2], bq[3]});
+        }
+      }
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4)) =
+              make_float2(a4[nd][2 * r], a4[nd][2 * r + 1]);
+    }
+    j = jn, b = bn;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) qo[a] = qn[a], kb[a] = kn[a];
+  }
+  __syncthreads();  // the accumulators complete
+
+  // entry e of the tile offset box: its row of rel, -1 where an offset is outside the grid's
+  const auto entry_row = [&](int e, int* delta) {
+    int u = 0;
+    bool in = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int x = extent<NDIM>(Box::kTile, a);
+      delta[a] = dT[a] * x - (x - 1) + coord<NDIM>(Box::kTileOffsets, e, a);
+      in = in && delta[a] > -n[a] && delta[a] < n[a];
+      u += (delta[a] + n[a] - 1) * g.rs[a];
+    }
+    return in ? u : -1;
+  };
+  float* drel = t.drel_acc + static_cast<int64_t>(h) * U * D;
+  for (int i = threadIdx.x; i < L::kTileOffsets * D; i += kThreads) {
+    int delta[NDIM];
+    const int e = i / D, u = entry_row(e, delta);
+    if (u >= 0) drel[static_cast<int64_t>(u) * D + i % D] += acc[e * L::kALd + i % D];
+  }
+  if (!sums) return;
+  // the warps' sums per tile offset, in warp order
+  float* tsum = fs + L::kSums;
+  for (int i = threadIdx.x; i < 2 * L::kRows; i += kThreads) tsum[i] = 0.f;
+  __syncthreads();
+  for (int v = 0; v < kWarps; ++v) {
+    if (w == v) {
+#pragma unroll
+      for (int m = 0; m < L::kCols; ++m) {
+        const int c = lane + 32 * m;
+        if (c < L::kWarpOffsets) {
+          tsum[wrow[c]] += bsum[m];
+          tsum[L::kRows + wrow[c]] += qsum[m];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (p.has_bias) {
+    float* dbias = t.dbias_acc + static_cast<int64_t>(h) * U;
+    for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
+      int delta[NDIM];
+      const int u = entry_row(e, delta);
+      if (u >= 0) dbias[u] += tsum[e];
+    }
+  }
+  if (p.has_sigma && p.g.ndim == NDIM) {
+    // d sigma_a = sum_u d quad[u] (-x_a^2 / sigma_a^3) with d quad = -sum dA (span add) or
+    // -sum dA logit (span multiply; the sums in base 2); each thread's entries, then in order
+    double* red = reinterpret_cast<double*>(fs);  // (pbuf is spent)
+    constexpr double kLn2 = 0.6931471805599453;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      double part = 0.0;
+      for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
+        int delta[NDIM];
+        if (entry_row(e, delta) < 0) continue;
+        const double dquad = quad_sums ? -kLn2 * tsum[L::kRows + e] : -static_cast<double>(tsum[e]);
+        const double x = normalised_offset(delta[a], n[a]);
+        part += dquad * x * x;
+      }
+      __syncthreads();
+      red[threadIdx.x] = part;
+      __syncthreads();
+      if (threadIdx.x == 0 && n[a] > 1) {
+        double sum = 0.0;
+        for (int i = 0; i < kThreads; ++i) sum += red[i];
+        const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[a]];
+        t.dsig_part[(static_cast<int64_t>(h) * ot.count + dT_index) * p.G_in + p.g.axis[a]] =
+            -sum * is * is * is;
+      }
+    }
+  }
+#endif
+}
+
+// The fast offset kernel's shared memory on a grid of `ndim` axes, 0 where it does not fit
+// sm_90's (the plan's check).
+template <typename T, int D>
+constexpr size_t fast_offsets_bytes(int ndim) {
+  const size_t b = ndim == 3   ? OffLayout<T, D, 3>::kBytes
+                   : ndim == 2 ? OffLayout<T, D, 2>::kBytes
+                               : OffLayout<T, D, 1>::kBytes;
+  return b <= kMaxSharedBytes ? b : 0;
+}
+
+// d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
+// t.drel_acc, t.dbias_acc, and d sigma's partials t.dsig_part ((H, offset_tiles.count, G_in),
+// where it has sigma), for a call the fast backward takes, with the offset tables filled.
+// The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.
+template <typename T, int D, int NDIM>
+cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+  using L = OffLayout<T, D, NDIM>;
+  int64_t boxes = 0;
+  const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
+  if (bad != cudaSuccess) return bad;
+  if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.drel == nullptr ||
+      t.drel_acc == nullptr || (p.has_bias && (t.dbias == nullptr || t.dbias_acc == nullptr)) ||
+      (p.has_sigma && t.dsig_part == nullptr) || reinterpret_cast<uintptr_t>(t.gout) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if constexpr (!L::kFits) {
+    return cudaErrorInvalidValue;  // (the plan never gives it such a call)
+  } else {
+    const OffsetTiles ot = offset_tiles<NDIM>(p);
+    cudaError_t e = cudaMemsetAsync(t.drel_acc, 0, sizeof(float) * p.H * p.U * D, stream);
+    if (e == cudaSuccess && p.has_bias)
+      e = cudaMemsetAsync(t.dbias_acc, 0, sizeof(float) * p.H * p.U, stream);
+    if (e == cudaSuccess && p.has_sigma)
+      e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
+    if (e == cudaSuccess && L::kBytes > 48 * 1024)
+      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(L::kBytes));
+    for (int parity = 0; e == cudaSuccess && p.B > 0 && parity < (1 << NDIM); ++parity) {
+      int per_head = 1;  // the tile offsets of this parity class per head
+      for (int a = 0; a < NDIM; ++a) per_head *= ot.reach[a] + 1 - ((parity >> a) & 1);
+      if (per_head == 0) continue;
+      fast_offsets_kernel<T, D, NDIM><<<dim3(static_cast<unsigned>(per_head), static_cast<unsigned>(p.H)),
+                                        kThreads, L::kBytes, stream>>>(p, t, ot, parity);
+      e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);
+    if (e == cudaSuccess && p.has_bias) e = cuda::launch_round_to<T>(t.dbias_acc, t.dbias, p.H * p.U, stream);
+    return e;
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_fast_offsets_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+                                        cudaStream_t stream) {
+  if (p.g.ndim == 3) return launch_fast_offsets<T, D, 3>(p, t, stream);
+  if (p.g.ndim == 2) return launch_fast_offsets<T, D, 2>(p, t, stream);
+  return launch_fast_offsets<T, D, 1>(p, t, stream);
+}
+
+}  // namespace posattn::relpos::cuda_fast
