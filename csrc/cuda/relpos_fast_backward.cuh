@@ -145,8 +145,9 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
 // with g = d logit / d (q k): scale, or scale mul[u] (row 16 of pbuf). A masked pair (or a
 // row with no key kept) adds exactly 0, a kept one P (dP - D) also where P underflows to 0,
 // so that a NaN in dP or D (or a +inf lse) stays visible as in the reference. each(nb, i,
-// dA, x): every pair's dA = P (dP - D) and base-2 logit x (both 0 where not kept).
-template <int NDIM, typename L, bool POS, typename Each>
+// dA, x): every pair's dA = P (dP - D) and base-2 logit x (both 0 where not kept). KEEP_DA:
+// s holds dA instead of P.
+template <int NDIM, typename L, bool POS, bool KEEP_DA = false, typename Each>
 __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
                                                  const float* pbuf, const int (&pcol)[2], int lane,
                                                  const float (&lse2)[2], const float (&rowd)[2], float scale,
@@ -167,7 +168,7 @@ __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], flo
       const float da = kept ? pr * (dp[nb][i] - rowd[r]) : 0.f;
       each(nb, i, da, kept ? s[nb][i] : 0.f);
       dp[nb][i] = da * g;
-      s[nb][i] = pr;
+      s[nb][i] = KEEP_DA ? da : pr;
     }
   }
 }
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const float* rowd_g = t.rowd + bh * N;
 
   // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
-  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const KeyRanges<NDIM> kr(p, t.sigma, g, blockIdx.y);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
 
   // the streamed boxes: origins first[a] + i ext per axis, cnt[a] of them, visited

@@ -158,13 +158,13 @@ struct KeyRanges {
   bool boxed;
   int span[NDIM];
   __device__ __forceinline__ KeyRanges(const RelposParams& p, const double* __restrict__ sigma,
-                                       const FastGrid<NDIM>& g) {
+                                       const FastGrid<NDIM>& g, int head) {
     boxed = p.has_box && p.g.ndim == NDIM;
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) {
       span[a] = g.n[a] - 1;
       if (boxed && p.has_sigma && p.threshold > 0.0) {
-        const double sg = sigma[blockIdx.y * p.G_in + p.g.axis[a]];
+        const double sg = sigma[head * p.G_in + p.g.axis[a]];
         if (sg > 0.0) span[a] = static_cast<int>(span_half_width(sg, p.threshold, g.n[a]));
       }
     }

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   const T* v = t.v + head;
 
   // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
-  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const KeyRanges<NDIM> kr(p, t.sigma, g, blockIdx.y);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
   // each row's ranges (row lane of warp w; rows past the grid's end as its last cell's),
   // read by the warp from its first barrier on

@@ -13,9 +13,10 @@
 //     positional products are spent by then); warp w owns the box's 16-row chunks w, w + 4,
 //     ... and adds their X q_pos (the tensor cores; 16 x 16 blocks of X that no query group
 //     reaches skipped at compile time) into float accumulators in shared memory;
-//   d bias, d sigma: per warp column sums over its 16 rows of dA mul (the d bias term) and,
-//     with span multiply, dA times the logit (d quad's), in float registers per column of
-//     the warp's offset box; added into the tile offset box in warp order at the end.
+//   d bias, d sigma: per warp column sums over its 16 rows of dA (d bias's, times the
+//     offset's mul at the end; d quad's with span add) and, with span multiply, of dA times
+//     the logit (d quad's), in float registers per column of the warp's offset box; added
+//     into the tile offset box in warp order at the end.
 // At the end the block adds its box into float32 d rel / d bias accumulators in global
 // memory and writes its d sigma partial. The boxes of tile offsets whose every component has
 // the same parity are disjoint (2 tile - 1 wide, 2 tile apart), so one launch per parity class
@@ -24,9 +25,11 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 
 #include "cuda_common.cuh"
 #include "relpos_fast_backward.cuh"
+#include "relpos_fast_tables.cuh"
 
 namespace posattn::relpos::cuda_fast {
 
@@ -58,9 +61,11 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
   return p.g.ndim == 3 ? offset_tiles<3>(p) : p.g.ndim == 2 ? offset_tiles<2>(p) : offset_tiles<1>(p);
 }
 
-template <typename T, int D, int NDIM>
+// DA: the columns of d rel a block accumulates (D, or D / 2 where D's accumulator does not fit:
+// a block per half, each recomputing the logits).
+template <typename T, int D, int NDIM, int DA = D>
 struct OffLayout {
-  static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
+  static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
   static constexpr int kLd = D + 8;
   static constexpr int kTile = 64 * kLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
@@ -71,7 +76,7 @@ struct OffLayout {
   static constexpr int kCols = (kWarpOffsets + 31) / 32;  // a lane's columns of the warp's offset box
   static constexpr int kChunks = (kTileOffsets + 15) / 16, kRows = 16 * kChunks;
   static constexpr int kXLd = kRows + 8;  // X's rows (T), one per query, in its warp's pbuf
-  static constexpr int kALd = D + 8;      // the d rel accumulator's rows (float)
+  static constexpr int kALd = DA + 8;     // the d rel accumulator's rows (float)
   // T: Q, dO, K, V, q_pos in two stages, the offset tile
   static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 6 * kTile;
   static __device__ __forceinline__ int qpos_at(int stage) { return (4 + stage) * kTile; }
@@ -84,10 +89,10 @@ struct OffLayout {
   static constexpr int kSums = kAcc + kRows * kALd;
   static constexpr int kRowsF = kSums + 2 * kRows;
   static constexpr int kFloats = kRowsF + 2 * kBlockM;
-  // ints: per warp its columns' offset rows (woff) and tile offset box rows (wrow); int2: per
-  // warp its rows' key ranges
+  // ints: per warp its columns' offset rows (woff), tile offset box rows (wrow) and rows with
+  // a pair (wmask); int2: per warp its rows' key ranges
   static constexpr size_t kIntsAt = kTBytes + static_cast<size_t>(kFloats) * 4;
-  static constexpr size_t kRangesAt = kIntsAt + 2 * kWarps * kWarpCols * 4;
+  static constexpr size_t kRangesAt = kIntsAt + 3 * kWarps * kWarpCols * 4;
   static constexpr size_t kBytes = kRangesAt + kWarps * 16 * NDIM * 8;
   static constexpr bool kFits = kBytes <= kMaxSharedBytes;
   static_assert(16 * kXLd * sizeof(T) <= kPbuf * 4, "a warp's rows of X fit its pbuf");
@@ -130,15 +135,18 @@ struct ChunkGroups {
   }
 };
 
-// One block: tile offset blockIdx.x of parity class `parity` (bit a: dT_a + reach_a odd) of
-// head blockIdx.y.
-template <typename T, int D, int NDIM>
+// One block: head blockIdx.x % H, tile offset number blockIdx.x / H of parity class `parity`
+// (bit a: dT_a + reach_a odd), d rel's columns DA blockIdx.z ... (the d bias and d sigma sums:
+// z = 0). The tile offsets are numbered row-major over the axes, each axis's values in order of
+// |dT_a| (0, -2, 2, ... or -1, 1, -3, ...): the blocks with the most pairs (small |dT|) first,
+// every head's alike, so that a GPU's block scheduler leaves the small ones for the tail.
+template <typename T, int D, int NDIM, int DA>
 __global__ void __launch_bounds__(kThreads, 1)
     fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot, int parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
-  using L = OffLayout<T, D, NDIM>;
+  using L = OffLayout<T, D, NDIM, DA>;
   constexpr int LD = L::kLd;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr ChunkGroups<NDIM> kGroups{};
@@ -148,18 +156,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* fs = reinterpret_cast<float*>(smem_raw + L::kTBytes);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h = blockIdx.y, N = static_cast<int>(p.N), U = static_cast<int>(p.U);
+  const int H = static_cast<int>(p.H), h = blockIdx.x % H, N = static_cast<int>(p.N),
+            U = static_cast<int>(p.U);
   const FastGrid<NDIM> g(p);
   const int (&n)[NDIM] = g.n;
   // this block's tile offset, its number among the head's, the query tiles it pairs
   int dT[NDIM], icnt[NDIM], ilo[NDIM], tiles = 1, dT_index = 0;
   {
-    int rest = blockIdx.x;
+    int rest = blockIdx.x / H;
 #pragma unroll
     for (int a = NDIM - 1; a >= 0; --a) {
-      const int bit = (parity >> a) & 1, cnt = ot.reach[a] + 1 - bit;
-      dT[a] = -ot.reach[a] + bit + 2 * (rest % cnt);
+      const int bit = (parity >> a) & 1, cnt = ot.reach[a] + 1 - bit, k = rest % cnt;
       rest /= cnt;
+      // the k-th value of the class by |dT|: with 0 in it 0, -2, 2, -4, ...; else -1, 1, -3, ...
+      const bool zero = ((ot.reach[a] & 1) == bit);
+      dT[a] = zero ? (k + 1) / 2 * 2 * (k % 2 != 0 ? -1 : 1) : (k / 2 * 2 + 1) * (k % 2 == 0 ? -1 : 1);
     }
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) {
@@ -170,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   const int64_t total = static_cast<int64_t>(p.B) * tiles;  // pairs (b, I), b-major
-  const KeyRanges<NDIM> kr(p, t.sigma, g);
+  const KeyRanges<NDIM> kr(p, t.sigma, g, h);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
   // pair j: its batch element, query tile origin and key block origin
   const auto decode = [&](int64_t j, int& b, int* qo, int* kb) {
@@ -210,15 +221,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* add = t.offset_add ? t.offset_add + static_cast<int64_t>(h) * U : nullptr;
   const float* mul = t.offset_mul ? t.offset_mul + static_cast<int64_t>(h) * U : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
-  const bool sums = p.has_bias || p.has_sigma, quad_sums = p.has_sigma && has_mul;
+  const int dcol = DA == D ? 0 : blockIdx.z * DA;  // this block's columns of d rel
+  // the sums per offset (the block of columns 0): of dA (d bias, times mul; d quad with span
+  // add) and of dA times the logit (d quad with span multiply)
+  const bool first = DA == D || blockIdx.z == 0;
+  const bool da_sums = first && (p.has_bias || (p.has_sigma && !has_mul));
+  const bool quad_sums = first && p.has_sigma && has_mul, sums = da_sums || quad_sums;
   float* pbuf = fs + w * L::kPbuf;
   T* X = reinterpret_cast<T*>(pbuf);  // the warp's rows of X (after its positional products)
   int* woff = reinterpret_cast<int*>(smem_raw + L::kIntsAt) + w * L::kWarpCols;
   int* wrow = woff + kWarps * L::kWarpCols;
+  unsigned* wmask = reinterpret_cast<unsigned*>(wrow + kWarps * L::kWarpCols);
   int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
   float* rows = fs + L::kRowsF;  // the pair's lse and rowd
   float* acc = fs + L::kAcc;
-  const float scale = static_cast<float>(p.scale), inv_scale = 1.f / scale;
+  const float scale = static_cast<float>(p.scale);
   fill_warp_columns<NDIM, L>(w, lane, g.rs, woff, wrow);
   for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
   __syncwarp();
@@ -272,13 +289,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     xcol[r] = x;
   }
   // this lane's columns of the warp's offset box (lane + 32 m): the rows that have a pair there
-  // (bit r), and their sums of the d bias term and of d quad's
-  unsigned cmask[L::kCols];
+  // (bit r: wmask, in shared memory where registers are short), and their sums of the d bias
+  // term and of d quad's
   float bsum[L::kCols] = {}, qsum[L::kCols] = {};
-#pragma unroll
+#pragma unroll 1
   for (int m = 0; m < L::kCols; ++m) {
     const int c = lane + 32 * m;
-    cmask[m] = 0;
+    unsigned mask = 0;
     for (int r = 0; c < L::kWarpOffsets && r < 16; ++r) {
       bool in = true;
       for_axes<NDIM>([&](auto ax) {
@@ -287,8 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                       (extent<NDIM>(Box::kWarp, a) - 1);
         in = in && k >= 0 && k < extent<NDIM>(Box::kKey, a);
       });
-      cmask[m] |= in ? 1u << r : 0u;
+      mask |= in ? 1u << r : 0u;
     }
+    if (c < L::kWarpCols) wmask[c] = mask;
   }
   // the sums over the warp's rows of what each pair wrote at its pbuf position
   const auto column_sums = [&](float (&sum)[L::kCols]) {
@@ -297,10 +315,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int m = 0; m < L::kCols; ++m) {
       const int c = lane + 32 * m;
       if (c >= L::kWarpOffsets) continue;
+      const unsigned mask = wmask[c];
       float x = 0.f;
 #pragma unroll
       for (int r = 0; r < 16; ++r)
-        if ((cmask[m] >> r) & 1) x += pbuf[r * L::kPLd + c];
+        if ((mask >> r) & 1) x += pbuf[r * L::kPLd + c];
       sum[m] += x;
     }
     __syncwarp();
@@ -309,9 +328,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int st = 0; j < total; st ^= 1) {
     warp::cp_async_wait<0>();
     __syncthreads();  // pair j visible to every warp, every warp done with pair j - 1 (X, q_pos)
-    const int64_t jn = next_pair(j + 1);
-    int bn = 0, qn[NDIM], kn[NDIM];
-    if (jn < total) decode(jn, bn, qn, kn);
     int row_tok[2];
     float lse2[2], rowd[2];
 #pragma unroll
@@ -337,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       full = full && kb[a] >= lr.x && kend <= fr.y;
     }
     const T* Qp = smem + L::qpos_at(st);
-    float s[kBlockN / 8][4] = {};   // S, then P
+    float s[kBlockN / 8][4] = {};   // S, then dA
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
     if (active) {
       uint32_t qpf[D / 16][4];
@@ -352,16 +368,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                                               w, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
                                               p.causal, full);
       // (each pair's pbuf position is its own: the logits read it, the sums write it)
-      softmax_backward<NDIM, L, true>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
-                                      [&](int nb, int i, float da, float x) {
-                                        if (quad_sums) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = da * x;
-                                      });
+      softmax_backward<NDIM, L, true, true>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
+                                            [&](int nb, int i, float da, float x) {
+                                              if (quad_sums)
+                                                pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = da * x;
+                                            });
       if (quad_sums) column_sums(qsum);  // sum dA x (x the base-2 logit)
-      if (sums) {                        // the d bias term dA mul = dS' / scale
+      if (da_sums) {                     // sum dA (s holds dA: KEEP_DA)
 #pragma unroll
         for (int nb = 0; nb < kBlockN / 8; ++nb)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = dp[nb][i] * inv_scale;
+          for (int i = 0; i < 4; ++i) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = s[nb][i];
         column_sums(bsum);
       }
     }
@@ -378,7 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           X[xcol[i >> 1] + kGroups.col[nb] + (i & 1)] = posattn::cuda::from_acc<T>(dp[nb][i]);
     }
     __syncthreads();  // X complete; every warp done with Q, dO, K, V
+    // the next pair (found and decoded here: its coordinates take no registers during the math)
+    const int64_t jn = next_pair(j + 1);
+    int bn = 0, qn[NDIM], kn[NDIM];
     if (jn < total) {
+      decode(jn, bn, qn, kn);
       load_pair(st ^ 1, bn, qn, kn);
       warp::cp_async_commit();
     }
@@ -386,9 +407,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int c = w; c < L::kChunks; c += kWarps) {
       float* arow = acc + 16 * c * L::kALd;
-      float a4[D / 8][4];
+      float a4[DA / 8][4];
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd)
+      for (int nd = 0; nd < DA / 8; ++nd)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float2 v =
@@ -403,15 +424,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         warp::ldmatrix<4, true>(xa,
                                 Xq + (lane % 8 + 8 * (lane / 16)) * L::kXLd + 16 * c + 8 * ((lane / 8) % 2));
 #pragma unroll
-        for (int nd = 0; nd < D / 8; nd += 2) {
+        for (int nd = 0; nd < DA / 8; nd += 2) {
           uint32_t bq[4];
-          warp::ldmatrix<4, true>(bq, Qp + (16 * q + lane % 16) * LD + 8 * nd + 8 * (lane / 16));
+          warp::ldmatrix<4, true>(bq, Qp + (16 * q + lane % 16) * LD + dcol + 8 * nd + 8 * (lane / 16));
           warp::mma_m16n8k16<T>(a4[nd], xa, {bq[0], bq[1]});
           warp::mma_m16n8k16<T>(a4[nd + 1], xa, {bq[2], bq[3]});
         }
       }
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd)
+      for (int nd = 0; nd < DA / 8; ++nd)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           *reinterpret_cast<float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4)) =
@@ -436,15 +457,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return in ? u : -1;
   };
-  float* drel = t.drel_acc + static_cast<int64_t>(h) * U * D;
-  for (int i = threadIdx.x; i < L::kTileOffsets * D; i += kThreads) {
-    int delta[NDIM];
-    const int e = i / D, u = entry_row(e, delta);
-    if (u >= 0) drel[static_cast<int64_t>(u) * D + i % D] += acc[e * L::kALd + i % D];
+  // (kBatch loads in flight per thread, then the adds: one load latency per batch, not per entry)
+  constexpr int kBatch = 8;
+  float* drel = t.drel_acc + static_cast<int64_t>(h) * U * D + dcol;
+  for (int i0 = threadIdx.x; i0 < L::kTileOffsets * DA; i0 += kBatch * kThreads) {
+    float v[kBatch];
+    int64_t at[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kThreads;
+      int delta[NDIM];
+      const int u = i < L::kTileOffsets * DA ? entry_row(i / DA, delta) : -1;
+      at[k] = u >= 0 ? static_cast<int64_t>(u) * D + i % DA : -1;
+      v[k] = at[k] >= 0 ? drel[at[k]] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kThreads;
+      if (at[k] >= 0) drel[at[k]] = v[k] + acc[i / DA * L::kALd + i % DA];
+    }
   }
   if (!sums) return;
-  // the warps' sums per tile offset, in warp order
+  // the warps' sums per tile offset, in warp order (sum dA times the column's mul: d bias's)
   float* tsum = fs + L::kSums;
+  const float* mul_w = fs + L::table_at(0, w, 1);
   for (int i = threadIdx.x; i < 2 * L::kRows; i += kThreads) tsum[i] = 0.f;
   __syncthreads();
   for (int v = 0; v < kWarps; ++v) {
@@ -453,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int m = 0; m < L::kCols; ++m) {
         const int c = lane + 32 * m;
         if (c < L::kWarpOffsets) {
-          tsum[wrow[c]] += bsum[m];
+          tsum[wrow[c]] += has_mul ? mul_w[c] * bsum[m] : bsum[m];
           tsum[L::kRows + wrow[c]] += qsum[m];
         }
       }
@@ -498,14 +534,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// The columns of d rel a block of the fast offset kernel takes: D where its accumulator fits
+// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128), else
+// 0 (the plan gives the call the tiled offset kernel).
+template <typename T, int D, int NDIM>
+constexpr int offsets_columns() {
+  if constexpr (OffLayout<T, D, NDIM, D>::kFits)
+    return D;
+  else if constexpr (OffLayout<T, D, NDIM, D / 2>::kFits)
+    return D / 2;
+  else
+    return 0;
+}
+template <typename T, int D, int NDIM>
+constexpr size_t fast_offsets_bytes_() {
+  constexpr int DA = offsets_columns<T, D, NDIM>();
+  return OffLayout < T, D, NDIM, DA == 0 ? D : DA > ::kBytes * (DA != 0);
+}
 // The fast offset kernel's shared memory on a grid of `ndim` axes, 0 where it does not fit
 // sm_90's (the plan's check).
 template <typename T, int D>
 constexpr size_t fast_offsets_bytes(int ndim) {
-  const size_t b = ndim == 3   ? OffLayout<T, D, 3>::kBytes
-                   : ndim == 2 ? OffLayout<T, D, 2>::kBytes
-                               : OffLayout<T, D, 1>::kBytes;
-  return b <= kMaxSharedBytes ? b : 0;
+  return ndim == 3   ? fast_offsets_bytes_<T, D, 3>()
+         : ndim == 2 ? fast_offsets_bytes_<T, D, 2>()
+                     : fast_offsets_bytes_<T, D, 1>();
 }
 
 // d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
@@ -514,15 +566,18 @@ constexpr size_t fast_offsets_bytes(int ndim) {
 // The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.
 template <typename T, int D, int NDIM>
 cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  using L = OffLayout<T, D, NDIM>;
+  constexpr int DA = offsets_columns<T, D, NDIM>();
+  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA>;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
   if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.drel == nullptr ||
       t.drel_acc == nullptr || (p.has_bias && (t.dbias == nullptr || t.dbias_acc == nullptr)) ||
-      (p.has_sigma && t.dsig_part == nullptr) || reinterpret_cast<uintptr_t>(t.gout) % 16 != 0)
+      (p.has_sigma && t.dsig_part == nullptr) || reinterpret_cast<uintptr_t>(t.gout) % 16 != 0 ||
+      (has_offset_add(p) && t.offset_add == nullptr) || (has_offset_mul(p) && t.offset_mul == nullptr))
     return cudaErrorInvalidValue;
-  if constexpr (!L::kFits) {
+  if (p.N == 0 || p.H == 0) return cudaSuccess;  // (nothing to add up)
+  if constexpr (DA == 0) {
     return cudaErrorInvalidValue;  // (the plan never gives it such a call)
   } else {
     const OffsetTiles ot = offset_tiles<NDIM>(p);
@@ -532,14 +587,16 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
-      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(L::kBytes));
+      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
     for (int parity = 0; e == cudaSuccess && p.B > 0 && parity < (1 << NDIM); ++parity) {
       int per_head = 1;  // the tile offsets of this parity class per head
       for (int a = 0; a < NDIM; ++a) per_head *= ot.reach[a] + 1 - ((parity >> a) & 1);
       if (per_head == 0) continue;
-      fast_offsets_kernel<T, D, NDIM><<<dim3(static_cast<unsigned>(per_head), static_cast<unsigned>(p.H)),
-                                        kThreads, L::kBytes, stream>>>(p, t, ot, parity);
+      if (static_cast<int64_t>(per_head) * p.H > INT_MAX) return cudaErrorInvalidValue;
+      fast_offsets_kernel<T, D, NDIM, DA>
+          <<<dim3(static_cast<unsigned>(per_head * p.H), 1, D / DA), kThreads, L::kBytes, stream>>>(p, t, ot,
+                                                                                                    parity);
       e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);

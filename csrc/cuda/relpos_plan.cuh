@@ -166,6 +166,8 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // backward takes (empty: it can); `smem`: its shared memory.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                         size_t* smem) {
+  if (p.H * cuda_fast::fast_offset_tiles(p).count > INT_MAX)
+    return "the fast offset kernel needs more thread blocks than a launch allows";
   std::string why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);

@@ -63,6 +63,7 @@ class Case:
         seed: int = 0,
         tiled_backward: bool = True,
         general_offsets: bool = False,
+        scale: Optional[float] = None,
     ):
         self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
         self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
@@ -79,6 +80,7 @@ class Case:
         # tiled offset kernel's shared memory does not fit)
         self.tiled_backward = tiled_backward
         self.general_offsets = general_offsets
+        self.scale = D**-0.5 if scale is None else scale  # the logits' scale (0 allowed)
 
     def __repr__(self):
         return self.name
@@ -213,7 +215,7 @@ def run_relpos(c: Case, tmp_path: Path):
     N = math.prod(c.grid)
     tiled_d = c.D if c.path == "tiled" else None
     x = _inputs(c)
-    scale = c.D**-0.5
+    scale = c.scale
     g = torch.Generator().manual_seed(c.seed + 1)
     gout = torch.randn(c.B, c.H, N, c.Dv, generator=g, dtype=F64).to(c.dtype).to(F64)
     acc = F64 if c.dtype == F64 else F32
@@ -274,13 +276,13 @@ def _backward_path(c: Case) -> str:
 
 def _offsets_kernel(c: Case, backward: str) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
-    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 on
-    1-3 axes, D = 64 on 1-2), else the tiled one unless the case says it does not fit, else
+    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
+    on 1-3 axes, D = 128 on 1), else the tiled one unless the case says it does not fit, else
     the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
-    if backward == "fast" and (c.D == 32 or (c.D == 64 and axes <= 2)):
+    if backward == "fast" and (c.D in (32, 64) or (c.D == 128 and axes <= 1)):
         return "fast"
     return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
 
@@ -330,7 +332,7 @@ GENERAL = [
     # every dtype on 1-D / 2-D / 3-D grids with every feature
     Case("general-f64-1d", F64, [7], sigma=True, bias=True, D=5, Dv=4),
     Case("general-f64-2d-span-threshold", F64, [5, 6], sigma=True, threshold=0.3, D=6, Dv=3),
-    Case("general-f64-3d-multiply", F64, [3, 4, 5], sigma=True, span_mode="multiply", threshold=0.2, D=4),
+    Case("general-f64-3d-multiply", F64, [3, 4, 5], sigma=True, span_mode="multiply", threshold=0.2, D=4, B=1),
     Case("general-f64-size1-axes", F64, [1, 6, 1, 5], sigma=True, bias=True, causal=True, D=4, Dv=5),
     Case(
         "general-f64-window-shift-causal",
@@ -343,12 +345,13 @@ GENERAL = [
         sigma=True,
         threshold=0.5,
         D=4,
+        B=1,
     ),
     Case("general-f64-nopos-bias", F64, [4, 5], pos=False, bias=True, sigma=True, span_mode="multiply", D=4),
     Case("general-f32-2d", F32, [6, 5], sigma=True, bias=True, threshold=0.25, D=16, Dv=8),
-    Case("general-f32-window-clip", F32, [8, 9], window=2, sigma=True, D=8),
+    Case("general-f32-window-clip", F32, [8, 9], window=2, sigma=True, D=8, B=1),
     Case("general-f32-3d-causal", F32, [3, 3, 4], causal=True, sigma=True, span_mode="multiply", D=8),
-    Case("general-f16-2d", F16, [5, 7], sigma=True, bias=True, threshold=0.3, D=16, Dv=8),
+    Case("general-f16-2d", F16, [5, 7], sigma=True, bias=True, threshold=0.3, D=16, Dv=8, B=1),
     Case(
         "general-f16-multiply-window",
         F16,
@@ -361,13 +364,13 @@ GENERAL = [
     ),
     Case("general-bf16-1d-causal", BF16, [23], causal=True, bias=True, sigma=True, D=8),
     Case("general-bf16-3d", BF16, [2, 3, 5], sigma=True, threshold=0.4, D=8, Dv=16),
-    Case("general-bf16-4d-window", BF16, [2, 3, 2, 4], window=1, bias=True, sigma=True, span_mode="multiply", D=8),
+    Case("general-bf16-4d-window", BF16, [2, 3, 2, 4], window=1, bias=True, sigma=True, span_mode="multiply", D=8, B=1),
     Case("general-f16-3d-size1-causal", F16, [4, 1, 5], causal=True, sigma=True, threshold=0.6, D=8, glse=False),
     # loops run more than once: > 128 keys per query (key chunks), D > 128 (column loops),
     # > 2048 offsets (offset blocks take several), several heads and batches
     Case("general-f32-long-1d", F32, [150], sigma=True, bias=True, D=4, Dv=3, H=1),
     Case("general-f64-wide-head", F64, [5, 4], D=130, Dv=129, B=1, H=2, sigma=True),
-    Case("general-f32-many-offsets", F32, [8, 9, 10], window=1, bias=True, sigma=True, B=1, H=1, D=4),
+    Case("general-f32-many-offsets", F32, [6, 7, 9], window=1, bias=True, sigma=True, B=1, H=1, D=4),
     # non-finite logits: NaN rows, +inf logits, rows with every key masked (-inf bias)
     Case("general-f32-nonfinite", F32, [9], bias=True, special="nonfinite", D=4),
     Case("general-f64-masked-row", F64, [4, 5], bias=True, causal=True, special="masked_row", D=4),
@@ -381,6 +384,7 @@ GENERAL = [
         window_border="shift",
         sigma=True,
         bias=True,
+        B=1,
     ),
     Case("general-f64-natten-causal-axis-clip", F64, [7, 8], natten=((3, 4), (1, 2), (True, False)), bias=True),
     Case(
@@ -394,7 +398,7 @@ GENERAL = [
     ),
     Case("general-f64-nonfinite-2d", F64, [3, 4], bias=True, sigma=True, special="nonfinite", D=4),
     # determinism: the backward twice, bit for bit
-    Case("general-f32-deterministic", F32, [6, 7], sigma=True, bias=True, repeats=2, D=8),
+    Case("general-f32-deterministic", F32, [6, 7], sigma=True, bias=True, repeats=2, D=8, B=1),
     Case("general-bf16-deterministic", BF16, [5, 5], sigma=True, bias=True, threshold=0.3, repeats=2, D=8),
 ]
 
@@ -410,7 +414,7 @@ TILED = [
     Case(
         "tiled-f16-d32-causal-threshold", F16, [9, 11], path="tiled", D=32, sigma=True, threshold=0.3, causal=True, B=1
     ),
-    Case("tiled-tf32-d32-multiply", F32, [5, 6], path="tiled", D=32, sigma=True, span_mode="multiply"),
+    Case("tiled-tf32-d32-multiply", F32, [5, 6], path="tiled", D=32, sigma=True, span_mode="multiply", B=1),
     Case(
         "tiled-bf16-d64-shift-window",
         BF16,
@@ -615,6 +619,23 @@ TILED = [
     ),
     Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
+    # the fast offset kernel in two column halves of d rel (its accumulator for all of D does not
+    # fit: D = 64 on 3-D grids, D = 128 on 1-D), and with scale 0 (d bias and d sigma from dA alone)
+    Case("fast-f16-d64-3d-offsets-halves", F16, [5, 6, 7], path="tiled", D=64, sigma=True, bias=True, B=1, H=1),
+    Case(
+        "fast-bf16-d128-1d-offsets-halves",
+        BF16,
+        [70],
+        path="tiled",
+        D=128,
+        sigma=True,
+        span_mode="multiply",
+        bias=True,
+        causal=True,
+        B=1,
+        H=1,
+    ),
+    Case("fast-f16-d32-scale-zero", F16, [9, 10], path="tiled", D=32, sigma=True, bias=True, scale=0.0, B=1, H=1),
     # span boxes through sigma's own axes (size-1 axes between them), a different box per head
     Case(
         "fast-f16-d32-size1-axes-threshold",
