@@ -27,5 +27,5 @@ echo "cuda_sim: simulator ready in $(( $(date +%s) - start )) s"
 
 # the suite must run here, not skip
 "$PY" benchmarks/simlib.py
-"$PY" -m pytest -q -p no:cacheprovider -m cuda_sim -n "$(nproc)" tests/cuda_sim "$@"
+"$PY" -m pytest -q -p no:cacheprovider -m cuda_sim -n "$(nproc)" --durations=20 tests/cuda_sim "$@"
 echo "cuda_sim: done in $(( $(date +%s) - start )) s"
