@@ -328,6 +328,25 @@ def check_relpos(c: Case, tmp_path: Path):
     return errors
 
 
+# Cases CI leaves out (marked cuda_sim_extended; `bash scripts/cuda_sim.sh --all` runs them):
+# each checks what CI's cases check too, at another size, type or head dim, and together they
+# cost ~7 minutes of CI's 2 cores. Run them after changing a kernel they reach.
+EXTENDED = {
+    "general-bf16-3d-natten",  # NATTEN windows: general-f32-natten-even-stride, -f64-natten-causal-axis-clip
+    "tiled-f16-d32-causal-threshold",  # causal span boxes: tiled-f16-d64-causal-tail, -bf16-d32-3d-shift-causal
+    "tiled-tf32-d64-size1-axes",  # TF32 D = 64: tiled-tf32-d64-window-causal; size-1 axes: fast-f16-d32-size1-axes-*
+    "tiled-f16-d64-3d-multiply",  # 3-D D = 64: fast-bf16-d64-3d-multiply-causal, fast-f16-d64-3d-offsets-halves
+    "tiled-f16-d128-2d",  # D = 128 2-D with the general offset kernel: tiled-bf16-d128-everything
+}
+
+
+def _params(cases):
+    """pytest params of `cases`, the EXTENDED ones marked cuda_sim_extended."""
+    return [
+        pytest.param(c, id=repr(c), marks=[pytest.mark.cuda_sim_extended] if c.name in EXTENDED else []) for c in cases
+    ]
+
+
 GENERAL = [
     # every dtype on 1-D / 2-D / 3-D grids with every feature
     Case("general-f64-1d", F64, [7], sigma=True, bias=True, D=5, Dv=4),
@@ -403,7 +422,7 @@ GENERAL = [
 ]
 
 
-@pytest.mark.parametrize("case", GENERAL, ids=repr)
+@pytest.mark.parametrize("case", _params(GENERAL))
 def test_general_path(case, tmp_path):
     check_relpos(case, tmp_path)
 
@@ -653,7 +672,10 @@ TILED = [
 ]
 
 
-@pytest.mark.parametrize("case", TILED, ids=repr)
+assert EXTENDED <= {c.name for c in GENERAL + TILED}, "EXTENDED names a case that is not there"
+
+
+@pytest.mark.parametrize("case", _params(TILED))
 def test_tiled_path(case, tmp_path):
     # check_relpos also checks that the plan chose the kernels the case names
     check_relpos(case, tmp_path)
