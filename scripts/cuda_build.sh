@@ -10,7 +10,7 @@
 #   CUDA_TORCH_VERSION  the CUDA torch to build against (default 2.14.1)
 #   CUDA_HOME           the toolkit (default: the /usr/local/cuda-* holding lib64/libcudart.so)
 #   CUDA_ARCHS          TORCH_CUDA_ARCH_LIST of the build (default 9.0: the GPU machine's H100 / H200;
-#                       a second architecture doubles the device compilation, ~10 minutes of CI's
+#                       a second architecture adds ~8 minutes of device compilation on CI's
 #                       2 cores, and the simulated suite already compiles every kernel for compute_80)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
