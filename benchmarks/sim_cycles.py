@@ -8,7 +8,7 @@ a window and how the paths compare inside one model; the figures that count come
 GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
 functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
 so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16, D = Dv = 32,
-positional term on. Paths: fast (the plan's choice: the fast forward and backward),
+positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice: the fast forward and backward),
 tiled (forced), general, tiled-goffsets.
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
@@ -66,7 +66,19 @@ def kernel_cycles(log: str):
     return [(short_name(n), c) for n, c in zip(names, cycles)]
 
 
-def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 32, workdir: Path = None, H: int = 1):
+def run(
+    path: str,
+    grid,
+    window,
+    backward: bool,
+    dtype=torch.bfloat16,
+    D: int = 32,
+    workdir: Path = None,
+    H: int = 1,
+    terms: str = "pos",
+):
+    # terms: what the logits have per offset: "pos" (q_pos . rel), "bias" (a bias alone: the fast
+    # kernels' tables only), "none" (plain attention: the fast path runs its control's kernels)
     # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma);
     # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled kernels
     harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
@@ -78,11 +90,13 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
         q=rand(1, H, N, D),
         k=rand(1, H, N, D),
         v=rand(1, H, N, D),
-        q_pos=rand(1, H, N, D),
-        rel=rand(H, U, D),
         gout=rand(1, H, N, D),
         glse=torch.zeros(1, H, N, dtype=torch.float32),
     )
+    if terms == "pos":
+        arrays.update(q_pos=rand(1, H, N, D), rel=rand(H, U, D))
+    elif terms == "bias":
+        arrays.update(bias=rand(H, U))
     settings = dict(
         op="relpos",
         **simlib.plan_settings("tiled-forced" if path in ("tiled", "tiled-goffsets") else harness_path),
@@ -92,14 +106,17 @@ def run(path: str, grid, window, backward: bool, dtype=torch.bfloat16, D: int = 
         D=D,
         Dv=D,
         grid=list(grid),
-        has_pos=1,
+        has_pos=int(terms == "pos"),
+        has_bias=int(terms == "bias"),
         scale=repr(D**-0.5),
         window=window,
         window_shift=1 if window else 0,
         backward=int(backward),
         has_glse=1,
     )
-    case = workdir / f"{path}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+    case = (
+        workdir / f"{path}-{terms}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+    )
     res = simlib.run_case(
         simlib.harness(dtype, D if harness_path == "tiled" else None),
         case,
@@ -134,6 +151,12 @@ def main():
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"
     )
     ap.add_argument("--heads", type=int, default=1, help="heads H (B = 1): H query tiles per tile of the grid")
+    ap.add_argument(
+        "--terms",
+        choices=("pos", "bias", "none"),
+        default="pos",
+        help="the logits' terms per offset: q_pos . rel (default), a bias alone, or none (plain attention)",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -155,7 +178,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as ex:
-        results = list(ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work, H=args.heads), jobs))
+        results = list(
+            ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work, H=args.heads, terms=args.terms), jobs)
+        )
     rows = {}
     for (path, w, bwd), (cycles, secs) in zip(jobs, results):
         kept = N if w is None else math.prod(min(2 * x + 1, n) for x, n in zip(w, grid))
@@ -170,7 +195,7 @@ def main():
     print(
         f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = 1, "
         f"H = {args.heads}, "
-        f"positional term on; wall {time.time() - start:.0f} s"
+        f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )
     print(
         "| call | kept keys per query | "

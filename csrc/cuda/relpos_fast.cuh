@@ -16,8 +16,8 @@ namespace posattn::relpos::cuda_fast {
 
 template <typename T, int D>
 struct FastKernels {
-  // out and lse of a call the plan gave the fast forward (q_pos and rel given, a grid of
-  // 1-3 axes), with t.offset_add / t.offset_mul filled (relpos_fast_tables.cuh)
+  // out and lse of a call the plan gave the fast forward (a grid of 1-3 axes; q_pos and rel
+  // given or both null), with t.offset_add / t.offset_mul filled (relpos_fast_tables.cuh)
   static cudaError_t forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
   // d q, d k, d v, d q_pos of a call the plan gave the fast backward, with the same tables
   // and t.gout, t.rowd, t.lse (relpos_fast_backward.cuh); d rel, d bias, d sigma are the

@@ -1,8 +1,9 @@
 // The fast path's backward: d q, d q_pos (query-major) and d k, d v (key-major),
 // FlashAttention-2's structure on the warp-level primitives, deterministic: every
 // gradient row is written once, by one warp, from sums in a fixed order (no atomics).
-// d rel, d bias and d sigma come from the tiled offset kernel (relpos_tiled_offsets.cuh)
-// or the general one, as the plan says.
+// d rel, d bias and d sigma come from the fast offset kernel (relpos_fast_offsets.cuh), the
+// tiled one (relpos_tiled_offsets.cuh) or the general one, as the plan says. POS as the
+// forward's: q_pos and rel null where the call has a bias or span and no q_pos (tables only).
 //
 // Both kernels are one template (KEYS: key-major). A block owns a fixed box of 64
 // (a query tile, or a key block) and streams the boxes of the other kind through two
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const T* q = t.q + head;
   const T* k = t.k + head;
   const T* v = t.v + head;
-  const T* qp = POS ? t.qpos + head : nullptr;
+  const T* qp = POS && t.qpos ? t.qpos + head : nullptr;  // (null: tables only, as the forward)
   const T* dout = t.gout + head;
   const float* lse_g = t.lse + bh * N;
   const float* rowd_g = t.rowd + bh * N;
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 
   // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
-  const T* rel = POS ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
+  const T* rel = POS && t.rel ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
   const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
   const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     } else {
       const auto tok = [&](unsigned r) { return query_token(so, static_cast<int>(r)); };
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 0), q, tok);
-      if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 1), qp, tok);
+      if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 1), qp, tok);
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 2), dout, tok);
       if (threadIdx.x < kBlockM) {
         float* rows = reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64;
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   if constexpr (!KEYS) {
     const auto tok = [&](unsigned r) { return query_token(fo, static_cast<int>(r)); };
     load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
-    if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(1), qp, tok);
+    if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(1), qp, tok);
     load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(2), dout, tok);
     fill_ranges(fo);
   } else {
@@ -451,13 +452,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     // POS: the warp's positional products (the forward's)
     if constexpr (POS) {
       if (active) {
+        // (tables only: unused, read from the unfilled stage; behind a branch on rel these
+        // loads made ptxas spill at D = 128)
         uint32_t qpf[D / 16][4];
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
           warp::ldmatrix<4>(qpf[kk], Qps + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
         warp_positional_products<T, D, L, false>(
-            qpf, smem + L::r_at(rst), wrow, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1),
-            pbuf, lane, scale, has_add, has_mul);
+            qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+            fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
         __syncwarp();
       }
       if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
@@ -495,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             warp::mma_m16n8k16<T>(acc0[nd + 1], a, {b[2], b[3]});
           }
         }
-        if constexpr (POS) {
+        if (POS && rel != nullptr) {
           // dQpos += box(dS') rel_box: dS' into the warp's offset box (pair (i, j) at the
           // forward's skewed column; a permutation of the row's columns), then the product
           T* box = smem + L::kX + w * 16 * L::kSLd;
@@ -637,6 +640,15 @@ cudaError_t launch_fast_backward_by_rank(const RelposParams& p, const RelposTens
   if (p.g.ndim == 3) return launch_fast_backward<T, D, POS, 3>(p, t, stream);
   if (p.g.ndim == 2) return launch_fast_backward<T, D, POS, 2>(p, t, stream);
   return launch_fast_backward<T, D, POS, 1>(p, t, stream);
+}
+
+// The backward of a call the plan gave the fast path: the positional instance where the call
+// has a term per offset (has_offset_terms; q_pos and rel null where it has none: d q_pos not
+// written), else the control's.
+template <typename T, int D>
+cudaError_t launch_fast_backward_call(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+  return has_offset_terms(p) ? launch_fast_backward_by_rank<T, D, true>(p, t, stream)
+                             : launch_fast_backward_by_rank<T, D, false>(p, t, stream);
 }
 
 // The larger shared memory of the positional backward's two kernels on a grid of `ndim`

@@ -196,20 +196,32 @@ __device__ __forceinline__ void fill_warp_columns(int w, int lane, const int* rs
   }
 }
 
+// Whether a call has a term per offset (q_pos rel, a bias, a span): the kernels' positional
+// instances (POS) take it, with rel null where it has no q_pos (tables only: its bias and
+// span through the add / mul tables); else the control's (POS = false) take it.
+inline bool has_offset_terms(const RelposParams& p) {
+  return p.has_pos || p.has_bias || p.has_sigma;
+}
+
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
-// rows, zero-filled outside [0, U); and the warp's add / mul entries (4-byte copies,
-// zero-filled likewise; add or mul null where the call has none). The caller commits.
+// rows, zero-filled outside [0, U) (none where rel is null: tables only); and the warp's add /
+// mul entries (4-byte copies, zero-filled likewise; add or mul null where the call has none).
+// The caller commits.
 template <typename T, int D, int NDIM, typename L>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
                                                  const int* rs, const float* __restrict__ add,
                                                  const float* __restrict__ mul, float* add_w, float* mul_w,
                                                  const int* woff, int lane) {
-  load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr, [&](const int* x) {
-    int u = u0;
+  if (rel != nullptr) {
+    load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr,
+                                                                 [&](const int* x) {
+                                                                   int u = u0;
 #pragma unroll
-    for (int a = 0; a < NDIM; ++a) u += x[a] * rs[a];
-    return u >= 0 && u < U ? u : -1;
-  });
+                                                                   for (int a = 0; a < NDIM; ++a)
+                                                                     u += x[a] * rs[a];
+                                                                   return u >= 0 && u < U ? u : -1;
+                                                                 });
+  }
   if (add != nullptr || mul != nullptr) {
     for (int c = lane; c < L::kWarpCols; c += 32) {
       const int u = u0 + woff[c];
@@ -222,13 +234,31 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 
 // The warp's positional products into pbuf: column c of row i is (scale q_pos_i . rel[wrow
 // c] + add[c]) mul[c], with q_pos's A fragments qpf, the offset tile R; row 16 holds scale
-// mul[c] (has_mul). UNROLL: the column loop unrolled (the forward) or not (the backward,
-// whose accumulators leave fewer registers). The caller syncs the warp before reading.
+// mul[c] (has_mul). Tables only (R null, qpf unused): add[c] mul[c] in every row. UNROLL:
+// the column loop unrolled (the forward) or not (the backward, whose accumulators leave
+// fewer registers). The caller syncs the warp before reading.
 template <typename T, int D, typename L, bool UNROLL>
 __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / 16][4], const T* R,
                                                          const int* wrow, const float* add_w,
                                                          const float* mul_w, float* pbuf, int lane,
                                                          float scale, bool has_add, bool has_mul) {
+  if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
+    static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0, "float4 columns");
+#pragma unroll 1
+    for (int c = 4 * lane; c < L::kWarpCols; c += 128) {
+      const float4 m =
+          has_mul ? *reinterpret_cast<const float4*>(mul_w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
+      const float4 a =
+          has_add ? *reinterpret_cast<const float4*>(add_w + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 x = make_float4(a.x * m.x, a.y * m.y, a.z * m.z, a.w * m.w);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) *reinterpret_cast<float4*>(pbuf + i * L::kPLd + c) = x;
+      if (has_mul)
+        *reinterpret_cast<float4*>(pbuf + 16 * L::kPLd + c) =
+            make_float4(scale * m.x, scale * m.y, scale * m.z, scale * m.w);
+    }
+    return;
+  }
   constexpr int LD = L::kLd, kUnroll = UNROLL ? L::kWarpCols / 16 : 1;
   const T* Rj = R + 8 * ((lane / 8) % 2);
 #pragma unroll kUnroll
@@ -329,9 +359,9 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2
 // The checks both launchers share: D = Dv, N < 2^31, H and B at most 65535 (the grid's
 // y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
 // takes the N tokens in a row, any grid for the control without a window or span box);
-// sigma given where a threshold makes span boxes; POS: q_pos and rel given, U = prod (2 n_d
-// - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows in 32 bits), N <= 2^30 -
-// kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per (batch, head).
+// sigma given where a threshold makes span boxes; POS: q_pos and rel both given or both null
+// (tables only), U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset
+// rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per (batch, head).
 // cudaErrorInvalidValue where one fails.
 template <int D, bool POS, int NDIM, typename T>
 cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, int64_t* boxes) {
@@ -353,8 +383,8 @@ cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, in
       *boxes *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
   }
   if (*boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  if (POS) {
-    if (t.qpos == nullptr || t.rel == nullptr || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+  if (POS) {  // (q_pos and rel both null: tables only)
+    if ((t.qpos == nullptr) != (t.rel == nullptr) || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
       return cudaErrorInvalidValue;
     if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
       return cudaErrorInvalidValue;

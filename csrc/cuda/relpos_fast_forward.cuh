@@ -1,9 +1,11 @@
 // The fast path's forward, FlashAttention-2's structure on the warp-level primitives
 // (warp_primitives.cuh): out = softmax(logits) v and its lse over the N tokens of each
-// (batch, head), with causal masking (token order). POS = false: logits = scale q k^T,
-// the FA2 control the positional kernels are measured against. POS = true:
+// (batch, head), with causal masking (token order). POS = false: logits = scale q k^T
+// (calls with no term per offset; the FA2 control the positional kernels are measured
+// against). POS = true:
 // logits = scale (q k^T + q_pos rel[u]) + add[u], times mul[u], with u the pair's
-// offset row and add / mul the per-offset tables (bias, the span) of RelposTensors.
+// offset row and add / mul the per-offset tables (bias, the span) of RelposTensors; with
+// q_pos and rel null (a call with a bias or span and no q_pos), the tables only.
 // Grids of NDIM = 1, 2, 3 axes (relpos_fast_boxes.cuh: the boxes). Windows (NATTEN's
 // vocabulary: kernel split, query stride, causal axes, clip or shift at the borders) and
 // span boxes (a threshold) as per-axis key ranges of each query (axis_key_range, the
@@ -173,7 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 
   // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
-  const T* rel = POS ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
+  // (null where the call has no q_pos: its add / mul tables only)
+  const T* rel = POS && t.rel ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
   const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
   const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 #pragma unroll
   for (int a = 0; a < NDIM; ++a) kb[a] = kfirst[a];
   load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
-  if constexpr (POS) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
+  if (POS && rel != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
   load_keys(0, kb);
   if constexpr (POS) load_offsets(0, kb);
   warp::cp_async_commit();
@@ -232,9 +235,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         warp::ldmatrix<4>(qf[kk], smem + L::kQ + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-      if constexpr (POS) {
+      if (POS && rel != nullptr) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
+        for (int kk = 0; kk < (POS ? D / 16 : 1); ++kk)
           warp::ldmatrix<4>(qpf[kk], smem + L::kQpos + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
       }
       __syncthreads();  // every warp holds Q (and q_pos): their buffers are K1's and V1's
@@ -273,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     if constexpr (POS) {
       if (active) {
         warp_positional_products<T, D, L, true>(
-            qpf, smem + L::r_at(rst), wrow, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1),
-            pbuf, lane, scale, has_add, has_mul);
+            qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+            fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
         __syncwarp();  // the warp's products visible to its lanes
       }
       if constexpr (L::kRelStages == 1) {
@@ -444,6 +447,15 @@ cudaError_t launch_fast_forward_by_rank(const RelposParams& p, const RelposTenso
   if (p.g.ndim == 3) return launch_fast_forward<T, D, POS, 3>(p, t, stream);
   if (p.g.ndim == 2) return launch_fast_forward<T, D, POS, 2>(p, t, stream);
   return launch_fast_forward<T, D, POS, 1>(p, t, stream);
+}
+
+// The forward of a call the plan gave the fast path: the positional instance where the call
+// has a term per offset (has_offset_terms), else the control's (plain attention, its windows
+// and causal masking included).
+template <typename T, int D>
+cudaError_t launch_fast_forward_call(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+  return has_offset_terms(p) ? launch_fast_forward_by_rank<T, D, true>(p, t, stream)
+                             : launch_fast_forward_by_rank<T, D, false>(p, t, stream);
 }
 
 // Shared memory of the positional forward on a grid of `ndim` axes (the plan's check).

@@ -12,13 +12,13 @@ namespace posattn::relpos::cuda_fast {
 template <typename T, int D>
 cudaError_t FastKernels<T, D>::forward(const RelposParams& p, const RelposTensors<T>& t,
                                        cudaStream_t stream) {
-  return launch_fast_forward_by_rank<T, D, true>(p, t, stream);
+  return launch_fast_forward_call<T, D>(p, t, stream);
 }
 
 template <typename T, int D>
 cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t,
                                         cudaStream_t stream) {
-  return launch_fast_backward_by_rank<T, D, true>(p, t, stream);
+  return launch_fast_backward_call<T, D>(p, t, stream);
 }
 
 template <typename T, int D>

@@ -21,7 +21,8 @@
 // memory and writes its d sigma partial. The boxes of tile offsets whose every component has
 // the same parity are disjoint (2 tile - 1 wide, 2 tile apart), so one launch per parity class
 // (2^NDIM, in a fixed order) adds boxes no other block of its launch touches; a last kernel
-// rounds d rel and d bias to T.
+// rounds d rel and d bias to T. A call with a bias or span and no q_pos (rel null): the
+// same stream and sums, without X and d rel.
 #pragma once
 
 #include <algorithm>
@@ -216,8 +217,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t j = next_pair(0);
   if (j >= total) return;  // no pair (uniform; nothing copied yet): this box adds nothing
 
-  // the head's offset tables, the warp's buffers and maps
-  const T* rel = t.rel + static_cast<int64_t>(h) * U * D;
+  // the head's offset tables, the warp's buffers and maps; rel null where the call has no
+  // q_pos (tables only: d bias and d sigma, no X and no d rel)
+  const T* rel = t.rel ? t.rel + static_cast<int64_t>(h) * U * D : nullptr;
+  const bool pos = rel != nullptr;
   const float* add = t.offset_add ? t.offset_add + static_cast<int64_t>(h) * U : nullptr;
   const float* mul = t.offset_mul ? t.offset_mul + static_cast<int64_t>(h) * U : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
     load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, t.q + head, tok);
     load_rows_async<T, D, LD, kBlockM>(smem + L::kDO, t.gout + head, tok);
-    load_rows_async<T, D, LD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
+    if (pos) load_rows_async<T, D, LD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
     load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::kK, t.k + head, smem + L::kV, t.v + head,
                                                     [&g, kb](const int* x) { return g.key_token(kb, x); });
     if (threadIdx.x < kBlockM) {
@@ -357,12 +360,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
     if (active) {
       uint32_t qpf[D / 16][4];
+      if (pos) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        warp::ldmatrix<4>(qpf[kk], Qp + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-      warp_positional_products<T, D, L, false>(qpf, smem + L::kR, wrow, fs + L::table_at(0, w, 0),
-                                               fs + L::table_at(0, w, 1), pbuf, lane, scale, has_add,
-                                               has_mul);
+        for (int kk = 0; kk < D / 16; ++kk)
+          warp::ldmatrix<4>(qpf[kk], Qp + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+      }
+      warp_positional_products<T, D, L, false>(qpf, pos ? smem + L::kR : nullptr, wrow,
+                                               fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf,
+                                               lane, scale, has_add, has_mul);
       __syncwarp();
       warp_logits_and_dp<T, D, true, NDIM, L>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
                                               w, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
@@ -384,10 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // the warp's rows of X: zeros, then dS' at each pair's entry of the tile offset box
     __syncwarp();
-    for (int i = lane; i < 16 * L::kXLd * static_cast<int>(sizeof(T)) / 16; i += 32)
+    for (int i = lane; pos && i < 16 * L::kXLd * static_cast<int>(sizeof(T)) / 16; i += 32)
       reinterpret_cast<uint4*>(X)[i] = make_uint4(0u, 0u, 0u, 0u);
     __syncwarp();
-    if (active) {
+    if (active && pos) {
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb)
 #pragma unroll
@@ -405,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // d rel += X q_pos over the warp's chunks of the tile offset box
 #pragma unroll 1
-    for (int c = w; c < L::kChunks; c += kWarps) {
+    for (int c = w; pos && c < L::kChunks; c += kWarps) {
       float* arow = acc + 16 * c * L::kALd;
       float a4[DA / 8][4];
 #pragma unroll
@@ -459,8 +464,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // (kBatch loads in flight per thread, then the adds: one load latency per batch, not per entry)
   constexpr int kBatch = 8;
-  float* drel = t.drel_acc + static_cast<int64_t>(h) * U * D + dcol;
-  for (int i0 = threadIdx.x; i0 < L::kTileOffsets * DA; i0 += kBatch * kThreads) {
+  float* drel = pos ? t.drel_acc + static_cast<int64_t>(h) * U * D + dcol : nullptr;
+  for (int i0 = threadIdx.x; pos && i0 < L::kTileOffsets * DA; i0 += kBatch * kThreads) {
     float v[kBatch];
     int64_t at[kBatch];
 #pragma unroll
@@ -562,7 +567,9 @@ constexpr size_t fast_offsets_bytes(int ndim) {
 
 // d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
 // t.drel_acc, t.dbias_acc, and d sigma's partials t.dsig_part ((H, offset_tiles.count, G_in),
-// where it has sigma), for a call the fast backward takes, with the offset tables filled.
+// where it has sigma), for a call the fast backward takes, with the offset tables filled;
+// with q_pos and rel null (a bias or span and no q_pos) d bias and d sigma only, one block per
+// tile offset.
 // The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.
 template <typename T, int D, int NDIM>
 cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
@@ -571,8 +578,10 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
-  if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.drel == nullptr ||
-      t.drel_acc == nullptr || (p.has_bias && (t.dbias == nullptr || t.dbias_acc == nullptr)) ||
+  const bool pos = t.rel != nullptr;  // (else tables only: d bias and d sigma)
+  if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr ||
+      (pos && (t.drel == nullptr || t.drel_acc == nullptr)) ||
+      (p.has_bias && (t.dbias == nullptr || t.dbias_acc == nullptr)) ||
       (p.has_sigma && t.dsig_part == nullptr) || reinterpret_cast<uintptr_t>(t.gout) % 16 != 0 ||
       (has_offset_add(p) && t.offset_add == nullptr) || (has_offset_mul(p) && t.offset_mul == nullptr))
     return cudaErrorInvalidValue;
@@ -581,7 +590,7 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
     return cudaErrorInvalidValue;  // (the plan never gives it such a call)
   } else {
     const OffsetTiles ot = offset_tiles<NDIM>(p);
-    cudaError_t e = cudaMemsetAsync(t.drel_acc, 0, sizeof(float) * p.H * p.U * D, stream);
+    cudaError_t e = pos ? cudaMemsetAsync(t.drel_acc, 0, sizeof(float) * p.H * p.U * D, stream) : cudaSuccess;
     if (e == cudaSuccess && p.has_bias)
       e = cudaMemsetAsync(t.dbias_acc, 0, sizeof(float) * p.H * p.U, stream);
     if (e == cudaSuccess && p.has_sigma)
@@ -595,11 +604,11 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
       if (per_head == 0) continue;
       if (static_cast<int64_t>(per_head) * p.H > INT_MAX) return cudaErrorInvalidValue;
       fast_offsets_kernel<T, D, NDIM, DA>
-          <<<dim3(static_cast<unsigned>(per_head * p.H), 1, D / DA), kThreads, L::kBytes, stream>>>(p, t, ot,
-                                                                                                    parity);
+          <<<dim3(static_cast<unsigned>(per_head * p.H), 1, pos ? D / DA : 1), kThreads, L::kBytes, stream>>>(
+              p, t, ot, parity);
       e = cudaGetLastError();
     }
-    if (e == cudaSuccess) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);
+    if (e == cudaSuccess && pos) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);
     if (e == cudaSuccess && p.has_bias) e = cuda::launch_round_to<T>(t.dbias_acc, t.dbias, p.H * p.U, stream);
     return e;
   }

@@ -4,7 +4,7 @@
 // simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
 // follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh and
 // relpos_fast_backward.cuh) take float16 / bfloat16 calls with D == Dv in {32, 64, 128}
-// and q_pos, windows and span thresholds included, on grids of 1-3 axes, on sm_80+ where
+// (q_pos optional; windows and span thresholds included) on grids of 1-3 axes, on sm_80+ where
 // their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
 // relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
 // one); the tiled
@@ -120,7 +120,6 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
                                 size_t* smem) {
   if (dt != DType::kFloat16 && dt != DType::kBFloat16) return "it takes float16 and bfloat16 only";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
-  if (!p.has_pos) return "it needs q_pos and rel";
   if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
   if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";
   if (p.N >= (int64_t{1} << 30) - cuda_fast::kBlockN || p.U > (p.g.ndim == 1 ? INT_MAX : int64_t{1} << 26))

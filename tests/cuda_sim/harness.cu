@@ -265,13 +265,11 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool
     t.offset_mul = mul.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
     if (backward)
-      check(fast::launch_fast_backward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
-            "fast backward launch");
+      check(fast::launch_fast_backward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast backward launch");
     if (backward && offsets)
       check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
     if (!backward)
-      check(fast::launch_fast_forward_by_rank<T, HARNESS_TILED_D, true>(p, t, nullptr),
-            "fast forward launch");
+      check(fast::launch_fast_forward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast forward launch");
     check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)
     t.offset_add = t.offset_mul = nullptr;
     return;

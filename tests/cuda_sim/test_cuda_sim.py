@@ -257,10 +257,10 @@ def run_relpos(c: Case, tmp_path: Path):
 def _forward_path(c: Case) -> str:
     """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
     the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
-    float16 / bfloat16, D == Dv in {32, 64, 128}, q_pos, at most 3 axes of more than one
-    cell; windows and thresholds included), else the tiled one."""
+    float16 / bfloat16, D == Dv in {32, 64, 128}, at most 3 axes of more than one cell; q_pos,
+    windows and thresholds optional), else the tiled one."""
     axes = [n for n in c.grid if n > 1]
-    fast = c.dtype in (F16, BF16) and c.D == c.Dv and c.D in (32, 64, 128) and c.pos and len(axes) <= 3
+    fast = c.dtype in (F16, BF16) and c.D == c.Dv and c.D in (32, 64, 128) and len(axes) <= 3
     return "fast" if c.path == "tiled" and fast else c.path
 
 
@@ -655,6 +655,26 @@ TILED = [
         H=1,
     ),
     Case("fast-f16-d32-scale-zero", F16, [9, 10], path="tiled", D=32, sigma=True, bias=True, scale=0.0, B=1, H=1),
+    # no q_pos: the bias and span through the offset tables alone (with span multiply, a span box,
+    # causal; the offset kernel's d bias and d sigma in one block per tile offset, not two column
+    # halves; tiled-bf16-d64-shift-window: a bias and shifted windows in 2-D), and neither (the
+    # control's kernels, windows and causal masking on a 3-D grid)
+    Case(
+        "fast-f16-d128-1d-nopos-multiply",
+        F16,
+        [70],
+        path="tiled",
+        D=128,
+        pos=False,
+        sigma=True,
+        span_mode="multiply",
+        threshold=0.3,
+        bias=True,
+        causal=True,
+        B=1,
+        H=2,
+    ),
+    Case("fast-bf16-d32-3d-nopos-window", BF16, [4, 5, 6], path="tiled", D=32, pos=False, window=1, causal=True, B=1),
     # span boxes through sigma's own axes (size-1 axes between them), a different box per head
     Case(
         "fast-f16-d32-size1-axes-threshold",

@@ -1,6 +1,6 @@
 """The fast kernels of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
 relpos_fast_backward.cuh and relpos_fast_offsets.cuh, FlashAttention-2-class: float16 /
-bfloat16, D == Dv in {32, 64, 128}, q_pos, windows and span thresholds, grids of 1-3 axes):
+bfloat16, D == Dv in {32, 64, 128}, grids of 1-3 axes; q_pos, windows and span thresholds optional):
 the plan gives them every such call under POSATTN_CUDA_KERNEL=auto (the backward where its
 shared memory fits: not D = 128 on 3-D grids; the offset kernel D = 32 and 64 on 1-3 axes,
 D = 128 on 1); the output and lse match the float64
@@ -31,6 +31,9 @@ CASES = [
         dict(bias=True, kernel_size=[4, 7], window_stride=[2, 3], window_causal=[True, False], window_border="shift"),
     ),
     ([5, 6, 9], dict(sigma=True, span_mode="multiply", threshold=0.3, window=2, causal=True)),
+    # no q_pos: a bias and span through the tables alone; neither (the control's kernels)
+    ([70], dict(pos=False, sigma=True, span_mode="multiply", threshold=0.3, bias=True, causal=True)),
+    ([9, 12, 5], dict(pos=False, window=2, causal=True)),
 ]
 CALL_ARGS = (
     "span_mode",
@@ -80,7 +83,10 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
     axes = len([n for n in grid if n > 1])
     assert bplan["backward"] == ("tiled" if D == 128 and axes >= 3 else "fast"), bplan
     fast_offsets = bplan["backward"] == "fast" and (D in (32, 64) or (D == 128 and axes <= 1))
-    assert (bplan["offsets"] == "fast") == fast_offsets, bplan
+    if "q_pos" in x or "bias" in x or "sigma" in x:
+        assert (bplan["offsets"] == "fast") == fast_offsets, bplan
+    else:
+        assert "offsets" not in bplan, bplan  # (nothing per offset to differentiate)
     out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
     again = torch.autograd.grad((out * g.to("cuda", dtype)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, again, got):
@@ -92,7 +98,7 @@ def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
     x["sigma"] = x["sigma"].float()
     assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2, window=2)["forward"] == "fast"
     nopos = {k: t for k, t in x.items() if k not in ("q_pos", "rel")}
-    assert "it needs q_pos and rel" in ops.relpos_plan(**nopos, grid=[8, 8])["reason"]
+    assert ops.relpos_plan(**nopos, grid=[8, 8], threshold=0.2)["forward"] == "fast"  # (the tables alone)
     x4 = make_relpos_inputs([2, 2, 2, 8], B=1, H=2, D=64, Dv=64, dtype=torch.bfloat16, device="cuda")
     assert "at most 3 axes" in ops.relpos_plan(**x4, grid=[2, 2, 2, 8])["reason"]
 
