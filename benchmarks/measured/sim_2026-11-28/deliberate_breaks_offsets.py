@@ -1,6 +1,8 @@
-# Not run yet (2026-11-29): the next session runs it and records the results beside it.
-"""Deliberate breaks of csrc/cuda/relpos_fast_offsets.cuh, each alone, run against three
-simulated cases. Usage: python mutate_off.py [indices]; appends to results_off.txt."""
+# Run on 2026-11-29 (at 090ad7e, 2 cores, ~3-4 min per break): every break caught; the results are
+# in deliberate_breaks_offsets.txt beside it.
+"""Deliberate breaks of csrc/cuda/relpos_fast_offsets.cuh, each alone, run against four
+simulated cases. Usage: python deliberate_breaks_offsets.py [indices]; appends to deliberate_breaks_offsets.txt.
+Needs CUDA_HOME (nvcc) and the simulator kit at ../shared/gpusim."""
 
 import os
 import re
