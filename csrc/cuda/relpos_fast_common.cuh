@@ -243,7 +243,7 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
                                                          const float* mul_w, float* pbuf, int lane,
                                                          float scale, bool has_add, bool has_mul) {
   if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
-    static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0, "float4 columns");
+    static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0 && L::kPbuf % 4 == 0, "float4 columns");
 #pragma unroll 1
     for (int c = 4 * lane; c < L::kWarpCols; c += 128) {
       const float4 m =
@@ -360,7 +360,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2
 // y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
 // takes the N tokens in a row, any grid for the control without a window or span box);
 // sigma given where a threshold makes span boxes; POS: q_pos and rel both given or both null
-// (tables only), U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset
+// (tables only) as p.has_pos says, U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset
 // rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per (batch, head).
 // cudaErrorInvalidValue where one fails.
 template <int D, bool POS, int NDIM, typename T>
@@ -383,8 +383,9 @@ cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, in
       *boxes *= (p.g.n[a] + extent<NDIM>(Box::kTile, a) - 1) / extent<NDIM>(Box::kTile, a);
   }
   if (*boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  if (POS) {  // (q_pos and rel both null: tables only)
-    if ((t.qpos == nullptr) != (t.rel == nullptr) || misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+  if (POS) {  // (q_pos and rel both null: tables only, as the call says: never a term dropped)
+    if ((t.qpos == nullptr) != (t.rel == nullptr) || (t.qpos != nullptr) != p.has_pos ||
+        misaligned(t.qpos, 16) || misaligned(t.rel, 16))
       return cudaErrorInvalidValue;
     if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
       return cudaErrorInvalidValue;

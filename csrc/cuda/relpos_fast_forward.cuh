@@ -84,6 +84,7 @@ struct FwdLayout {
   static constexpr int kQ = 2 * kTile, kQpos = 3 * kTile;
   static constexpr size_t kTBytes =
       static_cast<size_t>(4 * kTile + (POS ? kRelStages * kRTile : 0)) * sizeof(T);
+  static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
   // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
   // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
   // the key block's first (woff) and its row in the offset tile (wrow)

@@ -336,6 +336,9 @@ EXTENDED = {
     "tiled-f16-d32-causal-threshold",  # causal span boxes: tiled-f16-d64-causal-tail, -bf16-d32-3d-shift-causal
     "tiled-tf32-d64-size1-axes",  # TF32 D = 64: tiled-tf32-d64-window-causal; size-1 axes: fast-f16-d32-size1-axes-*
     "tiled-f16-d64-3d-multiply",  # 3-D D = 64: fast-bf16-d64-3d-multiply-causal, fast-f16-d64-3d-offsets-halves
+    # B = 2: tiled-bf16-d32-offsets-2d-tiles, -f16-d32-offsets-3d-causal; H = 2: tiled-bf16-d32-1d-long;
+    # d lse = 0: a case of the others' random d lse
+    "tiled-f16-d32-batches-heads",
     "tiled-f16-d128-2d",  # D = 128 2-D with the general offset kernel: tiled-bf16-d128-everything
 }
 
@@ -675,6 +678,8 @@ TILED = [
         H=2,
     ),
     Case("fast-bf16-d32-3d-nopos-window", BF16, [4, 5, 6], path="tiled", D=32, pos=False, window=1, causal=True, B=1),
+    # (3-D: 176 columns per warp, the fill's second pass; span add alone: d sigma from the sums of dA)
+    Case("fast-f16-d32-3d-nopos-span-add", F16, [4, 4, 5], path="tiled", D=32, pos=False, sigma=True, B=1, H=1),
     # span boxes through sigma's own axes (size-1 axes between them), a different box per head
     Case(
         "fast-f16-d32-size1-axes-threshold",
