@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 }
 
 // Launches both backward kernels over every (batch, head) and box. The caller has checked
-// sm_80+ and the shared memory (positional_backward_bytes) within the device's opt-in
+// sm_80+ and the shared memory (fast_backward_bytes) within the device's opt-in
 // limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), gout 16-byte
 // aligned, dq, dk, dv (dq_pos) 4-byte aligned, and gout, rowd, lse, dq, dk, dv given.
 template <typename T, int D, bool POS, int NDIM>
@@ -651,20 +651,25 @@ cudaError_t launch_fast_backward_call(const RelposParams& p, const RelposTensors
                              : launch_fast_backward_by_rank<T, D, false>(p, t, stream);
 }
 
-// The larger shared memory of the positional backward's two kernels on a grid of `ndim`
-// axes, or 0 where one does not fit sm_90's (the plan's check).
-template <typename T, int D, int NDIM>
-constexpr size_t positional_backward_bytes_() {
-  using Q = BwdLayout<T, D, true, NDIM, false>;
-  using K = BwdLayout<T, D, true, NDIM, true>;
+// The larger shared memory of the backward's two kernels (POS: the positional ones, else the
+// control's) on a grid of NDIM axes, or 0 where one does not fit sm_90's (the plan's check).
+template <typename T, int D, bool POS, int NDIM>
+constexpr size_t fast_backward_bytes_() {
+  using Q = BwdLayout<T, D, POS, NDIM, false>;
+  using K = BwdLayout<T, D, POS, NDIM, true>;
   if (!Q::kFits || !K::kFits) return 0;
   return Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes;
 }
+// The same for a call on a grid of `ndim` axes; pos: it has a term per offset (has_offset_terms).
 template <typename T, int D>
-constexpr size_t positional_backward_bytes(int ndim) {
-  return ndim == 3   ? positional_backward_bytes_<T, D, 3>()
-         : ndim == 2 ? positional_backward_bytes_<T, D, 2>()
-                     : positional_backward_bytes_<T, D, 1>();
+constexpr size_t fast_backward_bytes(int ndim, bool pos) {
+  if (pos)
+    return ndim == 3   ? fast_backward_bytes_<T, D, true, 3>()
+           : ndim == 2 ? fast_backward_bytes_<T, D, true, 2>()
+                       : fast_backward_bytes_<T, D, true, 1>();
+  return ndim == 3   ? fast_backward_bytes_<T, D, false, 3>()
+         : ndim == 2 ? fast_backward_bytes_<T, D, false, 2>()
+                     : fast_backward_bytes_<T, D, false, 1>();
 }
 
 }  // namespace posattn::relpos::cuda_fast

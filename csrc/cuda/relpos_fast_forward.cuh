@@ -459,12 +459,17 @@ cudaError_t launch_fast_forward_call(const RelposParams& p, const RelposTensors<
                              : launch_fast_forward_by_rank<T, D, false>(p, t, stream);
 }
 
-// Shared memory of the positional forward on a grid of `ndim` axes (the plan's check).
+// Shared memory of the forward on a grid of `ndim` axes (the plan's check); pos: the call has a
+// term per offset (the positional kernel; else the control's).
 template <typename T, int D>
-constexpr size_t positional_forward_bytes(int ndim) {
-  return ndim == 3   ? FwdLayout<T, D, true, 3>::kBytes
-         : ndim == 2 ? FwdLayout<T, D, true, 2>::kBytes
-                     : FwdLayout<T, D, true, 1>::kBytes;
+constexpr size_t fast_forward_bytes(int ndim, bool pos) {
+  if (pos)
+    return ndim == 3   ? FwdLayout<T, D, true, 3>::kBytes
+           : ndim == 2 ? FwdLayout<T, D, true, 2>::kBytes
+                       : FwdLayout<T, D, true, 1>::kBytes;
+  return ndim == 3   ? FwdLayout<T, D, false, 3>::kBytes
+         : ndim == 2 ? FwdLayout<T, D, false, 2>::kBytes
+                     : FwdLayout<T, D, false, 1>::kBytes;
 }
 
 }  // namespace posattn::relpos::cuda_fast

@@ -132,7 +132,7 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     if constexpr (!std::is_same<CT, float>::value) {
-      *smem = cuda_fast::positional_forward_bytes<CT, D>(p.g.ndim);
+      *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
       why = smem_refusal(*smem, dev, "it", D);
     }
   });
@@ -148,7 +148,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     if constexpr (!std::is_same<CT, float>::value) {
-      const size_t bytes = cuda_fast::positional_backward_bytes<CT, D>(p.g.ndim);
+      const size_t bytes = cuda_fast::fast_backward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
       if (bytes == 0) {
         why = "its backward needs more shared memory per block than sm_90 has for D = " + std::to_string(D) +
               " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
@@ -221,7 +221,7 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   using namespace plan_detail;
   using Kernels = CudaPlan::Kernels;
   CudaPlan plan;
-  plan.has_offsets = backward && (p.has_pos || p.has_bias || p.has_sigma);
+  plan.has_offsets = backward && cuda_fast::has_offset_terms(p);
   size_t smem = 0;
   std::string not_fast;  // why the fast forward does not take an auto forward
   // d rel, d bias, d sigma from the tiled offset kernel where it fits

@@ -266,10 +266,12 @@ def _forward_path(c: Case) -> str:
 
 def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
-    shared memory fits (relpos_plan.cuh, fast_backward_refusal: not D = 128 on 3-D grids),
-    else the tiled one where the case says it fits, else the general one."""
+    shared memory fits (relpos_plan.cuh, fast_backward_refusal: not D = 128 on 3-D grids with a
+    term per offset; the control's kernels fit there), else the tiled one where the case says it
+    fits, else the general one."""
     axes = len([n for n in c.grid if n > 1])
-    if _forward_path(c) == "fast" and not (c.D == 128 and axes >= 3):
+    terms = c.pos or c.bias or c.sigma
+    if _forward_path(c) == "fast" and not (c.D == 128 and axes >= 3 and terms):
         return "fast"
     return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
 
@@ -680,6 +682,8 @@ TILED = [
     Case("fast-bf16-d32-3d-nopos-window", BF16, [4, 5, 6], path="tiled", D=32, pos=False, window=1, causal=True, B=1),
     # (3-D: 176 columns per warp, the fill's second pass; span add alone: d sigma from the sums of dA)
     Case("fast-f16-d32-3d-nopos-span-add", F16, [4, 4, 5], path="tiled", D=32, pos=False, sigma=True, B=1, H=1),
+    # no term at D = 128 on a 3-D grid: the control's backward fits (the positional one does not)
+    Case("fast-bf16-d128-3d-plain", BF16, [4, 5, 5], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
     # span boxes through sigma's own axes (size-1 axes between them), a different box per head
     Case(
         "fast-f16-d32-size1-axes-threshold",
