@@ -212,16 +212,14 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
                                                  const int* rs, const float* __restrict__ add,
                                                  const float* __restrict__ mul, float* add_w, float* mul_w,
                                                  const int* woff, int lane) {
-  if (rel != nullptr) {
-    load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr,
-                                                                 [&](const int* x) {
-                                                                   int u = u0;
+  const auto offset_row = [&](const int* x) {  // row x of the box in rel, -1 outside [0, U)
+    int u = u0;
 #pragma unroll
-                                                                   for (int a = 0; a < NDIM; ++a)
-                                                                     u += x[a] * rs[a];
-                                                                   return u >= 0 && u < U ? u : -1;
-                                                                 });
-  }
+    for (int a = 0; a < NDIM; ++a) u += x[a] * rs[a];
+    return u >= 0 && u < U ? u : -1;
+  };
+  if (rel != nullptr)
+    load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr, offset_row);
   if (add != nullptr || mul != nullptr) {
     for (int c = lane; c < L::kWarpCols; c += 32) {
       const int u = u0 + woff[c];
@@ -360,9 +358,9 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2
 // y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
 // takes the N tokens in a row, any grid for the control without a window or span box);
 // sigma given where a threshold makes span boxes; POS: q_pos and rel both given or both null
-// (tables only) as p.has_pos says, U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset
-// rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per (batch, head).
-// cudaErrorInvalidValue where one fails.
+// (tables only) as p.has_pos says, U = prod (2 n_d - 1) offsets and at most 2^26 of them for
+// NDIM > 1 (offset rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query
+// tiles (key blocks) per (batch, head). cudaErrorInvalidValue where one fails.
 template <int D, bool POS, int NDIM, typename T>
 cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, int64_t* boxes) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
