@@ -7,7 +7,8 @@ These are simulated cycles, not GPU time: they show whether the kernels skip the
 a window and how the paths compare inside one model; the figures that count come from a real
 GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
 functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
-so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16, D = Dv = 32,
+so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16 (--dtype: float16, or
+float32 through TF32), D = Dv = 32,
 positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice: the fast forward and backward),
 tiled (forced), general, tiled-goffsets.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import simlib
 import torch
 
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 KERNEL_RE = re.compile(r"^kernel_name = (\S+)", re.M)
 CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
@@ -157,6 +159,9 @@ def main():
         default="pos",
         help="the logits' terms per offset: q_pos . rel (default), a bias alone, or none (plain attention)",
     )
+    ap.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="bf16", help="the inputs' type (f32: through TF32 tensor cores)"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -179,7 +184,12 @@ def main():
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as ex:
         results = list(
-            ex.map(lambda j: run(j[0], grid, j[1], j[2], workdir=work, H=args.heads, terms=args.terms), jobs)
+            ex.map(
+                lambda j: run(
+                    j[0], grid, j[1], j[2], dtype=DTYPES[args.dtype], workdir=work, H=args.heads, terms=args.terms
+                ),
+                jobs,
+            )
         )
     rows = {}
     for (path, w, bwd), (cycles, secs) in zip(jobs, results):
@@ -193,7 +203,7 @@ def main():
             json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()}, indent=1)
         )
     print(
-        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, bf16, D = Dv = 32, B = 1, "
+        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = 32, B = 1, "
         f"H = {args.heads}, "
         f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )

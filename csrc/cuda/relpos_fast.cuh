@@ -1,8 +1,8 @@
 // The fast path's kernels of relpos_attention as the entry point calls them: one set per
-// (element type, head dim), each compiled in a translation unit of its own
-// (cuda/fast/relpos_fast_<type>_d<D>.cu) so that a build compiles the six in parallel.
-// The forward is relpos_fast_forward.cuh, the backward relpos_fast_backward.cuh and
-// relpos_fast_offsets.cuh; which calls they take, relpos_plan.cuh.
+// (element type: float16, bfloat16, float32 through TF32; head dim), each compiled in a translation unit of
+// its own (cuda/fast/relpos_fast_<type>_d<D>.cu) so that a build compiles the six in parallel. The forward is
+// relpos_fast_forward.cuh, the backward relpos_fast_backward.cuh and relpos_fast_offsets.cuh; which calls
+// they take, relpos_plan.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,5 +35,8 @@ extern template struct FastKernels<__half, 128>;
 extern template struct FastKernels<__nv_bfloat16, 32>;
 extern template struct FastKernels<__nv_bfloat16, 64>;
 extern template struct FastKernels<__nv_bfloat16, 128>;
+extern template struct FastKernels<float, 32>;  // (TF32: the forward only so far)
+extern template struct FastKernels<float, 64>;
+extern template struct FastKernels<float, 128>;
 
 }  // namespace posattn::relpos::cuda_fast

@@ -236,8 +236,8 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 // the column loop unrolled (the forward) or not (the backward, whose accumulators leave
 // fewer registers). The caller syncs the warp before reading.
 template <typename T, int D, typename L, bool UNROLL>
-__device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / 16][4], const T* R,
-                                                         const int* wrow, const float* add_w,
+__device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / warp::Mma<T>::kK][4],
+                                                         const T* R, const int* wrow, const float* add_w,
                                                          const float* mul_w, float* pbuf, int lane,
                                                          float scale, bool has_add, bool has_mul) {
   if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
@@ -257,18 +257,21 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
     }
     return;
   }
+  using F = warp::Mma<T>;
   constexpr int LD = L::kLd, kUnroll = UNROLL ? L::kWarpCols / 16 : 1;
-  const T* Rj = R + 8 * ((lane / 8) % 2);
+  const T* Rj = R + F::b_col(lane);
 #pragma unroll kUnroll
   for (int nb = 0; nb < L::kWarpCols / 8; nb += 2) {
-    const T* row = Rj + wrow[8 * nb + lane % 8 + 8 * (lane / 16)] * LD;
+    const T* rows[F::kRowsPerLane];  // this lane's rows of the 16 columns' rel rows
+#pragma unroll
+    for (int i = 0; i < F::kRowsPerLane; ++i) rows[i] = Rj + wrow[8 * nb + F::b_rows(lane, i)] * LD;
     float acc[2][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < D / F::kK; ++kk) {
       uint32_t b[4];
-      warp::ldmatrix<4>(b, row + 16 * kk);
-      warp::mma_m16n8k16<T>(acc[0], qpf[kk], {b[0], b[1]});
-      warp::mma_m16n8k16<T>(acc[1], qpf[kk], {b[2], b[3]});
+      F::load_b_rows(b, rows, F::kK * kk);
+      F::mma(acc[0], qpf[kk], {b[0], b[1]});
+      F::mma(acc[1], qpf[kk], {b[2], b[3]});
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8

@@ -52,8 +52,9 @@ struct FwdLayout {
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
   // row stride in elements: 16 bytes of padding put the 8 rows an ldmatrix reads at
-  // consecutive rows on distinct banks
-  static constexpr int kLd = D + 8;
+  // consecutive rows on distinct banks (float: a stride of 4 mod 32 words, the TF32
+  // fragments' 32-bit loads likewise, warp_primitives.cuh)
+  static constexpr int kLd = D + 16 / static_cast<int>(sizeof(T));
   static constexpr int kTile = kBlockN * kLd;  // a K or V tile (Q's, kBlockM rows, is as big)
   // the offset rows between the query tile and a key block; a warp's, padded to n-blocks
   // of 16 columns
@@ -97,7 +98,10 @@ struct FwdLayout {
       POS ? kTBytes + static_cast<size_t>(kFloats + 2 * kWarps * kWarpCols) * sizeof(float) : kTBytes;
   static constexpr size_t kBytes = kRangesAt + kRangeBytes;
   static_assert(kRangesAt % alignof(int2) == 0, "the ranges aligned");
-  static_assert(kBytes <= kMaxSharedBytes, "the layout fits sm_90's shared memory");
+  // (float32 at D = 128 with a term per offset does not: its shared memory on 2-D and 3-D grids,
+  // on a 1-D grid its registers, Q's, q_pos's and O's fragments being twice the 16-bit types';
+  // the tiled kernels take those calls)
+  static constexpr bool kFits = kBytes <= kMaxSharedBytes && !(sizeof(T) == 4 && D == 128 && POS);
 };
 
 // Grid (query tiles, H, B)
@@ -110,7 +114,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   __trap();  // mma.sync with bf16, ldmatrix and cp.async need sm_80; the host never launches this below it
 #else
   using L = FwdLayout<T, D, POS, NDIM>;
-  constexpr int LD = L::kLd;
+  using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
+  constexpr int LD = L::kLd, KK = F::kK;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
@@ -224,8 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of the rows, base 2
   float l_run[2] = {0.f, 0.f};              // this thread's part of the rows' sums
-  uint32_t qf[D / 16][4];                   // Q's A fragments, loaded once
-  uint32_t qpf[POS ? D / 16 : 1][4];        // q_pos's (POS)
+  uint32_t qf[D / KK][4];                   // Q's A fragments, loaded once
+  uint32_t qpf[POS ? D / KK : 1][4];        // q_pos's (POS)
 
   for (int j = 0; j < blocks; ++j) {
     const int stage = j & 1, rst = L::kRelStages == 2 ? stage : 0;
@@ -234,12 +239,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     __syncthreads();
     if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        warp::ldmatrix<4>(qf[kk], smem + L::kQ + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+      for (int kk = 0; kk < D / KK; ++kk) F::load_a(qf[kk], smem + L::kQ + 16 * w * LD + KK * kk, LD, lane);
       if (POS && rel != nullptr) {
 #pragma unroll
-        for (int kk = 0; kk < (POS ? D / 16 : 1); ++kk)
-          warp::ldmatrix<4>(qpf[kk], smem + L::kQpos + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+        for (int kk = 0; kk < (POS ? D / KK : 1); ++kk)
+          F::load_a(qpf[kk], smem + L::kQpos + 16 * w * LD + KK * kk, LD, lane);
       }
       __syncthreads();  // every warp holds Q (and q_pos): their buffers are K1's and V1's
     }
@@ -298,14 +302,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     // S = Q K^T: 8 n-blocks of 8 keys
     float s[kBlockN / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < D / KK; ++kk) {
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; nb += 2) {
         uint32_t b[4];
-        warp::ldmatrix<4>(b,
-                          Kj + (8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2));
-        warp::mma_m16n8k16<T>(s[nb], qf[kk], {b[0], b[1]});
-        warp::mma_m16n8k16<T>(s[nb + 1], qf[kk], {b[2], b[3]});
+        F::load_b_nmajor2(b, Kj + 8 * nb * LD + KK * kk, LD, lane);
+        F::mma(s[nb], qf[kk], {b[0], b[1]});
+        F::mma(s[nb + 1], qf[kk], {b[2], b[3]});
       }
     }
 
@@ -376,19 +379,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       }
     }
 
-    // O += P V: P's A fragments straight from S's accumulators, V's B fragments by ldmatrix.trans
+    // O += P V: P's A fragments straight from S's accumulators, V's B fragments (ldmatrix.trans)
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {warp::pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                             warp::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             warp::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             warp::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    for (int kk = 0; kk < kBlockN / KK; ++kk) {
+      uint32_t a[4];
+      F::p_frag(a, s, kk);
 #pragma unroll
       for (int nd = 0; nd < D / 8; nd += 2) {
         uint32_t b[4];
-        warp::ldmatrix<4, true>(b, Vj + (16 * kk + lane % 16) * LD + 8 * nd + 8 * (lane / 16));
-        warp::mma_m16n8k16<T>(o[nd], a, {b[0], b[1]});
-        warp::mma_m16n8k16<T>(o[nd + 1], a, {b[2], b[3]});
+        F::load_b_kmajor2(b, Vj + KK * kk * LD + 8 * nd, LD, lane);
+        F::mma(o[nd], a, {b[0], b[1]});
+        F::mma(o[nd + 1], a, {b[2], b[3]});
       }
     }
 #pragma unroll
@@ -407,8 +408,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     const float inv = l_run[r] == 0.f ? 0.f : m_run[r] == INFINITY ? NAN : 1.f / l_run[r];
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
-      const uint32_t pair = warp::pack2<T>(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4)) = pair;
+      F::store2(out + static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4), o[nd][2 * r] * inv,
+                o[nd][2 * r + 1] * inv);
     }
     if (lane % 4 == 0)
       t.lse[bh * N + row] = l_run[r] == 0.f ? -INFINITY : (m_run[r] + log2f(l_run[r])) * kLn2;
@@ -419,25 +420,30 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 // Launches the forward over every (batch, head) and query tile. The caller has checked
 // sm_80+ and FwdLayout<T, D, POS, NDIM>::kBytes of shared memory within the device's
 // opt-in limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), out
-// 4-byte aligned (the paired stores), out and lse given. cudaErrorInvalidValue where one
+// aligned to two elements (the paired stores), out and lse given. cudaErrorInvalidValue where one
 // fails.
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   int64_t tiles = 0;
   const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &tiles);
   if (bad != cudaSuccess) return bad;
-  if (reinterpret_cast<uintptr_t>(t.out) % 4 != 0) return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(t.out) % (2 * sizeof(T)) != 0) return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
-  constexpr size_t kBytes = FwdLayout<T, D, POS, NDIM>::kBytes;
-  auto kernel = fast_forward_kernel<T, D, POS, NDIM>;
-  if (kBytes > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    if (e != cudaSuccess) return e;
+  using L = FwdLayout<T, D, POS, NDIM>;
+  if constexpr (!L::kFits) {
+    return cudaErrorInvalidValue;  // (the plan never gives it such a call)
+  } else {
+    auto kernel = fast_forward_kernel<T, D, POS, NDIM>;
+    if (L::kBytes > 48 * 1024) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+    kernel<<<grid, kThreads, L::kBytes, stream>>>(p, t);
+    return cudaGetLastError();
   }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  kernel<<<grid, kThreads, kBytes, stream>>>(p, t);
-  return cudaGetLastError();
 }
 
 // launch_fast_forward for the call's grid rank (p.g.ndim: 2 or 3, else 1: the tokens in a
@@ -459,17 +465,22 @@ cudaError_t launch_fast_forward_call(const RelposParams& p, const RelposTensors<
                              : launch_fast_forward_by_rank<T, D, false>(p, t, stream);
 }
 
-// Shared memory of the forward on a grid of `ndim` axes (the plan's check); pos: the call has a
-// term per offset (the positional kernel; else the control's).
+// Shared memory of the forward on a grid of `ndim` axes (the plan's check; 0: more than sm_90
+// has); pos: the call has a term per offset (the positional kernel; else the control's).
+template <typename T, int D, bool POS, int NDIM>
+constexpr size_t fast_forward_bytes_() {
+  using L = FwdLayout<T, D, POS, NDIM>;
+  return L::kFits ? L::kBytes : 0;
+}
 template <typename T, int D>
 constexpr size_t fast_forward_bytes(int ndim, bool pos) {
   if (pos)
-    return ndim == 3   ? FwdLayout<T, D, true, 3>::kBytes
-           : ndim == 2 ? FwdLayout<T, D, true, 2>::kBytes
-                       : FwdLayout<T, D, true, 1>::kBytes;
-  return ndim == 3   ? FwdLayout<T, D, false, 3>::kBytes
-         : ndim == 2 ? FwdLayout<T, D, false, 2>::kBytes
-                     : FwdLayout<T, D, false, 1>::kBytes;
+    return ndim == 3   ? fast_forward_bytes_<T, D, true, 3>()
+           : ndim == 2 ? fast_forward_bytes_<T, D, true, 2>()
+                       : fast_forward_bytes_<T, D, true, 1>();
+  return ndim == 3   ? fast_forward_bytes_<T, D, false, 3>()
+         : ndim == 2 ? fast_forward_bytes_<T, D, false, 2>()
+                     : fast_forward_bytes_<T, D, false, 1>();
 }
 
 }  // namespace posattn::relpos::cuda_fast

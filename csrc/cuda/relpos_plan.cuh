@@ -7,10 +7,11 @@
 // (q_pos optional; windows and span thresholds included) on grids of 1-3 axes, on sm_80+ where
 // their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
 // relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
-// one); the tiled
-// tensor-core kernels take float16 / bfloat16 (and float32 through TF32 where
-// allowed) with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits
-// (every backward the general kernels do not take); the general kernels every other call.
+// one); the fast forward takes float32 too, through TF32 where allowed (not at D = 128 with a
+// term per offset), its backward being the tiled one's so far; the tiled tensor-core kernels
+// take float16 / bfloat16 (and float32 through TF32 where allowed) with D == Dv in
+// {32, 64, 128} on sm_80+ where their shared memory fits (every backward the general kernels
+// do not take); the general kernels every other call.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -118,7 +119,9 @@ inline std::string tiled_refusal(const RelposParams& p, DType dt, bool backward,
 // Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
 inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
                                 size_t* smem) {
-  if (dt != DType::kFloat16 && dt != DType::kBFloat16) return "it takes float16 and bfloat16 only";
+  if (dt == DType::kFloat32 && !dev.allow_tf32)
+    return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
+  if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
   if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
   if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";
@@ -131,10 +134,11 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    if constexpr (!std::is_same<CT, float>::value) {
-      *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
+    *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
+    if (*smem == 0)  // (FwdLayout::kFits)
+      why = "float32 with a term per offset at D = 128 needs more shared memory or registers than sm_90 has";
+    else
       why = smem_refusal(*smem, dev, "it", D);
-    }
   });
   return why;
 }
@@ -143,6 +147,8 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 // the larger of its kernels' shared memory.
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
+  if (dt == DType::kFloat32)
+    return "its backward takes float16 and bfloat16 only (float32: the forward so far)";
   std::string why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);

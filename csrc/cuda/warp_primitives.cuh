@@ -195,4 +195,94 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
+// ---- fragments per element type ------------------------------------------------------
+
+// The fast kernels' tensor-core product for element type T in shared memory, as one interface:
+// Mma<T> for __nv_bfloat16 / __half (m16n8k16, fragments by ldmatrix), Mma<float> (TF32
+// m16n8k8, fragments by 32-bit shared loads, each element rounded by to_tf32). kK: the k extent
+// of one mma. Tiles are row-major in shared memory with row stride ld (elements); the B loads
+// give two n-blocks (16 columns of the product) at once, registers 0, 1 and 2, 3.
+//   load_a(a, tile, ld, lane):        A of the 16 x kK tile at `tile`
+//   b_rows(lane, i), b_col(lane):     the rows (i < kRowsPerLane) and column of an n-major tile
+//                                     (a row per n: K, rel) that this lane addresses
+//   load_b_rows(b, rows, k):          B = X^T of the 16 rows of X whose addresses (b_col included)
+//                                     this lane holds in rows[], columns k ... k + kK - 1
+//   load_b_nmajor2(b, tile, ld, lane): the same for 16 consecutive rows at `tile`
+//   load_b_kmajor2(b, tile, ld, lane): B = X for kK rows (k) x 16 columns (n) at `tile` (V)
+//   p_frag(a, s, kk):                 A of P's columns kK kk ... from S's accumulators s[n-block][4]
+// p_frag and load_b_kmajor2 agree on the order of k (for TF32 a permutation within each 8:
+// slot t is key 2t, slot t + 4 key 2t + 1), so that P's A fragments are S's accumulator
+// registers as they are, with no shuffle.
+template <typename T>
+struct Mma {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16, f16 or float");
+  static constexpr int kK = 16, kRowsPerLane = 1;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma_m16n8k16<T>(d, a, b);
+  }
+  static __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int lane) {
+    ldmatrix<4>(a, tile + (lane % 16) * ld + 8 * (lane / 16));
+  }
+  static __device__ __forceinline__ int b_rows(int lane, int) { return lane % 8 + 8 * (lane / 16); }
+  static __device__ __forceinline__ int b_col(int lane) { return 8 * ((lane / 8) % 2); }
+  static __device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const T* const (&rows)[1], int k) {
+    ldmatrix<4>(b, rows[0] + k);
+  }
+  static __device__ __forceinline__ void load_b_nmajor2(uint32_t (&b)[4], const T* tile, int ld, int lane) {
+    ldmatrix<4>(b, tile + b_rows(lane, 0) * ld + b_col(lane));
+  }
+  static __device__ __forceinline__ void load_b_kmajor2(uint32_t (&b)[4], const T* tile, int ld, int lane) {
+    ldmatrix<4, true>(b, tile + (lane % 16) * ld + 8 * (lane / 16));
+  }
+  template <int NB>
+  static __device__ __forceinline__ void p_frag(uint32_t (&a)[4], const float (&s)[NB][4], int kk) {
+    a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+  // out[0], out[1] = lo, hi rounded to T (a 4-byte store)
+  static __device__ __forceinline__ void store2(T* out, float lo, float hi) {
+    *reinterpret_cast<uint32_t*>(out) = pack2<T>(lo, hi);
+  }
+};
+
+template <>
+struct Mma<float> {
+  static constexpr int kK = 8, kRowsPerLane = 2;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma_m16n8k8_tf32(d, a, b);
+  }
+  // (with ld = 4 mod 32 words, the 32 lanes' loads of a register hit 32 distinct banks)
+  static __device__ __forceinline__ void load_a(uint32_t (&a)[4], const float* tile, int ld, int lane) {
+    const float* r = tile + (lane / 4) * ld + lane % 4;
+    a[0] = to_tf32(r[0]), a[1] = to_tf32(r[8 * ld]), a[2] = to_tf32(r[4]), a[3] = to_tf32(r[8 * ld + 4]);
+  }
+  static __device__ __forceinline__ int b_rows(int lane, int i) { return lane / 4 + 8 * i; }
+  static __device__ __forceinline__ int b_col(int lane) { return lane % 4; }
+  static __device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const float* const (&rows)[2], int k) {
+    b[0] = to_tf32(rows[0][k]), b[1] = to_tf32(rows[0][k + 4]);
+    b[2] = to_tf32(rows[1][k]), b[3] = to_tf32(rows[1][k + 4]);
+  }
+  static __device__ __forceinline__ void load_b_nmajor2(uint32_t (&b)[4], const float* tile, int ld,
+                                                        int lane) {
+    const float* const rows[2] = {tile + b_rows(lane, 0) * ld + b_col(lane),
+                                  tile + b_rows(lane, 1) * ld + b_col(lane)};
+    load_b_rows(b, rows, 0);
+  }
+  // (slot t: row 2t, slot t + 4: row 2t + 1; with ld = 4 mod 32, 32 distinct banks per register)
+  static __device__ __forceinline__ void load_b_kmajor2(uint32_t (&b)[4], const float* tile, int ld,
+                                                        int lane) {
+    const float* r = tile + 2 * (lane % 4) * ld + lane / 4;
+    b[0] = to_tf32(r[0]), b[1] = to_tf32(r[ld]), b[2] = to_tf32(r[8]), b[3] = to_tf32(r[ld + 8]);
+  }
+  template <int NB>
+  static __device__ __forceinline__ void p_frag(uint32_t (&a)[4], const float (&s)[NB][4], int kk) {
+    a[0] = to_tf32(s[kk][0]), a[1] = to_tf32(s[kk][2]), a[2] = to_tf32(s[kk][1]), a[3] = to_tf32(s[kk][3]);
+  }
+  static __device__ __forceinline__ void store2(float* out, float lo, float hi) {
+    *reinterpret_cast<float2*>(out) = make_float2(lo, hi);
+  }
+};
+
 }  // namespace posattn::warp

@@ -111,7 +111,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool of
 
 template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
-  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+  if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, false, stream);
   }
   if constexpr (!std::is_same<T, double>::value) {

@@ -230,7 +230,7 @@ RelposRun relpos_setup(const Case& c) {
   rp::CudaDevice dev;
   dev.smem_optin = static_cast<size_t>(geti(c, "smem_optin"));
   dev.tensor_cores = true;  // built for compute_80
-  dev.allow_tf32 = true;    // float32 cases ask for the tiled path through TF32
+  dev.allow_tf32 = true;    // float32 cases ask for the fast or tiled path through TF32
   r.fwd = rp::plan_cuda(r.p, r.dtype, false, true, request, dev);
   r.bwd = rp::plan_cuda(r.p, r.dtype, true, true, request, dev);
   // a benchmark's comparison (benchmarks/sim_cycles.py): the tiled backward with the general offset kernel
@@ -258,16 +258,20 @@ void check_tiled_dim(const posattn::RelposParams& p) {
 // kernels, with the tables in t meanwhile.
 void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets) {
 #if defined(HARNESS_TILED_D)
-  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+  if constexpr (!std::is_same<T, double>::value) {  // (float: the forward only)
     namespace fast = rp::cuda_fast;
     Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
     t.offset_add = add.p;
     t.offset_mul = mul.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
-    if (backward)
-      check(fast::launch_fast_backward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast backward launch");
-    if (backward && offsets)
-      check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
+    if constexpr (std::is_same<T, float>::value) {
+      if (backward) fail("the plan gave the fast backward float32, which it does not take");
+    } else {
+      if (backward)
+        check(fast::launch_fast_backward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast backward launch");
+      if (backward && offsets)
+        check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
+    }
     if (!backward)
       check(fast::launch_fast_forward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast forward launch");
     check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)

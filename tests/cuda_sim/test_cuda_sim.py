@@ -257,21 +257,25 @@ def run_relpos(c: Case, tmp_path: Path):
 def _forward_path(c: Case) -> str:
     """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
     the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
-    float16 / bfloat16, D == Dv in {32, 64, 128}, at most 3 axes of more than one cell; q_pos,
-    windows and thresholds optional), else the tiled one."""
+    float16 / bfloat16 and float32 through TF32 (not at D = 128 with a term per offset), D == Dv in
+    {32, 64, 128}, at most 3 axes of more than one cell; q_pos, windows and thresholds optional),
+    else the tiled one."""
     axes = [n for n in c.grid if n > 1]
-    fast = c.dtype in (F16, BF16) and c.D == c.Dv and c.D in (32, 64, 128) and len(axes) <= 3
+    terms = c.pos or c.bias or c.sigma
+    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and len(axes) <= 3
+    fast = fast and not (c.dtype == F32 and c.D == 128 and terms)
     return "fast" if c.path == "tiled" and fast else c.path
 
 
 def _backward_path(c: Case) -> str:
-    """The backward the plan must choose: the fast one where the fast forward runs and its
-    shared memory fits (relpos_plan.cuh, fast_backward_refusal: not D = 128 on 3-D grids with a
-    term per offset; the control's kernels fit there), else the tiled one where the case says it
-    fits, else the general one."""
+    """The backward the plan must choose: the fast one where the fast forward runs, the inputs
+    are float16 / bfloat16 and its shared memory fits (relpos_plan.cuh, fast_backward_refusal:
+    not D = 128 on 3-D grids with a term per offset; the control's kernels fit there), else the
+    tiled one where the case says it fits, else the general one."""
     axes = len([n for n in c.grid if n > 1])
     terms = c.pos or c.bias or c.sigma
-    if _forward_path(c) == "fast" and not (c.D == 128 and axes >= 3 and terms):
+    fast = _forward_path(c) == "fast" and c.dtype in (F16, BF16)
+    if fast and not (c.D == 128 and axes >= 3 and terms):
         return "fast"
     return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
 
@@ -696,6 +700,41 @@ TILED = [
         threshold=0.5,
         B=1,
         H=2,
+        backward=False,
+    ),
+    # float32 through TF32 on the fast forward (the tiled backward follows where a case has one; the
+    # tiled-tf32-* and tiled-f32-* cases above take it too): 1-D tiles and key blocks with a tail,
+    # causal, a span box; 3-D with a window and its offset tile in one stage; the control at D = 128;
+    # the tables alone with non-finite biases
+    Case(
+        "fast-tf32-d32-1d-causal-span",
+        F32,
+        [150],
+        path="tiled",
+        D=32,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        causal=True,
+        B=1,
+        H=1,
+        backward=False,
+    ),
+    Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="tiled", D=64, bias=True, window=2, B=1, H=1, backward=False),
+    Case(
+        "fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1, backward=False
+    ),
+    Case(
+        "fast-tf32-d32-nopos-nonfinite",
+        F32,
+        [9, 7],
+        path="tiled",
+        D=32,
+        pos=False,
+        bias=True,
+        sigma=True,
+        span_mode="multiply",
+        special="nonfinite",
         backward=False,
     ),
 ]

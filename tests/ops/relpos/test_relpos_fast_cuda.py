@@ -1,6 +1,7 @@
 """The fast kernels of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
 relpos_fast_backward.cuh and relpos_fast_offsets.cuh, FlashAttention-2-class: float16 /
-bfloat16, D == Dv in {32, 64, 128}, grids of 1-3 axes; q_pos, windows and span thresholds optional):
+bfloat16, D == Dv in {32, 64, 128}, grids of 1-3 axes; q_pos, windows and span thresholds optional;
+the forward in float32 through TF32 too, not at D = 128 with a term per offset):
 the plan gives them every such call under POSATTN_CUDA_KERNEL=auto (the backward where its
 shared memory fits: not D = 128 on 3-D grids; the offset kernel D = 32 and 64 on 1-3 axes,
 D = 128 on 1); the output and lse match the float64
@@ -92,6 +93,34 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
     again = torch.autograd.grad((out * g.to("cuda", dtype)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, again, got):
         assert torch.equal(a, b), name  # deterministic: bitwise the same
+
+
+@pytest.mark.parametrize("grid,kw", [CASES[i] for i in (1, 2, 4, 9, 11, 12)])
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
+    """float32 with TF32 allowed: the fast forward (the tiled one at D = 128 with a term per offset),
+    the tiled or general backward from its lse; TF32 not allowed: the general path."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    inputs, args = split(kw)
+    x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, requires_grad=True, **inputs)
+    out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True, **args)
+    xc = {k: t.detach().to("cuda", torch.float32).requires_grad_() for k, t in x.items()}
+    terms = "q_pos" in x or "bias" in x or "sigma" in x
+    plan = ops.relpos_plan(**xc, grid=grid, **args)
+    if D == 128 and terms:
+        assert plan["forward"] == "tiled" and "at D = 128" in plan["reason"], plan
+    else:
+        assert plan["forward"] == "fast", plan
+    assert ops.relpos_plan(**xc, grid=grid, backward=True, **args)["backward"] in ("tiled", "general")
+    out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert rel_err(out, out_ref) < 5e-3 and rel_err(lse, lse_ref) < 5e-3  # (TF32: 10 mantissa bits)
+    g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
+    got = torch.autograd.grad((out * g.to("cuda", torch.float32)).sum() + lse.sum(), list(xc.values()))
+    for name, a, b in zip(x, got, want):
+        assert rel_err(a, b) < 0.05, name  # (the tiled test's bound for the same backward)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert ops.relpos_plan(**xc, grid=grid, **args)["forward"] == "general"
 
 
 def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
