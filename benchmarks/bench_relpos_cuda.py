@@ -25,6 +25,7 @@ convention), against a bf16 matmul measured on the same device.
 Usage (on the GPU machine):
   python benchmarks/bench_relpos_cuda.py                          # 32x32, 64x64, 16x16x16
   python benchmarks/bench_relpos_cuda.py --grid 64x64 --repeats 30 --markdown out.md --json out.json
+  python benchmarks/bench_relpos_cuda.py --dtype float32 --tf32 --grid 64x64   # float32 through TF32
   python benchmarks/bench_relpos_cuda.py --device cpu --dtype float32 --grid 6x6 --batch 1 --heads 2 \\
       --dim 8 --methods sdpa,posattn,window,eager --repeats 2          # a smoke test without a GPU
 """
@@ -352,6 +353,12 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="float32: allow TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32) for every method, "
+        "which lets posattn's fast and tiled kernels take the call",
+    )
     p.add_argument("--keep", type=float, default=0.1, help="fraction of the keys the window keeps")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--warmup", type=int, default=3)
@@ -368,11 +375,13 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_relpos_cuda: no CUDA device here; use --device cpu for a smoke test")
     dtype = DTYPES[args.dtype]
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     grids = [parse_grid(g) for g in (args.grid or ["32x32", "64x64", "16x16x16"])]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     matmul = matmul_tflops(device, dtype)
     head = (
-        f"Device: {name}, torch {torch.__version__}, posattn {posattn.__version__}, {args.dtype}, "
+        f"Device: {name}, torch {torch.__version__}, posattn {posattn.__version__}, {args.dtype}"
+        f"{' (TF32 allowed)' if args.tf32 and dtype == torch.float32 else ''}, "
         f"B={args.batch} H={args.heads} D={args.dim}, {date.today().isoformat()}; measured matmul "
         f"{matmul:.3g} TFLOP/s"
     )

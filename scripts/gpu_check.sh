@@ -14,7 +14,8 @@
 # Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [profile]
 #   (default: build test sanitize bench)
 # Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
-# GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64").
+# GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64"; "--dtype float32
+# --tf32": the fast kernels in TF32).
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
 # device, versions and each step's status and seconds), build.log, pytest.log,
 # sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json (profile: ncu.log

@@ -36,8 +36,18 @@ def relpos_cases(device):
         dict(grid=[17, 19], D=64, Dv=64, kw=dict(sigma=True, pos=True, span_mode="multiply")),
         dict(grid=[200], D=32, Dv=32, kw=dict(pos=True, bias=True, causal=True)),
     ]
-    for dtype in (torch.float32, torch.bfloat16, torch.float16) if device.type == "cuda" else (torch.float32,):
-        for c in cases + (tiled if dtype != torch.float32 else []):
+    # float32 through TF32 (allow_tf32): the fast forward and backward (D = 64 on 2-D grids, 32 on 1-D)
+    runs = [(torch.float32, False, cases)]
+    if device.type == "cuda":
+        runs += [
+            (torch.float32, True, [tiled[0], tiled[4], tiled[5]]),
+            (torch.bfloat16, False, cases + tiled),
+            (torch.float16, False, cases + tiled),
+        ]
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    for dtype, tf32, todo in runs:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for c in todo:
             grid, kw = c["grid"], dict(c["kw"])
             N, U, H, G = 1, 1, 2, len(grid)
             for n in grid:
@@ -56,7 +66,8 @@ def relpos_cases(device):
             out, lse = ops.relpos_attention(**x, grid=grid, return_lse=True, **kw)
             grads = torch.autograd.grad((out.float() ** 2).sum() + lse.sum(), list(x.values()))
             assert all(torch.isfinite(t).all() for t in grads)
-            yield f"relpos {dtype} grid {grid} D={c['D']} {sorted(kw)}"
+            yield f"relpos {dtype}{' (TF32)' if tf32 else ''} grid {grid} D={c['D']} {sorted(kw)}"
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
 
 
 def apply_maps_cases(device):

@@ -36,7 +36,9 @@ namespace posattn::relpos::cuda_fast {
 template <typename T, int D, bool POS, int NDIM, bool KEYS>
 struct BwdLayout {
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
-  static constexpr int kLd = D + 8;
+  // (16 bytes of row padding, as the forward's: for float a stride of 4 mod 32 words)
+  static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kLd = D + kPad;
   static constexpr int kTile = 64 * kLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
@@ -44,8 +46,8 @@ struct BwdLayout {
   static constexpr int kRTile = kTileOffsets * kLd;
   static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the forward's
   static constexpr int kPbuf = 17 * kPLd;
-  static constexpr int kSLd = kWarpCols + 8;  // query-major: the warp's dS' box (T)
-  static constexpr int kXLd = kBlockN + 8;    // key-major: P and dS' of the pair (T)
+  static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
+  static constexpr int kXLd = kBlockN + kPad;    // key-major: P and dS' of the pair (T)
   // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per
   // stage the streamed box's (K, V; Q, q_pos, dO)
   static constexpr int kFixed = KEYS ? 2 : 3, kPer = KEYS ? 3 : 2;
@@ -105,23 +107,24 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
                                                    const int2* ranges, const int* qo, const int* kb,
                                                    const FastGrid<NDIM>& g, const int (&row_tok)[2],
                                                    float scale, bool has_mul, bool causal, bool full) {
-  constexpr int LD = L::kLd;
+  using F = warp::Mma<T>;
+  constexpr int LD = L::kLd, KK = F::kK;
   constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 0; kk < D / KK; ++kk) {
     uint32_t qf[4], df[4];
-    warp::ldmatrix<4>(qf, Qs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
-    warp::ldmatrix<4>(df, dOs + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+    F::load_a(qf, Qs + 16 * w * LD + KK * kk, LD, lane);
+    F::load_a(df, dOs + 16 * w * LD + KK * kk, LD, lane);
 #pragma unroll
     for (int nb = 0; nb < kBlockN / 8; nb += 2) {
-      const int at = (8 * nb + lane % 8 + 8 * (lane / 16)) * LD + 16 * kk + 8 * ((lane / 8) % 2);
+      const int at = 8 * nb * LD + KK * kk;
       uint32_t b[4];
-      warp::ldmatrix<4>(b, Ks + at);
-      warp::mma_m16n8k16<T>(s[nb], qf, {b[0], b[1]});
-      warp::mma_m16n8k16<T>(s[nb + 1], qf, {b[2], b[3]});
-      warp::ldmatrix<4>(b, Vs + at);
-      warp::mma_m16n8k16<T>(dp[nb], df, {b[0], b[1]});
-      warp::mma_m16n8k16<T>(dp[nb + 1], df, {b[2], b[3]});
+      F::load_b_nmajor2(b, Ks + at, LD, lane);
+      F::mma(s[nb], qf, {b[0], b[1]});
+      F::mma(s[nb + 1], qf, {b[2], b[3]});
+      F::load_b_nmajor2(b, Vs + at, LD, lane);
+      F::mma(dp[nb], df, {b[0], b[1]});
+      F::mma(dp[nb + 1], df, {b[2], b[3]});
     }
   }
   const float to_log2 = POS ? kLog2e : scale * kLog2e;
@@ -181,7 +184,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
   using L = BwdLayout<T, D, POS, NDIM, KEYS>;
-  constexpr int LD = L::kLd;
+  using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
+  constexpr int LD = L::kLd, KK = F::kK;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -338,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
     if constexpr (!KEYS) {  // the warp's dS' box: entries no row ever writes stay 0
       T* box = smem + L::kX + w * 16 * L::kSLd;
-      for (int i = lane; i < 16 * L::kSLd / 2; i += 32) reinterpret_cast<uint32_t*>(box)[i] = 0u;
+      for (int i = lane; i < 16 * L::kSLd * static_cast<int>(sizeof(T)) / 4; i += 32)
+        reinterpret_cast<uint32_t*>(box)[i] = 0u;
     }
     __syncwarp();
   }
@@ -454,10 +459,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       if (active) {
         // (tables only: unused, read from the unfilled stage; behind a branch on rel these
         // loads made ptxas spill at D = 128)
-        uint32_t qpf[D / 16][4];
+        uint32_t qpf[D / KK][4];
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          warp::ldmatrix<4>(qpf[kk], Qps + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+        for (int kk = 0; kk < D / KK; ++kk) F::load_a(qpf[kk], Qps + 16 * w * LD + KK * kk, LD, lane);
         warp_positional_products<T, D, L, false>(
             qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
             fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
@@ -485,17 +489,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       if (active) {
         // dQ += dS' K: dS' as the A operand straight from the accumulators, K by ldmatrix.trans
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint32_t a[4] = {warp::pack2<T>(dp[2 * kk][0], dp[2 * kk][1]),
-                                 warp::pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
-                                 warp::pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                 warp::pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+        for (int kk = 0; kk < kBlockN / KK; ++kk) {
+          uint32_t a[4];
+          F::p_frag(a, dp, kk);
 #pragma unroll
           for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];
-            warp::ldmatrix<4, true>(b, Ks + (16 * kk + lane % 16) * LD + 8 * nd + 8 * (lane / 16));
-            warp::mma_m16n8k16<T>(acc0[nd], a, {b[0], b[1]});
-            warp::mma_m16n8k16<T>(acc0[nd + 1], a, {b[2], b[3]});
+            F::load_b_kmajor2(b, Ks + KK * kk * LD + 8 * nd, LD, lane);
+            F::mma(acc0[nd], a, {b[0], b[1]});
+            F::mma(acc0[nd + 1], a, {b[2], b[3]});
           }
         }
         if (POS && rel != nullptr) {
@@ -511,16 +513,19 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           __syncwarp();
           const T* Rj = smem + L::r_at(rst);
 #pragma unroll 1
-          for (int kk = 0; kk < L::kWarpCols / 16; ++kk) {
+          for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
             uint32_t a[4];
-            warp::ldmatrix<4>(a, box + (lane % 16) * L::kSLd + 16 * kk + 8 * (lane / 16));
-            const T* row = Rj + wrow[16 * kk + lane % 16] * LD + 8 * (lane / 16);
+            F::load_a(a, box + KK * kk, L::kSLd, lane);
+            const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
+#pragma unroll
+            for (int i = 0; i < F::kRowsPerLane; ++i)
+              rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * LD + F::bk_col(lane);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd += 2) {
               uint32_t b[4];
-              warp::ldmatrix<4, true>(b, row + 8 * nd);
-              warp::mma_m16n8k16<T>(acc1[nd], a, {b[0], b[1]});
-              warp::mma_m16n8k16<T>(acc1[nd + 1], a, {b[2], b[3]});
+              F::load_b_krows(b, rows, 8 * nd);
+              F::mma(acc1[nd], a, {b[0], b[1]});
+              F::mma(acc1[nd + 1], a, {b[2], b[3]});
             }
           }
         }
@@ -533,29 +538,28 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int at = (16 * w + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
-          *reinterpret_cast<uint32_t*>(X + at) = warp::pack2<T>(s[nb][2 * r], s[nb][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(X + 64 * L::kXLd + at) =
-              warp::pack2<T>(dp[nb][2 * r], dp[nb][2 * r + 1]);
+          F::store2(X + at, s[nb][2 * r], s[nb][2 * r + 1]);
+          F::store2(X + 64 * L::kXLd + at, dp[nb][2 * r], dp[nb][2 * r + 1]);
         }
       }
       __syncthreads();  // every warp's P and dS' rows written
       // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const int at = (16 * kk + lane % 8 + 8 * (lane / 16)) * L::kXLd + 16 * w + 8 * ((lane / 8) % 2);
+      for (int kk = 0; kk < kBlockM / KK; ++kk) {
+        const int at = KK * kk * L::kXLd + 16 * w;
         uint32_t pa[4], da[4];
-        warp::ldmatrix<4, true>(pa, X + at);
-        warp::ldmatrix<4, true>(da, X + 64 * L::kXLd + at);
+        F::load_a_trans(pa, X + at, L::kXLd, lane);
+        F::load_a_trans(da, X + 64 * L::kXLd + at, L::kXLd, lane);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
-          const int bt = (16 * kk + lane % 16) * LD + 8 * nd + 8 * (lane / 16);
+          const int bt = KK * kk * LD + 8 * nd;
           uint32_t b[4];
-          warp::ldmatrix<4, true>(b, dOs + bt);
-          warp::mma_m16n8k16<T>(acc1[nd], pa, {b[0], b[1]});
-          warp::mma_m16n8k16<T>(acc1[nd + 1], pa, {b[2], b[3]});
-          warp::ldmatrix<4, true>(b, Qs + bt);
-          warp::mma_m16n8k16<T>(acc0[nd], da, {b[0], b[1]});
-          warp::mma_m16n8k16<T>(acc0[nd + 1], da, {b[2], b[3]});
+          F::load_b_kmajor2(b, dOs + bt, LD, lane);
+          F::mma(acc1[nd], pa, {b[0], b[1]});
+          F::mma(acc1[nd + 1], pa, {b[2], b[3]});
+          F::load_b_kmajor2(b, Qs + bt, LD, lane);
+          F::mma(acc0[nd], da, {b[0], b[1]});
+          F::mma(acc0[nd + 1], da, {b[2], b[3]});
         }
       }
     }
@@ -586,9 +590,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       const int64_t at = static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(g0 + at) = warp::pack2<T>(acc0[nd][2 * r], acc0[nd][2 * r + 1]);
-      if (g1 != nullptr)
-        *reinterpret_cast<uint32_t*>(g1 + at) = warp::pack2<T>(acc1[nd][2 * r], acc1[nd][2 * r + 1]);
+      F::store2(g0 + at, acc0[nd][2 * r], acc0[nd][2 * r + 1]);
+      if (g1 != nullptr) F::store2(g1 + at, acc1[nd][2 * r], acc1[nd][2 * r + 1]);
     }
   }
 #endif
@@ -597,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 // Launches both backward kernels over every (batch, head) and box. The caller has checked
 // sm_80+ and the shared memory (fast_backward_bytes) within the device's opt-in
 // limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), gout 16-byte
-// aligned, dq, dk, dv (dq_pos) 4-byte aligned, and gout, rowd, lse, dq, dk, dv given.
+// aligned, dq, dk, dv (dq_pos) aligned to two elements, and gout, rowd, lse, dq, dk, dv given.
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
@@ -606,8 +609,9 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
-  if (misaligned(t.gout, 16) || misaligned(t.dq, 4) || misaligned(t.dk, 4) || misaligned(t.dv, 4) ||
-      misaligned(t.dqpos, 4))
+  constexpr uintptr_t kPair = 2 * sizeof(T);  // (the paired stores)
+  if (misaligned(t.gout, 16) || misaligned(t.dq, kPair) || misaligned(t.dk, kPair) ||
+      misaligned(t.dv, kPair) || misaligned(t.dqpos, kPair))
     return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.dq == nullptr || t.dk == nullptr ||

@@ -16,6 +16,7 @@
 #include "../core/relpos_params.h"
 #include "../core/relpos_tensors.h"
 #include "relpos_fast_boxes.cuh"
+#include "relpos_fast_tables.cuh"
 #include "warp_primitives.cuh"
 
 namespace posattn::relpos::cuda_fast {
@@ -361,7 +362,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2
 // y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
 // takes the N tokens in a row, any grid for the control without a window or span box);
 // sigma given where a threshold makes span boxes; POS: q_pos and rel both given or both null
-// (tables only) as p.has_pos says, U = prod (2 n_d - 1) offsets and at most 2^26 of them for
+// (tables only) as p.has_pos says, the add / mul tables given where the call has them, U = prod (2 n_d - 1) offsets and at most 2^26 of them for
 // NDIM > 1 (offset rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query
 // tiles (key blocks) per (batch, head). cudaErrorInvalidValue where one fails.
 template <int D, bool POS, int NDIM, typename T>
@@ -387,6 +388,9 @@ cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, in
   if (POS) {  // (q_pos and rel both null: tables only, as the call says: never a term dropped)
     if ((t.qpos == nullptr) != (t.rel == nullptr) || (t.qpos != nullptr) != p.has_pos ||
         misaligned(t.qpos, 16) || misaligned(t.rel, 16))
+      return cudaErrorInvalidValue;
+    // the offset tables the call needs, filled (a null table would drop its bias or span)
+    if ((t.offset_add != nullptr) != has_offset_add(p) || (t.offset_mul != nullptr) != has_offset_mul(p))
       return cudaErrorInvalidValue;
     if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
       return cudaErrorInvalidValue;

@@ -17,15 +17,13 @@ cudaError_t FastKernels<T, D>::forward(const RelposParams& p, const RelposTensor
   return launch_fast_forward_call<T, D>(p, t, stream);
 }
 
-// (float: the forward only so far; the plan gives its backward to the tiled kernels)
 template <typename T, int D>
 cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t,
                                         cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>)
-    return cudaErrorNotSupported;
-  else
-    return launch_fast_backward_call<T, D>(p, t, stream);
+  return launch_fast_backward_call<T, D>(p, t, stream);
 }
+
+// (float: not the offset kernel so far; the plan gives d rel, d bias, d sigma to the tiled one)
 
 template <typename T, int D>
 cudaError_t FastKernels<T, D>::offsets(const RelposParams& p, const RelposTensors<T>& t,

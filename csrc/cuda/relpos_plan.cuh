@@ -7,8 +7,9 @@
 // (q_pos optional; windows and span thresholds included) on grids of 1-3 axes, on sm_80+ where
 // their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
 // relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
-// one); the fast forward takes float32 too, through TF32 where allowed (not at D = 128 with a
-// term per offset), its backward being the tiled one's so far; the tiled tensor-core kernels
+// one); float32 too, through TF32 where allowed (not at D = 128 with a term per offset, nor its
+// backward at D = 64 on 3-D grids; d rel, d bias, d sigma from the tiled offset kernel); the
+// tiled tensor-core kernels
 // take float16 / bfloat16 (and float32 through TF32 where allowed) with D == Dv in
 // {32, 64, 128} on sm_80+ where their shared memory fits (every backward the general kernels
 // do not take); the general kernels every other call.
@@ -147,21 +148,17 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 // the larger of its kernels' shared memory.
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
-  if (dt == DType::kFloat32)
-    return "its backward takes float16 and bfloat16 only (float32: the forward so far)";
   std::string why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    if constexpr (!std::is_same<CT, float>::value) {
-      const size_t bytes = cuda_fast::fast_backward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
-      if (bytes == 0) {
-        why = "its backward needs more shared memory per block than sm_90 has for D = " + std::to_string(D) +
-              " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
-      } else {
-        *smem = std::max(*smem, bytes);
-        why = smem_refusal(bytes, dev, "its backward", D);
-      }
+    const size_t bytes = cuda_fast::fast_backward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
+    if (bytes == 0) {
+      why = "its backward needs more shared memory per block than sm_90 has for D = " + std::to_string(D) +
+            " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
+    } else {
+      *smem = std::max(*smem, bytes);
+      why = smem_refusal(bytes, dev, "its backward", D);
     }
   });
   return why;
@@ -171,6 +168,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // backward takes (empty: it can); `smem`: its shared memory.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                         size_t* smem) {
+  if (dt == DType::kFloat32) return "the fast offset kernel takes float16 and bfloat16 only";
   if (p.H * cuda_fast::fast_offset_tiles(p).count > INT_MAX)
     return "the fast offset kernel needs more thread blocks than a launch allows";
   std::string why;

@@ -210,9 +210,14 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 //   load_b_nmajor2(b, tile, ld, lane): the same for 16 consecutive rows at `tile`
 //   load_b_kmajor2(b, tile, ld, lane): B = X for kK rows (k) x 16 columns (n) at `tile` (V)
 //   p_frag(a, s, kk):                 A of P's columns kK kk ... from S's accumulators s[n-block][4]
-// p_frag and load_b_kmajor2 agree on the order of k (for TF32 a permutation within each 8:
-// slot t is key 2t, slot t + 4 key 2t + 1), so that P's A fragments are S's accumulator
-// registers as they are, with no shuffle.
+//   load_a_trans(a, tile, ld, lane):  A = X^T for kK rows (k) x 16 columns (m) at `tile` (P^T)
+//   bk_rows(lane, i), bk_col(lane):   the rows (k) and column of a k-major B whose rows lie
+//                                     anywhere (rel rows by address) that this lane addresses
+//   load_b_krows(b, rows, n):         B = X of kK such rows, columns n ... n + 15
+// p_frag, load_a_trans and load_b_kmajor2 agree on the order of k (for TF32 a permutation
+// within each 8: slot t is row 2t, slot t + 4 row 2t + 1), so that P's A fragments are S's
+// accumulator registers as they are, with no shuffle; load_a, load_b_rows and load_b_krows
+// take k in its natural order (slot t is column or row t).
 template <typename T>
 struct Mma {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16, f16 or float");
@@ -233,6 +238,14 @@ struct Mma {
   }
   static __device__ __forceinline__ void load_b_kmajor2(uint32_t (&b)[4], const T* tile, int ld, int lane) {
     ldmatrix<4, true>(b, tile + (lane % 16) * ld + 8 * (lane / 16));
+  }
+  static __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, int ld, int lane) {
+    ldmatrix<4, true>(a, tile + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2));
+  }
+  static __device__ __forceinline__ int bk_rows(int lane, int) { return lane % 16; }
+  static __device__ __forceinline__ int bk_col(int lane) { return 8 * (lane / 16); }
+  static __device__ __forceinline__ void load_b_krows(uint32_t (&b)[4], const T* const (&rows)[1], int n) {
+    ldmatrix<4, true>(b, rows[0] + n);
   }
   template <int NB>
   static __device__ __forceinline__ void p_frag(uint32_t (&a)[4], const float (&s)[NB][4], int kk) {
@@ -275,6 +288,18 @@ struct Mma<float> {
                                                         int lane) {
     const float* r = tile + 2 * (lane % 4) * ld + lane / 4;
     b[0] = to_tf32(r[0]), b[1] = to_tf32(r[ld]), b[2] = to_tf32(r[8]), b[3] = to_tf32(r[ld + 8]);
+  }
+  // (slot t: row 2t, as load_b_kmajor2's)
+  static __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const float* tile, int ld, int lane) {
+    const float* r = tile + 2 * (lane % 4) * ld + lane / 4;
+    a[0] = to_tf32(r[0]), a[1] = to_tf32(r[8]), a[2] = to_tf32(r[ld]), a[3] = to_tf32(r[ld + 8]);
+  }
+  static __device__ __forceinline__ int bk_rows(int lane, int i) { return lane % 4 + 4 * i; }
+  static __device__ __forceinline__ int bk_col(int lane) { return lane / 4; }
+  static __device__ __forceinline__ void load_b_krows(uint32_t (&b)[4], const float* const (&rows)[2],
+                                                      int n) {
+    b[0] = to_tf32(rows[0][n]), b[1] = to_tf32(rows[1][n]);
+    b[2] = to_tf32(rows[0][n + 8]), b[3] = to_tf32(rows[1][n + 8]);
   }
   template <int NB>
   static __device__ __forceinline__ void p_frag(uint32_t (&a)[4], const float (&s)[NB][4], int kk) {

@@ -131,11 +131,9 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   using Kernels = CudaPlan::Kernels;
   const RelposParams& p = c.params;
   const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
-  if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+  if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     if (plan.path == Kernels::kFast)
       launch_fast(c, t, true, plan.has_offsets && plan.offsets == Kernels::kFast, stream);
-  }
-  if constexpr (!std::is_same<T, double>::value) {
     const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
     by_tiled_dim(p.D, [&](auto d) {
       using K = TiledKernels<T, decltype(d)::value>;

@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   shape_s.B = B, shape_s.H = H, shape_s.N = N, shape_s.D = kD, shape_s.Dv = kD;
   shape_s.grid = shape;
   shape_s.has_pos = pos != 0;
+  shape_s.has_bias = pos != 0 && has_bias != 0;  // (the launchers check the tables against it)
   shape_s.has_sigma = span != 0;
   shape_s.mode = span == 2 ? posattn::SpanMode::kMultiply : posattn::SpanMode::kAdd;
   posattn::RelposParams p =

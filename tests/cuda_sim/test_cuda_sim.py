@@ -268,27 +268,28 @@ def _forward_path(c: Case) -> str:
 
 
 def _backward_path(c: Case) -> str:
-    """The backward the plan must choose: the fast one where the fast forward runs, the inputs
-    are float16 / bfloat16 and its shared memory fits (relpos_plan.cuh, fast_backward_refusal:
-    not D = 128 on 3-D grids with a term per offset; the control's kernels fit there), else the
-    tiled one where the case says it fits, else the general one."""
+    """The backward the plan must choose: the fast one where the fast forward runs and its
+    shared memory fits (relpos_plan.cuh, fast_backward_refusal: with a term per offset, not
+    D = 128 on 3-D grids, nor in float32 D = 64 on 3-D grids; the control's kernels fit there),
+    else the tiled one where the case says it fits, else the general one."""
     axes = len([n for n in c.grid if n > 1])
     terms = c.pos or c.bias or c.sigma
-    fast = _forward_path(c) == "fast" and c.dtype in (F16, BF16)
-    if fast and not (c.D == 128 and axes >= 3 and terms):
+    too_big = terms and axes >= 3 and (c.D == 128 or (c.D == 64 and c.dtype == F32))
+    if _forward_path(c) == "fast" and not too_big:
         return "fast"
     return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
 
 
 def _offsets_kernel(c: Case, backward: str) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
-    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
-    on 1-3 axes, D = 128 on 1), else the tiled one unless the case says it does not fit, else
-    the general one."""
+    fast backward runs, the inputs are float16 / bfloat16 and its shared memory fits sm_90
+    (relpos_fast_offsets.cuh: D = 32 and 64 on 1-3 axes, D = 128 on 1), else the tiled one
+    unless the case says it does not fit, else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
-    if backward == "fast" and (c.D in (32, 64) or (c.D == 128 and axes <= 1)):
+    half = c.dtype in (F16, BF16)
+    if backward == "fast" and half and (c.D in (32, 64) or (c.D == 128 and axes <= 1)):
         return "fast"
     return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
 
@@ -702,10 +703,11 @@ TILED = [
         H=2,
         backward=False,
     ),
-    # float32 through TF32 on the fast forward (the tiled backward follows where a case has one; the
-    # tiled-tf32-* and tiled-f32-* cases above take it too): 1-D tiles and key blocks with a tail,
-    # causal, a span box; 3-D with a window and its offset tile in one stage; the control at D = 128;
-    # the tables alone with non-finite biases
+    # float32 through TF32 on the fast forward and backward (d rel, d bias, d sigma from the tiled
+    # offset kernel; the tiled-tf32-* and tiled-f32-* cases above take them too): 1-D tiles and key
+    # blocks with a tail, causal, a span box, the backward bitwise repeated; 3-D with a window and
+    # its offset tile in one stage (the tiled backward: the fast one does not fit at D = 64 in 3-D);
+    # the control at D = 128; the tables alone with non-finite biases
     Case(
         "fast-tf32-d32-1d-causal-span",
         F32,
@@ -718,12 +720,10 @@ TILED = [
         causal=True,
         B=1,
         H=1,
-        backward=False,
+        repeats=2,
     ),
     Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="tiled", D=64, bias=True, window=2, B=1, H=1, backward=False),
-    Case(
-        "fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1, backward=False
-    ),
+    Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
     Case(
         "fast-tf32-d32-nopos-nonfinite",
         F32,
@@ -735,7 +735,6 @@ TILED = [
         sigma=True,
         span_mode="multiply",
         special="nonfinite",
-        backward=False,
     ),
 ]
 

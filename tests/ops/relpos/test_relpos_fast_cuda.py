@@ -98,8 +98,10 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
 @pytest.mark.parametrize("grid,kw", [CASES[i] for i in (1, 2, 4, 9, 11, 12)])
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
-    """float32 with TF32 allowed: the fast forward (the tiled one at D = 128 with a term per offset),
-    the tiled or general backward from its lse; TF32 not allowed: the general path."""
+    """float32 with TF32 allowed: the fast forward (the tiled one at D = 128 with a term per offset)
+    and the fast backward where it fits (not D = 64 on 3-D grids with a term per offset), d rel,
+    d bias, d sigma from the tiled or general offset kernel, deterministic; TF32 not allowed: the
+    general path."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     inputs, args = split(kw)
     x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, requires_grad=True, **inputs)
@@ -111,14 +113,21 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
         assert plan["forward"] == "tiled" and "at D = 128" in plan["reason"], plan
     else:
         assert plan["forward"] == "fast", plan
-    assert ops.relpos_plan(**xc, grid=grid, backward=True, **args)["backward"] in ("tiled", "general")
+    bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
+    axes = len([n for n in grid if n > 1])
+    fits = plan["forward"] == "fast" and not (terms and axes >= 3 and D == 64)
+    assert (bplan["backward"] == "fast") == fits and bplan.get("offsets") != "fast", bplan
     out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
     assert rel_err(out, out_ref) < 5e-3 and rel_err(lse, lse_ref) < 5e-3  # (TF32: 10 mantissa bits)
     g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
     got = torch.autograd.grad((out * g.to("cuda", torch.float32)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, got, want):
-        assert rel_err(a, b) < 0.05, name  # (the tiled test's bound for the same backward)
+        assert rel_err(a, b) < 0.05, name  # (the tiled test's bound for its TF32 backward)
+    out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    again = torch.autograd.grad((out * g.to("cuda", torch.float32)).sum() + lse.sum(), list(xc.values()))
+    for name, a, b in zip(x, again, got):
+        assert torch.equal(a, b), name  # deterministic: bitwise the same
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     assert ops.relpos_plan(**xc, grid=grid, **args)["forward"] == "general"
 
