@@ -362,9 +362,10 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockN / 8][4], const int2
 // y and z), q, k, v (q_pos, rel) 16-byte aligned; NDIM > 1: a grid of NDIM axes (NDIM = 1
 // takes the N tokens in a row, any grid for the control without a window or span box);
 // sigma given where a threshold makes span boxes; POS: q_pos and rel both given or both null
-// (tables only) as p.has_pos says, the add / mul tables given where the call has them, U = prod (2 n_d - 1) offsets and at most 2^26 of them for
-// NDIM > 1 (offset rows in 32 bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query
-// tiles (key blocks) per (batch, head). cudaErrorInvalidValue where one fails.
+// (tables only) as p.has_pos says, the add / mul tables given where the call has them,
+// U = prod (2 n_d - 1) offsets and at most 2^26 of them for NDIM > 1 (offset rows in 32
+// bits), N <= 2^30 - kBlockN for NDIM = 1. *boxes: the query tiles (key blocks) per
+// (batch, head). cudaErrorInvalidValue where one fails.
 template <int D, bool POS, int NDIM, typename T>
 cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, int64_t* boxes) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
