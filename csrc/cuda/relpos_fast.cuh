@@ -35,7 +35,7 @@ extern template struct FastKernels<__half, 128>;
 extern template struct FastKernels<__nv_bfloat16, 32>;
 extern template struct FastKernels<__nv_bfloat16, 64>;
 extern template struct FastKernels<__nv_bfloat16, 128>;
-extern template struct FastKernels<float, 32>;  // (TF32; not the offset kernel so far)
+extern template struct FastKernels<float, 32>;  // (through TF32)
 extern template struct FastKernels<float, 64>;
 extern template struct FastKernels<float, 128>;
 

@@ -67,17 +67,22 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 template <typename T, int D, int NDIM, int DA = D>
 struct OffLayout {
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
-  static constexpr int kLd = D + 8;
+  // (16 bytes of row padding, as the backward's: for float a stride of 4 mod 32 words)
+  static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kLd = D + kPad;
   static constexpr int kTile = 64 * kLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
   static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
   static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the backward's
-  static constexpr int kPbuf = 17 * kPLd;
   static constexpr int kCols = (kWarpOffsets + 31) / 32;  // a lane's columns of the warp's offset box
   static constexpr int kChunks = (kTileOffsets + 15) / 16, kRows = 16 * kChunks;
-  static constexpr int kXLd = kRows + 8;  // X's rows (T), one per query, in its warp's pbuf
-  static constexpr int kALd = DA + 8;     // the d rel accumulator's rows (float)
+  static constexpr int kXLd = kRows + kPad;  // X's rows (T), one per query, in its warp's pbuf
+  // per warp: its positional products (17 rows, as the backward's), later its rows of X (in
+  // float, more than the products: the buffer is the larger of the two)
+  static constexpr int kXFloats = (16 * kXLd * static_cast<int>(sizeof(T)) / 4 + 3) / 4 * 4;
+  static constexpr int kPbuf = 17 * kPLd > kXFloats ? 17 * kPLd : kXFloats;
+  static constexpr int kALd = DA + 8;  // the d rel accumulator's rows (float)
   // T: Q, dO, K, V, q_pos in two stages, the offset tile
   static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 6 * kTile;
   static __device__ __forceinline__ int qpos_at(int stage) { return (4 + stage) * kTile; }
@@ -148,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
   using L = OffLayout<T, D, NDIM, DA>;
-  constexpr int LD = L::kLd;
+  using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
+  constexpr int LD = L::kLd, KK = F::kK;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr ChunkGroups<NDIM> kGroups{};
   constexpr float kLog2e = 1.4426950408889634f;
@@ -359,11 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[kBlockN / 8][4] = {};   // S, then dA
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
     if (active) {
-      uint32_t qpf[D / 16][4];
+      uint32_t qpf[D / KK][4];
       if (pos) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          warp::ldmatrix<4>(qpf[kk], Qp + (16 * w + lane % 16) * LD + 16 * kk + 8 * (lane / 16));
+        for (int kk = 0; kk < D / KK; ++kk) F::load_a(qpf[kk], Qp + 16 * w * LD + KK * kk, LD, lane);
       }
       warp_positional_products<T, D, L, false>(qpf, pos ? smem + L::kR : nullptr, wrow,
                                                fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf,
@@ -425,15 +430,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < kWarps; ++q) {
         if (!kGroups.reaches(c, q)) continue;
         const T* Xq = reinterpret_cast<const T*>(fs + q * L::kPbuf);
-        uint32_t xa[4];
-        warp::ldmatrix<4, true>(xa,
-                                Xq + (lane % 8 + 8 * (lane / 16)) * L::kXLd + 16 * c + 8 * ((lane / 8) % 2));
 #pragma unroll
-        for (int nd = 0; nd < DA / 8; nd += 2) {
-          uint32_t bq[4];
-          warp::ldmatrix<4, true>(bq, Qp + (16 * q + lane % 16) * LD + dcol + 8 * nd + 8 * (lane / 16));
-          warp::mma_m16n8k16<T>(a4[nd], xa, {bq[0], bq[1]});
-          warp::mma_m16n8k16<T>(a4[nd + 1], xa, {bq[2], bq[3]});
+        for (int kq = 0; kq < 16 / KK; ++kq) {  // the group's 16 queries, kK at a time
+          uint32_t xa[4];
+          F::load_a_trans(xa, Xq + KK * kq * L::kXLd + 16 * c, L::kXLd, lane);
+#pragma unroll
+          for (int nd = 0; nd < DA / 8; nd += 2) {
+            uint32_t bq[4];
+            F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * LD + dcol + 8 * nd, LD, lane);
+            F::mma(a4[nd], xa, {bq[0], bq[1]});
+            F::mma(a4[nd + 1], xa, {bq[2], bq[3]});
+          }
         }
       }
 #pragma unroll
@@ -541,10 +548,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The columns of d rel a block of the fast offset kernel takes: D where its accumulator fits
 // sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128), else
-// 0 (the plan gives the call the tiled offset kernel).
+// 0 (the plan gives the call the tiled offset kernel); float: D = 32 on 1-D grids only.
 template <typename T, int D, int NDIM>
 constexpr int offsets_columns() {
-  if constexpr (OffLayout<T, D, NDIM, D>::kFits)
+  // float: D = 32 on 1-D grids only (255 registers; the one 2-D layout that fits, D = 32, spills 12
+  // bytes, and D = 64 on a 1-D grid 16 bytes, in one block of columns or two)
+  if constexpr (sizeof(T) == 4)
+    return NDIM == 1 && D == 32 && OffLayout<T, D, NDIM, D>::kFits ? D : 0;
+  else if constexpr (OffLayout<T, D, NDIM, D>::kFits)
     return D;
   else if constexpr (OffLayout<T, D, NDIM, D / 2>::kFits)
     return D / 2;

@@ -168,21 +168,20 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // backward takes (empty: it can); `smem`: its shared memory.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                         size_t* smem) {
-  if (dt == DType::kFloat32) return "the fast offset kernel takes float16 and bfloat16 only";
   if (p.H * cuda_fast::fast_offset_tiles(p).count > INT_MAX)
     return "the fast offset kernel needs more thread blocks than a launch allows";
   std::string why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    if constexpr (!std::is_same<CT, float>::value) {
-      *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
-      if (*smem == 0)
-        why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
-              std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
-      else
-        why = smem_refusal(*smem, dev, "the fast offset kernel", D);
-    }
+    *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
+    if (*smem == 0)  // (float: but at D = 32 on 1-D grids, registers; offsets_columns)
+      why =
+          "the fast offset kernel needs more shared memory per block (or registers, in float32) than sm_90 "
+          "has for D = " +
+          std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
+    else
+      why = smem_refusal(*smem, dev, "the fast offset kernel", D);
   });
   return why;
 }

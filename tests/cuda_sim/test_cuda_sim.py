@@ -282,14 +282,15 @@ def _backward_path(c: Case) -> str:
 
 def _offsets_kernel(c: Case, backward: str) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
-    fast backward runs, the inputs are float16 / bfloat16 and its shared memory fits sm_90
-    (relpos_fast_offsets.cuh: D = 32 and 64 on 1-3 axes, D = 128 on 1), else the tiled one
-    unless the case says it does not fit, else the general one."""
+    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
+    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1 axis), else the tiled one unless the case says
+    it does not fit, else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
     half = c.dtype in (F16, BF16)
-    if backward == "fast" and half and (c.D in (32, 64) or (c.D == 128 and axes <= 1)):
+    fits = (c.D in (32, 64) or (c.D == 128 and axes <= 1)) if half else (c.D == 32 and axes <= 1)
+    if backward == "fast" and fits:
         return "fast"
     return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
 
@@ -704,8 +705,9 @@ TILED = [
         backward=False,
     ),
     # float32 through TF32 on the fast forward and backward (d rel, d bias, d sigma from the tiled
-    # offset kernel; the tiled-tf32-* and tiled-f32-* cases above take them too): 1-D tiles and key
-    # blocks with a tail, causal, a span box, the backward bitwise repeated; 3-D with a window and
+    # offset kernel, the fast one at D = 32 on 1-D grids; the tiled-tf32-* and tiled-f32-* cases
+    # above take them too): 1-D tiles and key blocks with a tail, causal, a span box, the backward
+    # bitwise repeated; 3-D with a window and
     # its offset tile in one stage (the tiled backward: the fast one does not fit at D = 64 in 3-D);
     # the control at D = 128; the tables alone with non-finite biases
     Case(
