@@ -36,7 +36,8 @@ namespace posattn::relpos::cuda_fast {
 template <typename T, int D, bool POS, int NDIM, bool KEYS>
 struct BwdLayout {
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
-  // (16 bytes of row padding, as the forward's: for float a stride of 4 mod 32 words)
+  // (16 bytes of row padding, as the forward's: for float the strides of kLd, kSLd and kXLd are
+  // 4 mod 8 words, which keeps the TF32 fragments' 32-bit loads free of bank conflicts)
   static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
   static constexpr int kLd = D + kPad;
   static constexpr int kTile = 64 * kLd;
@@ -47,7 +48,7 @@ struct BwdLayout {
   static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the forward's
   static constexpr int kPbuf = 17 * kPLd;
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
-  static constexpr int kXLd = kBlockN + kPad;    // key-major: P and dS' of the pair (T)
+  static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
   // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per
   // stage the streamed box's (K, V; Q, q_pos, dO)
   static constexpr int kFixed = KEYS ? 2 : 3, kPer = KEYS ? 3 : 2;

@@ -67,7 +67,7 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 template <typename T, int D, int NDIM, int DA = D>
 struct OffLayout {
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
-  // (16 bytes of row padding, as the backward's: for float a stride of 4 mod 32 words)
+  // (16 bytes of row padding, as the backward's: for float kLd and kXLd are 4 mod 8 words)
   static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
   static constexpr int kLd = D + kPad;
   static constexpr int kTile = 64 * kLd;

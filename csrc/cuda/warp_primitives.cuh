@@ -266,7 +266,7 @@ struct Mma<float> {
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma_m16n8k8_tf32(d, a, b);
   }
-  // (with ld = 4 mod 32 words, the 32 lanes' loads of a register hit 32 distinct banks)
+  // (with ld = 4 mod 8 words, the 32 lanes' loads of a register hit 32 distinct banks)
   static __device__ __forceinline__ void load_a(uint32_t (&a)[4], const float* tile, int ld, int lane) {
     const float* r = tile + (lane / 4) * ld + lane % 4;
     a[0] = to_tf32(r[0]), a[1] = to_tf32(r[8 * ld]), a[2] = to_tf32(r[4]), a[3] = to_tf32(r[8 * ld + 4]);
@@ -283,7 +283,7 @@ struct Mma<float> {
                                   tile + b_rows(lane, 1) * ld + b_col(lane)};
     load_b_rows(b, rows, 0);
   }
-  // (slot t: row 2t, slot t + 4: row 2t + 1; with ld = 4 mod 32, 32 distinct banks per register)
+  // (slot t: row 2t, slot t + 4: row 2t + 1; with ld = 4 mod 8, 32 distinct banks per register)
   static __device__ __forceinline__ void load_b_kmajor2(uint32_t (&b)[4], const float* tile, int ld,
                                                         int lane) {
     const float* r = tile + 2 * (lane % 4) * ld + lane / 4;
