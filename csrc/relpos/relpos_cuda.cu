@@ -113,8 +113,6 @@ template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, false, stream);
-  }
-  if constexpr (!std::is_same<T, double>::value) {
     if (plan.path == CudaPlan::Kernels::kTiled) {
       const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(c.params);
       by_tiled_dim(c.params.D,
