@@ -100,8 +100,9 @@ struct BwdLayout {
 // The warp's 16 x 64 logits of a (query tile at qo, key block at kb) pair in base 2 as the
 // forward computes them, -inf where masked, into s, and dP = dO V^T into dp: Qs and dOs the
 // tile's rows, Ks and Vs the key block's (row stride L::kLd); POS: with the positional
-// products in pbuf; full: every key of the block is in every row's ranges.
-template <typename T, int D, bool POS, int NDIM, typename L>
+// products in pbuf; full: every key of the block is in every row's ranges. KUNROLL: the
+// k-steps unrolled (fewer: fewer fragments loaded ahead, fewer registers).
+template <typename T, int D, bool POS, int NDIM, typename L, int KUNROLL = D / warp::Mma<T>::kK>
 __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
                                                    const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
                                                    int lane, const float* pbuf, const int (&pcol)[2],
@@ -111,7 +112,7 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
   using F = warp::Mma<T>;
   constexpr int LD = L::kLd, KK = F::kK;
   constexpr float kLog2e = 1.4426950408889634f;
-#pragma unroll
+#pragma unroll KUNROLL
   for (int kk = 0; kk < D / KK; ++kk) {
     uint32_t qf[4], df[4];
     F::load_a(qf, Qs + 16 * w * LD + KK * kk, LD, lane);

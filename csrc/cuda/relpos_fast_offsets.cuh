@@ -155,6 +155,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = OffLayout<T, D, NDIM, DA>;
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   constexpr int LD = L::kLd, KK = F::kK;
+  // float: the logits' k-steps two at a time (all of them unrolled load fragments so far ahead
+  // that 255 registers spill at D = 64; two: 244 registers, no spill)
+  constexpr int kKUnroll = sizeof(T) == 4 ? 2 : D / KK;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr ChunkGroups<NDIM> kGroups{};
   constexpr float kLog2e = 1.4426950408889634f;
@@ -374,9 +377,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf,
                                                lane, scale, has_add, has_mul);
       __syncwarp();
-      warp_logits_and_dp<T, D, true, NDIM, L>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
-                                              w, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
-                                              p.causal, full);
+      warp_logits_and_dp<T, D, true, NDIM, L, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK,
+                                                        smem + L::kV, w, lane, pbuf, pcol, ranges, qo, kb, g,
+                                                        row_tok, scale, has_mul, p.causal, full);
       // (each pair's pbuf position is its own: the logits read it, the sums write it)
       softmax_backward<NDIM, L, true, true>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
                                             [&](int nb, int i, float da, float x) {
@@ -547,15 +550,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The columns of d rel a block of the fast offset kernel takes: D where its accumulator fits
-// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128), else
-// 0 (the plan gives the call the tiled offset kernel); float: D = 32 on 1-D grids only.
+// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128; in
+// float32 D = 32 on 1-2 axes and D = 64 on 1), else 0 (the plan gives the call the tiled
+// offset kernel).
 template <typename T, int D, int NDIM>
 constexpr int offsets_columns() {
-  // float: D = 32 on 1-D grids only (255 registers; the one 2-D layout that fits, D = 32, spills 12
-  // bytes, and D = 64 on a 1-D grid 16 bytes, in one block of columns or two)
-  if constexpr (sizeof(T) == 4)
-    return NDIM == 1 && D == 32 && OffLayout<T, D, NDIM, D>::kFits ? D : 0;
-  else if constexpr (OffLayout<T, D, NDIM, D>::kFits)
+  if constexpr (OffLayout<T, D, NDIM, D>::kFits)
     return D;
   else if constexpr (OffLayout<T, D, NDIM, D / 2>::kFits)
     return D / 2;

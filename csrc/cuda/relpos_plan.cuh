@@ -8,8 +8,8 @@
 // their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
 // relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
 // one); float32 too, through TF32 where allowed (not at D = 128 with a term per offset, nor its
-// backward at D = 64 on 3-D grids; d rel, d bias, d sigma from the tiled offset kernel); the
-// tiled tensor-core kernels
+// backward at D = 64 on 3-D grids; d rel, d bias, d sigma from the fast offset kernel at D = 32
+// on 1-2 axes and D = 64 on 1, else from the tiled one); the tiled tensor-core kernels
 // take float16 / bfloat16 (and float32 through TF32 where allowed) with D == Dv in
 // {32, 64, 128} on sm_80+ where their shared memory fits (every backward the general kernels
 // do not take); the general kernels every other call.
@@ -175,11 +175,9 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
-    if (*smem == 0)  // (float: but at D = 32 on 1-D grids, registers; offsets_columns)
-      why =
-          "the fast offset kernel needs more shared memory per block (or registers, in float32) than sm_90 "
-          "has for D = " +
-          std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
+    if (*smem == 0)  // (offsets_columns)
+      why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
+            std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
     else
       why = smem_refusal(*smem, dev, "the fast offset kernel", D);
   });

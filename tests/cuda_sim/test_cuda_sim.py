@@ -283,13 +283,15 @@ def _backward_path(c: Case) -> str:
 def _offsets_kernel(c: Case, backward: str) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
     fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
-    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1 axis), else the tiled one unless the case says
-    it does not fit, else the general one."""
+    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1-2 axes, D = 64 on 1), else the tiled one unless
+    the case says it does not fit, else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
-    half = c.dtype in (F16, BF16)
-    fits = (c.D in (32, 64) or (c.D == 128 and axes <= 1)) if half else (c.D == 32 and axes <= 1)
+    if c.dtype in (F16, BF16):
+        fits = c.D in (32, 64) or (c.D == 128 and axes <= 1)
+    else:
+        fits = (c.D == 32 and axes <= 2) or (c.D == 64 and axes <= 1)
     if backward == "fast" and fits:
         return "fast"
     return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
@@ -704,12 +706,12 @@ TILED = [
         H=2,
         backward=False,
     ),
-    # float32 through TF32 on the fast forward and backward (d rel, d bias, d sigma from the tiled
-    # offset kernel, the fast one at D = 32 on 1-D grids; the tiled-tf32-* and tiled-f32-* cases
-    # above take them too): 1-D tiles and key blocks with a tail, causal, a span box, the backward
-    # bitwise repeated; 3-D with a window and
-    # its offset tile in one stage (the tiled backward: the fast one does not fit at D = 64 in 3-D);
-    # the control at D = 128; the tables alone with non-finite biases
+    # float32 through TF32 on the fast forward and backward (d rel, d bias, d sigma from the fast
+    # offset kernel at D = 32 on 1-2 axes and D = 64 on 1, else the tiled one; the tiled-tf32-* and
+    # tiled-f32-* cases above take them too): 1-D tiles and key blocks with a tail, causal, a span
+    # box, the backward bitwise repeated; D = 64 on 1 axis with span multiply; 3-D with a window
+    # and its offset tile in one stage (the tiled backward: the fast one does not fit at D = 64 in
+    # 3-D); the control at D = 128; the tables alone with non-finite biases
     Case(
         "fast-tf32-d32-1d-causal-span",
         F32,
@@ -723,6 +725,19 @@ TILED = [
         B=1,
         H=1,
         repeats=2,
+    ),
+    Case(
+        "fast-tf32-d64-1d-multiply",
+        F32,
+        [100],
+        path="tiled",
+        D=64,
+        sigma=True,
+        bias=True,
+        span_mode="multiply",
+        threshold=0.2,
+        B=1,
+        H=1,
     ),
     Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="tiled", D=64, bias=True, window=2, B=1, H=1, backward=False),
     Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
