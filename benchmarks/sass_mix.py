@@ -12,7 +12,7 @@ to what one iteration executes; for loops with inner loops (today's tiled kernel
 understates the inner loops' share.
 
     python benchmarks/sass_mix.py                       # the fast forwards against the tiled forward
-    python benchmarks/sass_mix.py --backward            # the fast backward's kernels against the tiled ones
+    python benchmarks/sass_mix.py --backward            # the fast backward's kernels (the tiled ones are gone)
     python benchmarks/sass_mix.py --cubin x.cubin --kernel fast_forward
 
 Needs nvcc (CUDA_HOME or PATH) and cuobjdump, which CUDA 13's toolkit here lacks:
@@ -209,9 +209,7 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
                 ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1E"),
                 ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0E"),
                 ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1E"),
-                ("tiled dq (WMMA)", tiled, "relpos_tiled_backward_kernel Lb0EE"),
-                ("tiled dk/dv (WMMA)", tiled, "relpos_tiled_backward_kernel Lb1EE"),
-            ]
+            ]  # (the tiled backward's WMMA kernels, against which BENCHMARKS.md compared these, are gone)
             return _run_jobs(jobs, cuobjdump)
         jobs += [
             ("fast forward, FA2 control (2-D boxes)", fast, "fast_forward_kernel Lb0ELi2E"),

@@ -10,7 +10,8 @@ functional mode of the tests), so the problem is small: one batch element and he
 so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16 (--dtype: float16, or
 float32 through TF32), D = Dv = 32,
 positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice: the fast forward and backward),
-tiled (forced), general, tiled-goffsets.
+tiled (forced: the tiled forward; a backward's d q, d k, d v from the general kernels, the tiled
+one's being gone, d rel, d bias, d sigma from the tiled offset kernel), general, tiled-goffsets.
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
     python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
@@ -40,9 +41,7 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
 
 def short_name(mangled: str) -> str:
-    if "relpos_tiled_backward" in mangled:  # KEY_MAJOR is the last template argument: ...Lb1EE
-        return "tiled dk/dv" if "Lb1EE" in mangled else "tiled dq"
-    if "fast_backward_kernel" in mangled:  # KEYS likewise
+    if "fast_backward_kernel" in mangled:  # KEYS is the last template argument: ...Lb1EE
         return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
     for key, name in (
         ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
@@ -81,8 +80,9 @@ def run(
 ):
     # terms: what the logits have per offset: "pos" (q_pos . rel), "bias" (a bias alone: the fast
     # kernels' tables only), "none" (plain attention: the fast path runs its control's kernels)
-    # "tiled-goffsets": the tiled kernels with the general path's offset kernel (d rel, d bias, d sigma);
-    # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled kernels
+    # "tiled-goffsets": the tiled forward with the general path's offset kernel (d rel, d bias, d sigma);
+    # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled forward and offset
+    # kernel (the backward's d q, d k, d v: the general kernels)
     harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
     harness_path = "tiled" if path == "fast" else harness_path
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
@@ -147,7 +147,7 @@ def main():
         "--paths",
         default="tiled,general",
         help="kernel paths to run (fast: the plan's choice, the fast forward where it takes the call; "
-        "tiled; general; tiled-goffsets: the tiled kernels with the general path's offset kernel)",
+        "tiled; general; tiled-goffsets: the tiled forward with the general path's offset kernel)",
     )
     ap.add_argument(
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"

@@ -72,7 +72,7 @@ run() {
 # tests over processes sharing the GPU
 quick_tests=(
   tests/ops/relpos/test_relpos_fast_cuda.py tests/ops/relpos/test_relpos_cuda.py
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_tiled_backward_is_bitwise_deterministic
+  tests/ops/relpos/test_relpos_tiled_cuda.py::test_tiled_offset_kernel_is_bitwise_deterministic
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_nan_and_fully_masked_rows
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_kernel_choice_is_checked
   tests/ops/relpos/test_relpos_tiled_cuda.py::test_auto_picks_the_fast_kernels_where_they_apply

@@ -210,13 +210,15 @@ inline std::string general_smem_error(size_t bytes, const RelposParams& p, const
 }  // namespace plan_detail
 
 // The kernels of a forward (backward = false) or backward call with element type
-// dt: a forward on the fast path where it takes the call and `request` is auto; else
-// the tiled path where it takes the call and `request` allows (aligned16: every
-// input is 16-byte aligned), else the general one; in a backward, d rel, d bias
-// and d sigma from the fast offset kernel where the fast path runs and its shared
-// memory fits, else from the tiled offset kernel where the fast or tiled path runs
-// and its shared memory fits, else from the general one. plan.error says why a call
-// cannot run at all (too many blocks, too much shared memory, a refused request).
+// dt: on the fast path where it takes the call and `request` is auto; else a forward on
+// the tiled path where it takes the call and `request` allows (aligned16: every input is
+// 16-byte aligned), a backward's d q, d k, d v, d q_pos on the general one (the tiled
+// backward is gone: on an H200 its two kernels took as long as the general ones, BENCHMARKS.md),
+// else the general path; in a backward, d rel, d bias and d sigma from the fast offset kernel
+// where the fast path runs and its shared memory fits, else from the tiled offset kernel where
+// the tiled kernels' conditions hold (and `request` is not general) and its shared memory fits,
+// else from the general one. plan.error says why a call cannot run at all (too many blocks,
+// too much shared memory, a refused request).
 inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool aligned16,
                           KernelRequest request, const CudaDevice& dev) {
   using namespace plan_detail;
@@ -224,20 +226,26 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   CudaPlan plan;
   plan.has_offsets = backward && cuda_fast::has_offset_terms(p);
   size_t smem = 0;
-  std::string not_fast;  // why the fast forward does not take an auto forward
-  // d rel, d bias, d sigma from the tiled offset kernel where it fits
-  const auto tiled_offsets = [&](const cuda_tiled::TiledArgs& a) {
+  std::string not_fast;  // why the fast kernels do not take an auto call
+  // d rel, d bias, d sigma from the tiled offset kernel where it fits; `why_not`: why the
+  // kernel before it in the order did not take them
+  const auto tiled_offsets = [&](const std::string& why_not) {
     if (!plan.has_offsets) return;
     size_t osmem = 0;
-    plan.offsets_reason = tiled_offsets_refusal(a, dt, dev, &osmem);
-    if (plan.offsets_reason.empty()) {
+    std::string why = request == KernelRequest::kGeneral
+                          ? "POSATTN_CUDA_KERNEL=general"
+                          : tiled_refusal(p, dt, false, aligned16, dev, &osmem);
+    if (why.empty()) why = tiled_offsets_refusal(cuda_tiled::make_tiled_args(p), dt, dev, &osmem);
+    if (why.empty()) {
       plan.offsets = Kernels::kTiled;
       plan.offsets_reason = "the tiled offset kernel takes it";
-      plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
+      plan.dsig_partials = cuda_tiled::make_offset_grid(cuda_tiled::make_tiled_args(p)).count;
       plan.smem = std::max(plan.smem, osmem);
+    } else {
+      plan.offsets_reason = "the general path computes them (not the tiled offset kernel: " + why + ")";
     }
+    if (!why_not.empty()) plan.offsets_reason += " (not the fast one: " + why_not + ")";
   };
-  bool fast = false;
   if (request == KernelRequest::kAuto) {
     not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
     if (not_fast.empty() && backward) not_fast = fast_backward_refusal(p, dt, dev, &smem);
@@ -245,47 +253,53 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
       plan.path = Kernels::kFast;
       plan.path_reason = "the fast kernels take it";
       plan.smem = smem;
-      if (!backward) return plan;
-      fast = true;
+      if (!backward || !plan.has_offsets) return plan;
       size_t osmem = 0;
-      const std::string no_fast_offsets = plan.has_offsets ? fast_offsets_refusal(p, dt, dev, &osmem) : "";
-      if (plan.has_offsets && no_fast_offsets.empty()) {
+      const std::string no_fast_offsets = fast_offsets_refusal(p, dt, dev, &osmem);
+      if (no_fast_offsets.empty()) {
         plan.offsets = Kernels::kFast;
         plan.offsets_reason = "the fast offset kernel takes it";
         plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
         plan.smem = std::max(plan.smem, osmem);
       } else {
-        tiled_offsets(cuda_tiled::make_tiled_args(p));
-        if (plan.has_offsets) plan.offsets_reason += " (not the fast one: " + no_fast_offsets + ")";
+        tiled_offsets(no_fast_offsets);
       }
+      if (plan.offsets != Kernels::kGeneral) return plan;
     }
   }
-  const std::string why =
-      fast || request == KernelRequest::kGeneral ? "" : tiled_refusal(p, dt, backward, aligned16, dev, &smem);
-  if (request == KernelRequest::kTiled && !why.empty()) {
-    plan.error =
-        "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;
-    return plan;
-  }
-  if (fast) {
-    // (the fast kernels' own checks above)
-  } else if (request != KernelRequest::kGeneral && why.empty()) {
-    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
-    if (a.blocks > INT_MAX) {
-      plan.error = blocks_error(a.blocks, "the tiled kernels", "split the batch");
+  if (plan.path != Kernels::kFast) {
+    // the forward: the tiled kernels where they take it (and the request allows); the backward
+    // (d q, d k, d v, d q_pos): the general kernels
+    const std::string why = request == KernelRequest::kGeneral
+                                ? "POSATTN_CUDA_KERNEL=general"
+                                : tiled_refusal(p, dt, false, aligned16, dev, &smem);
+    if (request == KernelRequest::kTiled && !why.empty()) {
+      plan.error =
+          "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;
       return plan;
     }
-    plan.path = Kernels::kTiled;
-    plan.path_reason = request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled"
-                       : not_fast.empty()
-                           ? "the tiled kernels take it"
-                           : "the tiled kernels take it (not the fast kernels: " + not_fast + ")";
-    plan.smem = smem;
-    tiled_offsets(a);
-  } else {
-    plan.path_reason = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
-                                                          : "the tiled kernels cannot take it: " + why;
-    if (plan.has_offsets) plan.offsets_reason = "the general path computes them";
+    if (!backward && why.empty()) {
+      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
+      if (a.blocks > INT_MAX) {
+        plan.error = blocks_error(a.blocks, "the tiled kernels", "split the batch");
+        return plan;
+      }
+      plan.path = Kernels::kTiled;
+      plan.path_reason = request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled"
+                         : not_fast.empty()
+                             ? "the tiled kernels take it"
+                             : "the tiled kernels take it (not the fast kernels: " + not_fast + ")";
+      plan.smem = smem;
+      return plan;
+    }
+    if (request == KernelRequest::kGeneral)
+      plan.path_reason = "POSATTN_CUDA_KERNEL=general";
+    else if (!backward)
+      plan.path_reason = "the tiled kernels cannot take it: " + why;
+    else if (request == KernelRequest::kTiled)
+      plan.path_reason = "POSATTN_CUDA_KERNEL=tiled: the general backward (there is no tiled one)";
+    else
+      plan.path_reason = "the fast kernels cannot take it: " + not_fast;
     if (cuda_general::token_blocks(p) > INT_MAX) {
       plan.error = blocks_error(cuda_general::token_blocks(p), backward ? "the backward" : "the forward",
                                 "split the batch");
@@ -299,6 +313,7 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     });
     plan.error = general_smem_error(plan.smem, p, dev);
     if (!plan.error.empty()) return plan;
+    if (plan.has_offsets) tiled_offsets("");
   }
   if (plan.has_offsets && plan.offsets == Kernels::kGeneral) {
     if (cuda_general::offset_blocks(p) > INT_MAX) {

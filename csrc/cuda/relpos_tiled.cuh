@@ -1,9 +1,10 @@
 // The tiled tensor-core kernels of relpos_attention as the entry point calls
-// them: one set per (element type, head dim), each compiled in a translation unit
-// of its own (cuda/tiled/relpos_tiled_<type>_d<D>.cu, flash-attention's
+// them (the forward, and d rel, d bias, d sigma of a backward; the tiled backward's d q, d k,
+// d v kernels are gone): one set per (element type, head dim), each compiled in a translation
+// unit of its own (cuda/tiled/relpos_tiled_<type>_d<D>.cu, flash-attention's
 // flash_fwd_hdim*_*.cu) so that a build compiles the nine in parallel. The kernels
-// are in relpos_tiled_forward.cuh, relpos_tiled_backward.cuh and
-// relpos_tiled_offsets.cuh; which calls they take, in relpos_plan.cuh.
+// are in relpos_tiled_forward.cuh and relpos_tiled_offsets.cuh (on relpos_tiled_backward.cuh's
+// pair_gradients); which calls they take, in relpos_plan.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,8 +22,6 @@ template <typename CT, int D>
 struct TiledKernels {
   // out and lse
   static cudaError_t forward(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream);
-  // d q, d k, d v, d q_pos
-  static cudaError_t backward(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream);
   // d rel, d bias (through t.drel_acc / t.dbias_acc) and the d sigma partials
   static cudaError_t backward_offsets(const TiledArgs& a, const RelposTensors<CT>& t, cudaStream_t stream);
   // the forward kernel's attributes (which code the build has for the current device)

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "relpos_tiled.cuh"
-#include "relpos_tiled_backward.cuh"
 #include "relpos_tiled_forward.cuh"
 #include "relpos_tiled_offsets.cuh"
 
@@ -15,12 +14,6 @@ template <typename CT, int D>
 cudaError_t TiledKernels<CT, D>::forward(const TiledArgs& a, const RelposTensors<CT>& t,
                                          cudaStream_t stream) {
   return launch_forward<CT, D>(a, t, stream);
-}
-
-template <typename CT, int D>
-cudaError_t TiledKernels<CT, D>::backward(const TiledArgs& a, const RelposTensors<CT>& t,
-                                          cudaStream_t stream) {
-  return launch_backward<CT, D>(a, t, stream);
 }
 
 template <typename CT, int D>

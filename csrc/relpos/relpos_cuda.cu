@@ -132,12 +132,12 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     if (plan.path == Kernels::kFast)
       launch_fast(c, t, true, plan.has_offsets && plan.offsets == Kernels::kFast, stream);
-    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
-    by_tiled_dim(p.D, [&](auto d) {
-      using K = TiledKernels<T, decltype(d)::value>;
-      if (plan.path == Kernels::kTiled) check_launch(K::backward(a, t, stream));
-      if (tiled_offsets) check_launch(K::backward_offsets(a, t, stream));
-    });
+    if (tiled_offsets) {
+      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
+      by_tiled_dim(p.D, [&](auto d) {
+        check_launch(TiledKernels<T, decltype(d)::value>::backward_offsets(a, t, stream));
+      });
+    }
   }
   if (plan.path == Kernels::kGeneral) {
     check_launch(cuda_general::launch_backward_dq<T>(p, t, stream));

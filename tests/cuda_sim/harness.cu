@@ -233,7 +233,7 @@ RelposRun relpos_setup(const Case& c) {
   dev.allow_tf32 = true;    // float32 cases ask for the fast or tiled path through TF32
   r.fwd = rp::plan_cuda(r.p, r.dtype, false, true, request, dev);
   r.bwd = rp::plan_cuda(r.p, r.dtype, true, true, request, dev);
-  // a benchmark's comparison (benchmarks/sim_cycles.py): the tiled backward with the general offset kernel
+  // a benchmark's comparison (benchmarks/sim_cycles.py): the general offset kernel instead of the plan's
   if (geti(c, "general_offsets") != 0) r.bwd.offsets = rp::CudaPlan::Kernels::kGeneral;
   if (r.bwd.offsets == rp::CudaPlan::Kernels::kGeneral)
     r.bwd.dsig_partials = posattn::relpos::cuda_general::offset_blocks_per_head(r.p);
@@ -377,8 +377,6 @@ int run_relpos(const Case& c) {
     if constexpr (!std::is_same<T, double>::value) {
       const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
       if (plan.path == Kernels::kFast) run_fast(p, t, true, fast_offsets);
-      if (plan.path == Kernels::kTiled)
-        check(rp::cuda_tiled::launch_backward<T, HARNESS_TILED_D>(ta, t, nullptr), "tiled backward launch");
       if (tiled_offsets)
         check(rp::cuda_tiled::launch_backward_offsets<T, HARNESS_TILED_D>(ta, t, nullptr),
               "tiled backward offsets launch");

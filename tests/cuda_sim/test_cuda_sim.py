@@ -61,7 +61,6 @@ class Case:
         repeats: int = 1,
         special: Optional[str] = None,
         seed: int = 0,
-        tiled_backward: bool = True,
         general_offsets: bool = False,
         scale: Optional[float] = None,
     ):
@@ -74,11 +73,9 @@ class Case:
         self.natten = natten
         self.backward, self.glse, self.repeats, self.special, self.seed = backward, glse, repeats, special, seed
         # what the plan (cuda/relpos_plan.cuh, for the device of simlib.plan_settings) must choose:
-        # path "tiled": the tiled forward, and the tiled backward unless tiled_backward is False (where
-        # the backward's shared memory does not fit: float32 with D = 128); general_offsets: d rel,
-        # d bias, d sigma from the general offset kernel although the tiled backward runs (where the
-        # tiled offset kernel's shared memory does not fit)
-        self.tiled_backward = tiled_backward
+        # path "tiled" (POSATTN_CUDA_KERNEL=auto): the fast kernels, else the tiled forward and the
+        # general backward; general_offsets: d rel, d bias, d sigma from the general offset kernel
+        # where the tiled offset kernel would take them but its shared memory does not fit
         self.general_offsets = general_offsets
         self.scale = D**-0.5 if scale is None else scale  # the logits' scale (0 allowed)
 
@@ -271,20 +268,21 @@ def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
     shared memory fits (relpos_plan.cuh, fast_backward_refusal: with a term per offset, not
     D = 128 on 3-D grids, nor in float32 D = 64 on 3-D grids; the control's kernels fit there),
-    else the tiled one where the case says it fits, else the general one."""
+    else the general one (there is no tiled backward any more)."""
     axes = len([n for n in c.grid if n > 1])
     terms = c.pos or c.bias or c.sigma
     too_big = terms and axes >= 3 and (c.D == 128 or (c.D == 64 and c.dtype == F32))
     if _forward_path(c) == "fast" and not too_big:
         return "fast"
-    return "tiled" if c.path == "tiled" and c.tiled_backward else "general"
+    return "general"
 
 
 def _offsets_kernel(c: Case, backward: str) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
     fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
-    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1-2 axes, D = 64 on 1), else the tiled one unless
-    the case says it does not fit, else the general one."""
+    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1-2 axes, D = 64 on 1), else on path "tiled" the
+    tiled one (float16, bfloat16, float32 with D == Dv in {32, 64, 128}) unless the case says it
+    does not fit, else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
@@ -294,7 +292,8 @@ def _offsets_kernel(c: Case, backward: str) -> str:
         fits = (c.D == 32 and axes <= 2) or (c.D == 64 and axes <= 1)
     if backward == "fast" and fits:
         return "fast"
-    return "tiled" if backward in ("tiled", "fast") and not c.general_offsets else "general"
+    tiled = c.path == "tiled" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
+    return "tiled" if tiled and not c.general_offsets else "general"
 
 
 def check_relpos(c: Case, tmp_path: Path):
@@ -489,13 +488,14 @@ TILED = [
     # (the tiled offset kernel's 256-row accumulator at D = 128 does not fit: the general one runs)
     Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1, general_offsets=True),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
-    # float32 with D = 128: the backward's shared memory fits no GPU, so the general backward follows
+    # float32 with D = 128 and a term per offset: the tiled forward, the general backward (the fast
+    # kernels do not fit), the general offset kernel (the tiled one does not fit either)
     Case(
         "tiled-tf32-d128-general-backward",
         F32,
         [6, 5],
         path="tiled",
-        tiled_backward=False,
+        general_offsets=True,
         D=128,
         sigma=True,
         bias=True,

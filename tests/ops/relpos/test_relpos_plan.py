@@ -106,7 +106,8 @@ def test_the_cuda_plan(dtype, D, path):
     # d rel, d bias, d sigma: the fast offset kernel beside the fast backward (D = 64, 2-D: it fits)
     assert bwd["backward"] == forward and bwd["offsets"] == forward, bwd
     if path == "general":
-        assert bwd["offsets"] == "general" and bwd["reason"].startswith("the tiled kernels cannot take it")
+        assert bwd["offsets"] == "general" and bwd["reason"].startswith("the fast kernels cannot take it")
+        assert fwd["reason"].startswith("the tiled kernels cannot take it"), fwd
 
 
 @pytest.mark.cuda
