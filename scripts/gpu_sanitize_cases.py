@@ -22,7 +22,7 @@ def relpos_cases(device):
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
     # float16/bfloat16 with D == Dv in {32, 64, 128} and q_pos: the fast forward and backward
-    # (D = 128 on the 3-D [3, 5, 7]: the tiled backward): span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
+    # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the tiled or general offset kernel): span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
     # fast forward skips key blocks and masks per range there).
     tiled = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),

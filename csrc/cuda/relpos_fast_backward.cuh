@@ -24,8 +24,8 @@
 //                its 16 keys: dV += P^T dO, dK += dS'^T Q (ldmatrix.trans).
 // Two barriers per streamed box in the key-major kernel, one in the query-major (plus
 // one where the offset tile or the streamed box has a single stage: D = 64 on 3-D grids,
-// D = 128; the backward does not fit sm_90 at D = 128 on 3-D grids, which keep the
-// tiled backward).
+// D = 128; the backward does not fit sm_90 at D = 128 on 3-D grids, which take the
+// general backward).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -112,7 +112,7 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
   using F = warp::Mma<T>;
   constexpr int LD = L::kLd, KK = F::kK;
   constexpr float kLog2e = 1.4426950408889634f;
-#pragma unroll KUNROLL
+#pragma unroll(KUNROLL)
   for (int kk = 0; kk < D / KK; ++kk) {
     uint32_t qf[4], df[4];
     F::load_a(qf, Qs + 16 * w * LD + KK * kk, LD, lane);

@@ -550,9 +550,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The columns of d rel a block of the fast offset kernel takes: D where its accumulator fits
-// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128; in
-// float32 D = 32 on 1-2 axes and D = 64 on 1), else 0 (the plan gives the call the tiled
-// offset kernel).
+// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128), else
+// 0 (the plan gives the call the tiled offset kernel). float32: D at D = 32 on 1-2 axes and
+// D = 64 on 1, never D / 2, else 0.
 template <typename T, int D, int NDIM>
 constexpr int offsets_columns() {
   if constexpr (OffLayout<T, D, NDIM, D>::kFits)

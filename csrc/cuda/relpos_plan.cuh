@@ -10,9 +10,11 @@
 // one); float32 too, through TF32 where allowed (not at D = 128 with a term per offset, nor its
 // backward at D = 64 on 3-D grids; d rel, d bias, d sigma from the fast offset kernel at D = 32
 // on 1-2 axes and D = 64 on 1, else from the tiled one); the tiled tensor-core kernels
-// take float16 / bfloat16 (and float32 through TF32 where allowed) with D == Dv in
-// {32, 64, 128} on sm_80+ where their shared memory fits (every backward the general kernels
-// do not take); the general kernels every other call.
+// take the forward of the other float16 / bfloat16 (and float32 through TF32 where allowed)
+// calls with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits, and d rel,
+// d bias, d sigma of any such backward where the tiled offset kernel fits; the general
+// kernels every other call (and every backward's d q, d k, d v the fast backward does not take:
+// the tiled backward is gone).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -92,9 +94,10 @@ inline std::string blocks_error(int64_t blocks, const char* what, const char* re
          " thread blocks, more than a launch allows (" + std::to_string(INT_MAX) + "); " + remedy;
 }
 
-// Why the tiled kernels cannot take the call (empty: they can); `smem`: their shared memory.
-inline std::string tiled_refusal(const RelposParams& p, DType dt, bool backward, bool aligned16,
-                                 const CudaDevice& dev, size_t* smem) {
+// Why the tiled kernels cannot take the call (empty: they can); `smem`: the forward's shared
+// memory (the tiled offset kernel's own check: tiled_offsets_refusal).
+inline std::string tiled_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
+                                 size_t* smem) {
   if (dt == DType::kFloat32 && !dev.allow_tf32)
     return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
   if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
@@ -109,10 +112,6 @@ inline std::string tiled_refusal(const RelposParams& p, DType dt, bool backward,
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_tiled::Layout<CT, D>::bytes(p.g.ndim);
     why = smem_refusal(*smem, dev, "it", D);
-    if (why.empty() && backward) {
-      *smem = cuda_tiled::BwdLayout<CT, D>::bytes(p.g.ndim);
-      why = smem_refusal(*smem, dev, "its backward", D);
-    }
   });
   return why;
 }
@@ -232,19 +231,20 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   const auto tiled_offsets = [&](const std::string& why_not) {
     if (!plan.has_offsets) return;
     size_t osmem = 0;
-    std::string why = request == KernelRequest::kGeneral
-                          ? "POSATTN_CUDA_KERNEL=general"
-                          : tiled_refusal(p, dt, false, aligned16, dev, &osmem);
+    std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
+                                                         : tiled_refusal(p, dt, aligned16, dev, &osmem);
     if (why.empty()) why = tiled_offsets_refusal(cuda_tiled::make_tiled_args(p), dt, dev, &osmem);
     if (why.empty()) {
       plan.offsets = Kernels::kTiled;
       plan.offsets_reason = "the tiled offset kernel takes it";
+      if (!why_not.empty()) plan.offsets_reason += " (not the fast one: " + why_not + ")";
       plan.dsig_partials = cuda_tiled::make_offset_grid(cuda_tiled::make_tiled_args(p)).count;
       plan.smem = std::max(plan.smem, osmem);
     } else {
-      plan.offsets_reason = "the general path computes them (not the tiled offset kernel: " + why + ")";
+      plan.offsets_reason = "the general path computes them (" +
+                            (why_not.empty() ? std::string() : "not the fast one: " + why_not + "; ") +
+                            "not the tiled offset kernel: " + why + ")";
     }
-    if (!why_not.empty()) plan.offsets_reason += " (not the fast one: " + why_not + ")";
   };
   if (request == KernelRequest::kAuto) {
     not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
@@ -253,7 +253,11 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
       plan.path = Kernels::kFast;
       plan.path_reason = "the fast kernels take it";
       plan.smem = smem;
-      if (!backward || !plan.has_offsets) return plan;
+      if (!backward) return plan;
+      if (!plan.has_offsets) {
+        plan.dsig_partials = cuda_general::offset_blocks_per_head(p);  // (as every backward's: unused here)
+        return plan;
+      }
       size_t osmem = 0;
       const std::string no_fast_offsets = fast_offsets_refusal(p, dt, dev, &osmem);
       if (no_fast_offsets.empty()) {
@@ -270,9 +274,8 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   if (plan.path != Kernels::kFast) {
     // the forward: the tiled kernels where they take it (and the request allows); the backward
     // (d q, d k, d v, d q_pos): the general kernels
-    const std::string why = request == KernelRequest::kGeneral
-                                ? "POSATTN_CUDA_KERNEL=general"
-                                : tiled_refusal(p, dt, false, aligned16, dev, &smem);
+    const std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
+                                                               : tiled_refusal(p, dt, aligned16, dev, &smem);
     if (request == KernelRequest::kTiled && !why.empty()) {
       plan.error =
           "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;

@@ -83,23 +83,19 @@ __device__ void fill_bwd_query_slot(const RelposParams& p, const TileHead& hd, c
   m.row_off[r] = ok ? bh * p.N + m.qtok[r] : -1;
 }
 
-// What every backward kernel does for one (query box, key box) pair once the slots, the
-// offset box indices and the Q, Q_pos, dO, K, V tiles are in place: the logits
-// (S = Q K^T, the positional term through pieces of rel in the P / dA tiles,
-// bias, span, masks), P, dP = dO V^T and dA * scale, per thread for query slot
-// r and key slots 2 j + half. Leaves P in m.P and dA * scale in m.DS (16-bit),
-// and dA * scale in `das`. With OFFSETS (the offset kernel, relpos_tiled_offsets.cuh)
-// m.P and m.DS are not written, and dA itself (d bias) goes to `da` and d quad (the
-// span's exponent) to `dquad`, as the general path's pair_backward defines them;
-// 0 for a masked pair.
-template <typename CT, int D, bool OFFSETS = false>
+// What the offset kernel (relpos_tiled_offsets.cuh) does for one (query box, key box) pair
+// once the slots, the offset box indices and the Q, Q_pos, dO, K, V tiles are in place: the
+// logits (S = Q K^T, the positional term through pieces of rel in the P tile, bias, span,
+// masks), P, dP = dO V^T, per thread for query slot r and key slots 2 j + half: dA * scale
+// into `das`, dA itself (d bias) into `da` and d quad (the span's exponent) into `dquad`, as
+// the general path's pair_backward defines them; 0 for a masked pair.
+template <typename CT, int D>
 __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_t h, const OffsetBox& ob,
                                const BwdSmem<CT>& m, const CT* __restrict__ rel, const CT* __restrict__ bias,
-                               int r, int half, int warp, float* das, float* da = nullptr,
-                               float* dquad = nullptr) {
+                               int r, int half, int warp, float* das, float* da, float* dquad) {
   using L = BwdLayout<CT, D>;
-  constexpr int LD = L::LD, LS = L::LS, LP = L::LP;
-  CT* Rs = m.P;  // a piece of rel, while P and dA are not yet written
+  constexpr int LD = L::LD, LS = L::LS;
+  CT* Rs = m.P;  // a piece of rel
   warp_mma<CT, D, kBK / 16, true>(m.Q + warp * 16 * LD, LD, m.K, LD, m.S + warp * 16 * LS, LS);
   __syncthreads();
   float s[32], g[32];
@@ -139,15 +135,9 @@ __device__ void pair_gradients(const RelposParams& p, const TileHead& hd, int64_
     // input row reaches the gradients of its tile (never beyond the dense reference's NaN)
     const float ds = kept ? pj * (m.S[r * LS + c] - rowd_r) : 0.f;
     das[j] = kept ? ds * g[j] * scale : 0.f;
-    if constexpr (OFFSETS) {
-      da[j] = kept ? ds * g[j] : 0.f;
-      // d quad: -dS (added span), -dS * x with x the multiplied logit (multiply span)
-      dquad[j] = kept ? (p.has_sigma && p.mode == SpanMode::kMultiply ? -ds * s[j] : -ds) : 0.f;
-    }
-    if constexpr (!OFFSETS) {  // (the offset kernel needs neither)
-      m.P[r * LP + c] = from_acc<CT>(pj);
-      m.DS[r * LP + c] = from_acc<CT>(das[j]);
-    }
+    da[j] = kept ? ds * g[j] : 0.f;
+    // d quad: -dS (added span), -dS * x with x the multiplied logit (multiply span)
+    dquad[j] = kept ? (p.has_sigma && p.mode == SpanMode::kMultiply ? -ds * s[j] : -ds) : 0.f;
   }
   __syncthreads();
 }

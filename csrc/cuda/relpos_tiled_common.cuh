@@ -1,5 +1,6 @@
-// What the tiled tensor-core kernels of relpos_attention share (forward in
-// relpos_tiled_forward.cuh, backward in relpos_tiled_backward.cuh; torch-free): tile sizes,
+// What the tiled tensor-core kernels of relpos_attention share (the forward in
+// relpos_tiled_forward.cuh, d rel / d bias / d sigma in relpos_tiled_offsets.cuh on
+// relpos_tiled_backward.cuh's layout; torch-free): tile sizes,
 // the per-dtype tensor-core shape, row loads, the warp-level products, and the
 // geometry of a query box, a key box and the offset box between them.
 #pragma once

@@ -16,8 +16,8 @@
 //                                           entry (query r, key c) sits at qbox[r] + kbox[c]
 //   logits: scale, bias, span, masks        per element, 2 threads per query row
 //   online softmax in registers, P (bf16 / f16) in shared memory, O += P V (wmma)
-// lse is stored in float32; the backward (relpos_tiled_backward.cuh and the
-// general path's offset kernel) reads it. Torch-free: the extension's glue
+// lse is stored in float32; the backward (the fast or general kernels, the tiled or general
+// offset kernel) reads it. Torch-free: the extension's glue
 // (csrc/relpos/relpos_tiled_cuda.cu) and the simulator harness call the launcher.
 #pragma once
 

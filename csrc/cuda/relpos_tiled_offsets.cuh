@@ -1,5 +1,6 @@
 // d rel, d bias and d sigma of relpos_attention on the tensor cores, for the calls
-// the tiled backward takes (relpos_tiled_backward.cuh) where its shared memory fits;
+// the tiled kernels' conditions allow (relpos_plan.cuh) where its shared memory fits, beside the
+// fast or the general backward (on relpos_tiled_backward.cuh's layout and pair_gradients);
 // it replaces the general path's offset kernel there, which recomputes every pair
 // one thread at a time (that kernel took 89 % of a 64 x 64 forward + backward on
 // the H200 of 2026-11-26; this one has not run on a real GPU yet).
@@ -205,7 +206,7 @@ __device__ void offsets_block(const TiledArgs& a, const OffsetGrid& og, int pari
       load_rows<CT, D, LD>(m.V, t.v, m.row_off, kBK);
       __syncthreads();
       float das[32], da[32], dquad[32];
-      pair_gradients<CT, D, true>(p, hd, h, fb, m, t.rel, t.bias, r, half, warp, das, da, dquad);
+      pair_gradients<CT, D>(p, hd, h, fb, m, t.rel, t.bias, r, half, warp, das, da, dquad);
       if (p.has_sigma) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) {

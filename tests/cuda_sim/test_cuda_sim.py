@@ -633,7 +633,7 @@ TILED = [
         B=2,
         H=1,
     ),
-    # the fast forward (POSATTN_CUDA_KERNEL=auto takes it for these; the tiled backward follows) on
+    # the fast forward (POSATTN_CUDA_KERNEL=auto takes it for these; the fast or general backward follows) on
     # what the cases above leave out: 3-D grids with span multiply and causal, D = 128 on 3-D grids
     # (its offset tile in one pipeline stage), several key blocks per tile on every axis
     Case(
@@ -650,6 +650,20 @@ TILED = [
         backward=False,
     ),
     Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
+    # its backward: the general d q, d k, d v (the fast backward does not fit), the general offset
+    # kernel (nor does the tiled one)
+    Case(
+        "fast-f16-d128-3d-general-backward",
+        F16,
+        [2, 3, 5],
+        path="tiled",
+        D=128,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        general_offsets=True,
+    ),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
     # the fast offset kernel in two column halves of d rel (its accumulator for all of D does not
     # fit: D = 64 on 3-D grids, D = 128 on 1-D), and with scale 0 (d bias and d sigma from dA alone)
@@ -710,7 +724,7 @@ TILED = [
     # offset kernel at D = 32 on 1-2 axes and D = 64 on 1, else the tiled one; the tiled-tf32-* and
     # tiled-f32-* cases above take them too): 1-D tiles and key blocks with a tail, causal, a span
     # box, the backward bitwise repeated; D = 64 on 1 axis with span multiply; 3-D with a window
-    # and its offset tile in one stage (the tiled backward: the fast one does not fit at D = 64 in
+    # and its offset tile in one stage (forward only: the fast backward does not fit at D = 64 in
     # 3-D); the control at D = 128; the tables alone with non-finite biases
     Case(
         "fast-tf32-d32-1d-causal-span",
