@@ -37,7 +37,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "../core/relpos_params.h"
 #include "../core/relpos_tensors.h"
@@ -69,50 +68,34 @@ struct FwdLayout {
   static constexpr int kPbuf = 17 * kPLd;
   // per warp and row: its key range [lo, hi] along each axis (int2: window, span box)
   static constexpr size_t kRangeBytes = static_cast<size_t>(kWarps) * 16 * NDIM * sizeof(int2);
-  // The offset rows as a ring along the grid's last axis where it fits: the key blocks a tile
-  // visits are row-major over a box of them, so the next one is mostly the neighbour along the
-  // last axis, whose offset box shares all but kE of the kW columns there (kE: the key block's
-  // extent). A ring of kR = 3 kE columns holds block j's kW and block j + 1's kE new ones in
-  // slots j does not read: (y + kb_last) mod kR for the box's column y, kb_last the key
-  // block's origin on the last axis. So the next block copies kE columns, not kW, while this
-  // one is computed; a block that is not the neighbour (the box of blocks wraps to its next
-  // row) refills the whole ring behind a second barrier.
-  static constexpr int kE = extent<NDIM>(Box::kKey, NDIM - 1), kW = 2 * kE - 1, kR = 3 * kE;
-  static constexpr int kRingRows = kTileOffsets / kW * kR;
-  // rel rows (T); per stage the warps' add / mul tables, int arrays per warp (floats, ints)
-  static constexpr size_t bytes(int rel_rows, int table_stages, int int_arrays) {
-    return static_cast<size_t>(4 * kTile + rel_rows * kLd) * sizeof(T) +
-           static_cast<size_t>(kWarps * kPbuf + table_stages * kWarps * 2 * kWarpCols +
-                               int_arrays * kWarps * kWarpCols) *
+  static constexpr size_t bytes(int rel_stages) {
+    return static_cast<size_t>(4 * kTile + rel_stages * kRTile) * sizeof(T) +
+           static_cast<size_t>(kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols +
+                               2 * kWarps * kWarpCols) *
                sizeof(float) +
            kRangeBytes;
   }
-  // the ring where it fits (all but D = 128 on 3-D grids in 16 bits, D = 64 on 3-D grids in
-  // float32), else two stages of the offset tile, else one (refilled after a second barrier)
-  static constexpr bool kRing = POS && bytes(kRingRows, 2, 4) <= kMaxSharedBytes;
-  static constexpr int kRelStages = kRing || bytes(2 * kTileOffsets, 2, 2) <= kMaxSharedBytes ? 2 : 1;
-  static constexpr int kRelRows = kRing ? kRingRows : kRelStages * kTileOffsets;
-  static constexpr int kInts = kRing ? 4 : 2;  // per warp: woff, wrow (+ the ring's wo, wy)
-  // in elements of T: K0 V0 K1 V1, then (POS) the offset rows (the ring, or the offset tile's
-  // stages); Q and q_pos are read once, from where K1 and V1 go later
+  // two stages of the offset tile where they fit, else one (refilled after a second barrier)
+  static constexpr int kRelStages = bytes(2) <= kMaxSharedBytes ? 2 : 1;
+  // in elements of T: K0 V0 K1 V1, then (POS) the offset tile's stages; Q and q_pos are
+  // read once, from where K1 and V1 go later
   static __device__ __forceinline__ int k_at(int stage) { return 2 * stage * kTile; }
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
-  static __device__ __forceinline__ int r_at(int stage) { return 4 * kTile + (kRing ? 0 : stage * kRTile); }
+  static __device__ __forceinline__ int r_at(int stage) { return 4 * kTile + stage * kRTile; }
   static constexpr int kQ = 2 * kTile, kQpos = 3 * kTile;
-  static constexpr size_t kTBytes = static_cast<size_t>(4 * kTile + (POS ? kRelRows * kLd : 0)) * sizeof(T);
+  static constexpr size_t kTBytes =
+      static_cast<size_t>(4 * kTile + (POS ? kRelStages * kRTile : 0)) * sizeof(T);
   static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
   // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
   // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
-  // the key block's first (woff) and its row in the offset rows (wrow; with the ring, the
-  // key block's: from wo, the column's ring row but for the last axis, and wy, its last-axis
-  // coordinate in the tile offset box)
+  // the key block's first (woff) and its row in the offset tile (wrow)
   static __device__ __forceinline__ int table_at(int stage, int w, int which) {
     return kWarps * kPbuf + ((stage * kWarps + w) * 2 + which) * kWarpCols;
   }
   static constexpr int kFloats = kWarps * kPbuf + kRelStages * kWarps * 2 * kWarpCols;
   // then (both kernels) the rows' key ranges, in bytes from the start
   static constexpr size_t kRangesAt =
-      POS ? kTBytes + static_cast<size_t>(kFloats + kInts * kWarps * kWarpCols) * sizeof(float) : kTBytes;
+      POS ? kTBytes + static_cast<size_t>(kFloats + 2 * kWarps * kWarpCols) * sizeof(float) : kTBytes;
   static constexpr size_t kBytes = kRangesAt + kRangeBytes;
   static_assert(kRangesAt % alignof(int2) == 0, "the ranges aligned");
   // (float32 at D = 128 with a term per offset does not: its shared memory on 2-D and 3-D grids,
@@ -120,64 +103,6 @@ struct FwdLayout {
   // the tiled kernels take those calls)
   static constexpr bool kFits = kBytes <= kMaxSharedBytes && !(sizeof(T) == 4 && D == 128 && POS);
 };
-
-// The rel rows of the tile offset box whose first row is offset row u0 into the ring
-// (FwdLayout::kRing; zero-filled outside [0, U)): all of them (NEW false), or the box's last
-// kE columns along the last axis only (NEW true: those its neighbour before it along the axis
-// did not have), column y at ring column (y + kbm) mod kR, kbm its key block's origin on the
-// last axis mod kR. A thread copies one fixed 16-byte chunk of every kStep-th row, walking the
-// row's coordinates by kStep's with carries, as load_box_async. The caller commits.
-template <typename T, int D, int NDIM, typename L, bool NEW>
-__device__ __forceinline__ void load_ring_async(T* ring, const T* __restrict__ rel, int u0, int U,
-                                                const int* rs, int kbm) {
-  struct Sub {  // the copied part of the box: its extents and strides (row-major)
-    static constexpr __host__ __device__ int ext(int a) {
-      return a == NDIM - 1 ? (NEW ? L::kE : L::kW) : extent<NDIM>(Box::kTileOffsets, a);
-    }
-    static constexpr __host__ __device__ int sub_stride(int a) {
-      int s = 1;
-      for (int c = a + 1; c < NDIM; ++c) s *= ext(c);
-      return s;
-    }
-    static constexpr __host__ __device__ int sub_coord(int r, int a) { return r / sub_stride(a) % ext(a); }
-    // a ring row's stride along axis a < NDIM - 1: the tile offset box's with kR for kW
-    static constexpr __host__ __device__ int ring_stride(int a) {
-      return stride<NDIM>(Box::kTileOffsets, a) / L::kW * L::kR;
-    }
-  };
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer;
-  constexpr int kStep = kThreads / kChunks, kRows = Sub::sub_stride(-1), kY0 = NEW ? L::kE - 1 : 0;
-  static_assert(kThreads % kChunks == 0, "every thread copies one chunk of its rows");
-  const int c = threadIdx.x % kChunks;
-  int r = threadIdx.x / kChunks, x[NDIM];
-  for_axes<NDIM>([&](auto ax) {
-    constexpr int a = decltype(ax)::value;
-    x[a] = Sub::sub_coord(r, a);
-  });
-  u0 += kY0 * rs[NDIM - 1];
-#pragma unroll 1  // (as load_box_async's)
-  for (; r < kRows; r += kStep) {
-    int u = u0, at = 0;
-    for_axes<NDIM>([&](auto ax) {
-      constexpr int a = decltype(ax)::value;
-      u += x[a] * rs[a];
-      if constexpr (a < NDIM - 1) at += x[a] * Sub::ring_stride(a);
-    });
-    const int y = x[NDIM - 1] + kY0 + kbm;
-    at += y >= L::kR ? y - L::kR : y;
-    const bool in = u >= 0 && u < U;
-    warp::cp_async_16(ring + at * L::kLd + c * kPer, rel + static_cast<int64_t>(in ? u : 0) * D + c * kPer,
-                      in);
-    int carry = 0;  // x += kStep's coordinates, last axis first (at most one carry per axis)
-    for_axes<NDIM>([&](auto ax) {
-      constexpr int b = NDIM - 1 - decltype(ax)::value;
-      constexpr int step = Sub::sub_coord(kStep, b), ext = Sub::ext(b);
-      x[b] += step + carry;
-      carry = x[b] >= ext;
-      x[b] -= carry ? ext : 0;
-    });
-  }
-}
 
 // Grid (query tiles, H, B)
 // (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
@@ -265,28 +190,16 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   float* pbuf = fsmem + w * L::kPbuf;
   int* woff = reinterpret_cast<int*>(fsmem + L::kFloats) + w * L::kWarpCols;
   int* wrow = woff + kWarps * L::kWarpCols;
-  int* wo = wrow + kWarps * L::kWarpCols;  // (the ring's: see FwdLayout)
-  int* wy = wo + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
     fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
-    if constexpr (L::kRing) {  // (the lane's own columns: fill_warp_columns's)
-      for (int c = lane; c < L::kWarpCols; c += 32) wo[c] = wrow[c] / L::kW * L::kR, wy[c] = wrow[c] % L::kW;
-    }
     __syncwarp();
   }
-  // the offset tile of key block kb into rel stage rst (its rel rows, the warp's add / mul);
-  // with the ring the tables only, and the rel rows (all, or NEW: the kE columns block kb's
-  // neighbour before it did not have) by load_ring
+  // the offset tile of key block kb into rel stage rst (its rel rows, the warp's add / mul)
   const auto load_offsets = [&](int rst, const int* kb) {
-    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), L::kRing ? nullptr : rel, g.first_offset(t0, kb), U,
-                                    rs, add, mul, fsmem + L::table_at(rst, w, 0),
-                                    fsmem + L::table_at(rst, w, 1), woff, lane);
-  };
-  const auto load_ring = [&](auto is_new, const int* kb) {
-    if (rel != nullptr)
-      load_ring_async<T, D, NDIM, L, decltype(is_new)::value>(smem + L::r_at(0), rel, g.first_offset(t0, kb),
-                                                              U, rs, kb[NDIM - 1] % L::kR);
+    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), rel, g.first_offset(t0, kb), U, rs, add, mul,
+                                    fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff,
+                                    lane);
   };
   // key block kb's K and V rows into stage st
   const auto load_keys = [&](int st, const int* kb) {
@@ -301,7 +214,6 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   if (POS && rel != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
   load_keys(0, kb);
   if constexpr (POS) load_offsets(0, kb);
-  if constexpr (L::kRing) load_ring(std::false_type{}, kb);
   warp::cp_async_commit();
 
   // this thread's rows of the warp's 16 (accumulator registers 0, 1 and 2, 3): their
@@ -346,14 +258,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
         if (carry) kn[a] = kfirst[a];
       }
     }
-    // the next key block is this one's neighbour along the last axis (the ring's common step)
-    const bool next_adjacent = kn[NDIM - 1] == kb[NDIM - 1] + extent<NDIM>(Box::kKey, NDIM - 1);
     if (j + 1 < blocks) {  // the next key block into the other stage, while this one is computed
       load_keys(stage ^ 1, kn);
       if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn);
-      if constexpr (L::kRing) {
-        if (next_adjacent) load_ring(std::true_type{}, kn);
-      }
       warp::cp_async_commit();
     }
     const T* Kj = smem + L::k_at(stage);
@@ -373,16 +280,6 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
     if constexpr (POS) {
       if (active) {
-        if constexpr (L::kRing) {  // the columns' rows in the ring for this key block
-          const int kbm = kb[NDIM - 1] % L::kR;
-#pragma unroll
-          for (int m = 0; m < (L::kWarpCols + 31) / 32; ++m) {
-            const int c = lane + 32 * m;
-            const int y = c < L::kWarpCols ? wy[c] + kbm : 0;
-            if (c < L::kWarpCols) wrow[c] = wo[c] + (y >= L::kR ? y - L::kR : y);
-          }
-          __syncwarp();
-        }
         warp_positional_products<T, D, L, true>(
             qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
             fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
@@ -392,13 +289,6 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
         __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
         if (j + 1 < blocks) {
           load_offsets(0, kn);
-          warp::cp_async_commit();
-        }
-      }
-      if constexpr (L::kRing) {
-        if (j + 1 < blocks && !next_adjacent && rel != nullptr) {  // (uniform)
-          __syncthreads();  // every warp done with the ring: refill it whole with block j + 1's
-          load_ring(std::false_type{}, kn);
           warp::cp_async_commit();
         }
       }

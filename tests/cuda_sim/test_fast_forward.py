@@ -2,11 +2,10 @@
 backward (relpos_fast_backward.cuh) on the simulated GPU against a float64 reference (tests/cuda_sim/fast_forward.cu), on
 1-D, 2-D and 3-D grids: the FA2 control (no positional term) and the positional kernel
 (q_pos . rel on the tensor cores, bias, span add / multiply as per-offset tables); bf16
-and f16, D = 32, 64, 128 (the forward's offset rows as a ring along the last axis, refilled
-whole where the box of key blocks wraps to its next row; or, where the ring does not fit, the
-offset tile in one stage refilled after a second barrier: D = 128 on 3-D grids), causal or not,
-one or several query tiles and key blocks (so the pipeline turns over), tails on every axis
-(boxes past the grid's end), a size-1 axis, a single token.
+and f16, D = 32, 64, 128 (the offset tile in two pipeline stages, or in one refilled
+after a second barrier: D = 128 on 2-D and 3-D grids), causal or not, one or several
+query tiles and key blocks (so the pipeline turns over), tails on every axis (boxes
+past the grid's end), a size-1 axis, a single token.
 
 Windows (NATTEN's vocabulary: even kernels, query strides, causal axes, clip or shift)
 and span boxes (a threshold) against the host reference's masks: the tile's box of key
@@ -65,7 +64,7 @@ CASES = [
     ("bf16", 64, 1, 1, "13x17", True, (2, 1)),  # 2 x 3 key blocks, causal across box rows
     ("bf16", 64, 1, 1, "13x17", True, None),
     ("half", 32, 2, 1, "17x9", False, (2, 0)),
-    ("bf16", 128, 1, 1, "11x10", True, (1, 1)),  # the ring at D = 128 (2 x 2 key blocks: a wrap)
+    ("bf16", 128, 1, 1, "11x10", True, (1, 1)),  # the offset tile in one stage
     ("bf16", 64, 1, 1, "9x1x12", False, (1, 1)),  # a size-1 axis: the 2-D kernel
     ("bf16", 64, 1, 1, "5x6x7", False, (1, 1)),  # 3-D: 2 x 2 x 2 tiles and key blocks
     ("bf16", 64, 1, 1, "5x6x7", True, (2, 1)),
@@ -77,7 +76,7 @@ CASES = [
     ("bf16", 64, 1, 1, "20x24", False, (1, 1), ("5.1.0x7.1.0", 0.0)),
     ("bf16", 64, 1, 1, "20x24", False, None, ("5.1.0x7.1.0", 0.0)),  # the control's masks alike
     ("half", 32, 1, 1, "20x24", True, (2, 0), ("4.2.1x7.3.0/shift", 0.0)),  # + causal token order
-    ("bf16", 128, 1, 1, "13x17", False, (1, 0), ("3.1.0x5.1.0", 0.5)),  # window and span box, D = 128
+    ("bf16", 128, 1, 1, "13x17", False, (1, 0), ("3.1.0x5.1.0", 0.5)),  # window and span box, one stage
     ("bf16", 64, 1, 1, "9x10x11", True, (1, 1), ("3.1.0x3.1.0x5.2.0/shift", 0.0)),
     # windows wider than a key block: blocks every row of a warp keeps whole go unmasked
     ("bf16", 32, 1, 1, "24x40", False, (1, 1), ("17.1.0x21.1.0", 0.0)),
