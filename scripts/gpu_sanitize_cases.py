@@ -22,7 +22,8 @@ def relpos_cases(device):
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
     # float16/bfloat16 with D == Dv in {32, 64, 128} and q_pos: the fast forward and backward
-    # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the tiled or general offset kernel): span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
+    # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the tiled or general offset
+    # kernel): span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
     # fast forward skips key blocks and masks per range there).
     tiled = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
@@ -36,11 +37,19 @@ def relpos_cases(device):
         dict(grid=[17, 19], D=64, Dv=64, kw=dict(sigma=True, pos=True, span_mode="multiply")),
         dict(grid=[200], D=32, Dv=32, kw=dict(pos=True, bias=True, causal=True)),
     ]
-    # float32 through TF32 (allow_tf32): the fast forward and backward (D = 64 on 2-D grids, 32 on 1-D)
+    # float32 through TF32 (allow_tf32): the fast forward and backward, d rel from the tiled offset
+    # kernel at D = 64 on 2-D grids, from the fast one at D = 32 on 1-D and 2-D grids and D = 64 on 1-D
+    tf32_cases = [
+        tiled[0],
+        tiled[4],
+        tiled[5],
+        dict(grid=[9, 13], D=32, Dv=32, kw=dict(sigma=True, pos=True, bias=True, causal=True)),
+        dict(grid=[150], D=64, Dv=64, kw=dict(sigma=True, pos=True, bias=True, span_mode="multiply", threshold=0.3)),
+    ]
     runs = [(torch.float32, False, cases)]
     if device.type == "cuda":
         runs += [
-            (torch.float32, True, [tiled[0], tiled[4], tiled[5]]),
+            (torch.float32, True, tf32_cases),
             (torch.bfloat16, False, cases + tiled),
             (torch.float16, False, cases + tiled),
         ]
