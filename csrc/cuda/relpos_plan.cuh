@@ -233,12 +233,13 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     size_t osmem = 0;
     std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
                                                          : tiled_refusal(p, dt, aligned16, dev, &osmem);
-    if (why.empty()) why = tiled_offsets_refusal(cuda_tiled::make_tiled_args(p), dt, dev, &osmem);
+    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
+    if (why.empty()) why = tiled_offsets_refusal(a, dt, dev, &osmem);
     if (why.empty()) {
       plan.offsets = Kernels::kTiled;
       plan.offsets_reason = "the tiled offset kernel takes it";
       if (!why_not.empty()) plan.offsets_reason += " (not the fast one: " + why_not + ")";
-      plan.dsig_partials = cuda_tiled::make_offset_grid(cuda_tiled::make_tiled_args(p)).count;
+      plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
       plan.smem = std::max(plan.smem, osmem);
     } else {
       plan.offsets_reason = "the general path computes them (" +
