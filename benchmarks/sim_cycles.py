@@ -45,6 +45,7 @@ def short_name(mangled: str) -> str:
         return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
     for key, name in (
         ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
+        ("fast_offsets_order_kernel", "fast offsets: their order's table"),
         ("fast_offsets_kernel", "fast offsets (d rel, d bias, d sigma)"),
         ("round_to_kernel", "offsets: rounding"),
         ("relpos_tiled_forward", "tiled fwd"),

@@ -41,8 +41,9 @@ struct CudaPlan {
   Kernels offsets = Kernels::kGeneral;
   std::string offsets_reason;
   int64_t dsig_partials = 0;
-  size_t smem = 0;    // the largest dynamic shared memory per block among its launches
-  std::string error;  // not empty: the call cannot run on this device (a ValueError with this text)
+  int64_t offset_order = 0;  // the fast offset kernel's ordering ints (RelposTensors::offset_order)
+  size_t smem = 0;           // the largest dynamic shared memory per block among its launches
+  std::string error;         // not empty: the call cannot run on this device (a ValueError with this text)
 };
 
 inline const char* kernels_name(CudaPlan::Kernels k) {

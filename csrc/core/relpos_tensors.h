@@ -47,9 +47,12 @@ struct RelposTensors {
   // span's exp(-quad) with span multiply); null where the call has none
   const float* __restrict__ offset_add = nullptr;
   const float* __restrict__ offset_mul = nullptr;
-  // CUDA's tiled offset kernel: d rel and d bias in float32 before their rounding to T
+  // CUDA's fast and tiled offset kernels: d rel and d bias in float32 before their rounding to T
   float* __restrict__ drel_acc = nullptr;
   float* __restrict__ dbias_acc = nullptr;
+  // CUDA's fast offset kernel: its ticket counter and a done flag per work item (1 + items
+  // ints, relpos_fast_offsets.cuh: fast_offset_items), zeroed by its launcher
+  int* __restrict__ offset_order = nullptr;
 };
 
 }  // namespace posattn

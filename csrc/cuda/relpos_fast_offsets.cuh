@@ -1,5 +1,5 @@
 // The fast path's d rel, d bias and d sigma: the offset kernel in the structure of the fast
-// backward (relpos_fast_backward.cuh), deterministic (fixed orders, no atomics).
+// backward (relpos_fast_backward.cuh), deterministic (fixed orders, no atomic adds).
 //
 // Every pair of a query tile I and a key block J = I + dT (dT: the tile offset, in tiles
 // per axis) has its offset in the same tile offset box, the rows of rel the fast kernels
@@ -17,11 +17,17 @@
 //     offset's mul at the end; d quad's with span add) and, with span multiply, of dA times
 //     the logit (d quad's), in float registers per column of the warp's offset box; added
 //     into the tile offset box in warp order at the end.
-// At the end the block adds its box into float32 d rel / d bias accumulators in global
-// memory and writes its d sigma partial. The boxes of tile offsets whose every component has
-// the same parity are disjoint (2 tile - 1 wide, 2 tile apart), so one launch per parity class
-// (2^NDIM, in a fixed order) adds boxes no other block of its launch touches; a last kernel
-// rounds d rel and d bias to T. A call with a bias or span and no q_pos (rel null): the
+// At the end the block writes its d sigma partial and adds its box into float32 d rel / d bias
+// accumulators in global memory. Boxes of tile offsets within one of each other on every axis
+// overlap (2 tile - 1 wide, a tile apart), so the adds are ordered (FA3's deterministic
+// backward orders its dQ adds alike): one launch holds every item (head, tile offset, column
+// block), numbered heaviest tile offsets first; a block takes the next item by ticket as it
+// starts, and before its adds waits for the done flags of the items numbered before it whose
+// boxes overlap its own. So every offset row receives its adds in item order, whatever the
+// blocks' timing (bitwise reproducible), and the waits cannot deadlock: an item waited on is
+// held by a block that started earlier. (Before: one launch per parity class of tile offsets,
+// 2^NDIM in a row, each with its own tail, a class's heaviest block alone at the end.) A last
+// kernel rounds d rel and d bias to T. A call with a bias or span and no q_pos (rel null): the
 // same stream and sums, without X and d rel.
 #pragma once
 
@@ -141,14 +147,107 @@ struct ChunkGroups {
   }
 };
 
-// One block: head blockIdx.x % H, tile offset number blockIdx.x / H of parity class `parity`
-// (bit a: dT_a + reach_a odd), d rel's columns DA blockIdx.z ... (the d bias and d sigma sums:
-// z = 0). The tile offsets are numbered row-major over the axes, each axis's values in order of
-// |dT_a| (0, -2, 2, ... or -1, 1, -3, ...): the blocks with the most pairs (small |dT|) first,
-// every head's alike, so that a GPU's block scheduler leaves the small ones for the tail.
+// The order the fast offset kernel takes its items in: tile offsets by sum_a |dT_a| (the ones
+// with the most pairs first, roughly), ties by their number (row-major over dT + reach: the
+// d sigma partial's slot); within a tile offset its column blocks, within those the heads.
+// Item k: head k % H, column block (k / H) % Z, the tile offset of rank k / (H Z). (On a GPU's
+// 132 SMs, by benchmarks/offset_order_model.py, B = 4, H = 8: 1.13x the ideal makespan at 64 x 64,
+// 1.70x at 32 x 32, 1.16x on 16 x 16 x 16; the parity launches before, 1.11x, 3.25x, 1.43x;
+// row-major order by each component's |dT| rank, 1.48x, 1.94x, 1.66x.)
+template <int NDIM>
+__host__ __device__ __forceinline__ void tile_offset_of(const OffsetTiles& ot, int index, int* dT) {
+#pragma unroll
+  for (int a = NDIM - 1; a >= 0; --a) {
+    const int cnt = 2 * ot.reach[a] + 1;
+    dT[a] = index % cnt - ot.reach[a];
+    index /= cnt;
+  }
+}
+template <int NDIM>
+__host__ __device__ __forceinline__ int tile_offset_index(const OffsetTiles& ot, const int* dT) {
+  int index = 0;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) index = index * (2 * ot.reach[a] + 1) + dT[a] + ot.reach[a];
+  return index;
+}
+template <int NDIM>
+__host__ __device__ __forceinline__ int tile_offset_l1(const int* dT) {
+  int l1 = 0;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) l1 += dT[a] < 0 ? -dT[a] : dT[a];
+  return l1;
+}
+
+// The table of that order for NDIM > 1: table[r], the number of the tile offset of rank r (a
+// counting sort by sum |dT_a|, a thread per sum; one block, before the offset kernel). 1-D needs
+// none: rank r is dT = 0, -1, 1, -2, 2, ... (rank_to_dT1).
+template <int NDIM>
+__global__ void fast_offsets_order_kernel(OffsetTiles ot, int* __restrict__ table) {
+  int sums = 1;
+  for (int a = 0; a < NDIM; ++a) sums += ot.reach[a];
+  for (int l1 = threadIdx.x; l1 < sums; l1 += blockDim.x) {
+    int r = 0;  // the tile offsets of a smaller sum, then of this one before each
+    for (int i = 0; i < ot.count; ++i) {
+      int dT[NDIM];
+      tile_offset_of<NDIM>(ot, i, dT);
+      r += tile_offset_l1<NDIM>(dT) < l1;
+    }
+    for (int i = 0; i < ot.count; ++i) {
+      int dT[NDIM];
+      tile_offset_of<NDIM>(ot, i, dT);
+      if (tile_offset_l1<NDIM>(dT) == l1) table[r++] = i;
+    }
+  }
+}
+__host__ __device__ __forceinline__ int rank_to_dT1(int r) {
+  return (r + 1) / 2 * (r % 2 != 0 ? -1 : 1);
+}
+
+// The m-th (0 <= m < 3^NDIM) tile offset within one of dT on every axis, whose box overlaps dT's
+// (boxes 2 tile - 1 wide, a tile apart): its number where it is in range and comes before dT in
+// the order (its adds come first), else -1.
+template <int NDIM>
+__host__ __device__ __forceinline__ int earlier_neighbour(const OffsetTiles& ot, const int* dT, int m) {
+  int d[NDIM];
+  bool in = true;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) {
+    d[a] = dT[a] + m % 3 - 1;
+    m /= 3;
+    in = in && d[a] >= -ot.reach[a] && d[a] <= ot.reach[a];
+  }
+  if (!in) return -1;
+  const int l1 = tile_offset_l1<NDIM>(dT), l1n = tile_offset_l1<NDIM>(d);
+  const int index = tile_offset_index<NDIM>(ot, d);
+  return l1n < l1 || (l1n == l1 && index < tile_offset_index<NDIM>(ot, dT)) ? index : -1;
+}
+
+// Waits until the items taken before this one whose boxes overlap its own (earlier_neighbour,
+// same head and column block) have added theirs (done: a flag per item, numbered (tile offset
+// number x Z + z) x H + h): the adds into each offset row of d rel and d bias then come in item
+// order, whatever the blocks' timing. (One thread polls; volatile loads come from L2, never a
+// stale L1 line. Deadlock-free: tickets are taken as blocks start, so every item waited on is
+// held by a block that started earlier.)
+template <int NDIM>
+__device__ __forceinline__ void await_earlier_neighbours(const int* done, const OffsetTiles& ot,
+                                                         const int* dT, int z, int Z, int h, int H) {
+  constexpr int kNeighbours = NDIM == 1 ? 3 : NDIM == 2 ? 9 : 27;
+  for (int m = 0; m < kNeighbours; ++m) {
+    const int k = earlier_neighbour<NDIM>(ot, dT, m);
+    if (k < 0) continue;
+    unsigned spins = 0;
+    while (*reinterpret_cast<const volatile int*>(done + (k * Z + z) * H + h) == 0)
+      if (++spins == 1u << 28) __trap();  // (a lost flag: an error after minutes, not a hang)
+  }
+  __threadfence();  // (the acquire side: the earlier items' adds before this block's loads)
+}
+
+// One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
+// above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
+// block 0); its done flag set when its adds are in memory.
 template <typename T, int D, int NDIM, int DA>
 __global__ void __launch_bounds__(kThreads, 1)
-    fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot, int parity) {
+    fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
@@ -164,31 +263,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   float* fs = reinterpret_cast<float*>(smem_raw + L::kTBytes);
+  // the block's ticket: in the sums' slot, which nothing else writes before the end
+  int* ticket = reinterpret_cast<int*>(fs + L::kSums);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int H = static_cast<int>(p.H), h = blockIdx.x % H, N = static_cast<int>(p.N),
-            U = static_cast<int>(p.U);
+  const int H = static_cast<int>(p.H), N = static_cast<int>(p.N), U = static_cast<int>(p.U);
+  const int Z = t.rel != nullptr ? D / DA : 1;
+  if (threadIdx.x == 0) *ticket = atomicAdd(t.offset_order, 1);
+  __syncthreads();
+  const int item = *ticket, h = item % H, zc = item / H % Z, rank = item / (H * Z);
+  int* const done = t.offset_order + 1;  // then (NDIM > 1) the order's table
   const FastGrid<NDIM> g(p);
   const int (&n)[NDIM] = g.n;
-  // this block's tile offset, its number among the head's, the query tiles it pairs
-  int dT[NDIM], icnt[NDIM], ilo[NDIM], tiles = 1, dT_index = 0;
-  {
-    int rest = blockIdx.x / H;
+  // this item's tile offset, its number among the head's (row-major over dT + reach: its d sigma
+  // partial), the query tiles it pairs
+  int dT[NDIM], icnt[NDIM], ilo[NDIM], tiles = 1;
+  if constexpr (NDIM == 1)
+    dT[0] = rank_to_dT1(rank);
+  else
+    tile_offset_of<NDIM>(ot, done[static_cast<int64_t>(ot.count) * Z * H + rank], dT);
+  const int dT_index = tile_offset_index<NDIM>(ot, dT);
 #pragma unroll
-    for (int a = NDIM - 1; a >= 0; --a) {
-      const int bit = (parity >> a) & 1, cnt = ot.reach[a] + 1 - bit, k = rest % cnt;
-      rest /= cnt;
-      // the k-th value of the class by |dT|: with 0 in it 0, -2, 2, -4, ...; else -1, 1, -3, ...
-      const bool zero = ((ot.reach[a] & 1) == bit);
-      dT[a] = zero ? (k + 1) / 2 * 2 * (k % 2 != 0 ? -1 : 1) : (k / 2 * 2 + 1) * (k % 2 == 0 ? -1 : 1);
-    }
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) {
-      dT_index = dT_index * (2 * ot.reach[a] + 1) + dT[a] + ot.reach[a];
-      icnt[a] = ot.nt[a] - abs(dT[a]);
-      ilo[a] = max(0, -dT[a]);
-      tiles *= icnt[a];
-    }
+  for (int a = 0; a < NDIM; ++a) {
+    icnt[a] = ot.nt[a] - abs(dT[a]);
+    ilo[a] = max(0, -dT[a]);
+    tiles *= icnt[a];
   }
   const int64_t total = static_cast<int64_t>(p.B) * tiles;  // pairs (b, I), b-major
   const KeyRanges<NDIM> kr(p, t.sigma, g, h);
@@ -224,7 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     return j;
   };
   int64_t j = next_pair(0);
-  if (j >= total) return;  // no pair (uniform; nothing copied yet): this box adds nothing
+  if (j >= total) {  // no pair (uniform; nothing copied yet): this box adds nothing
+    if (threadIdx.x == 0) atomicExch(done + (dT_index * Z + zc) * H + h, 1);
+    return;
+  }
 
   // the head's offset tables, the warp's buffers and maps; rel null where the call has no
   // q_pos (tables only: d bias and d sigma, no X and no d rel)
@@ -233,10 +335,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* add = t.offset_add ? t.offset_add + static_cast<int64_t>(h) * U : nullptr;
   const float* mul = t.offset_mul ? t.offset_mul + static_cast<int64_t>(h) * U : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
-  const int dcol = DA == D ? 0 : blockIdx.z * DA;  // this block's columns of d rel
+  const int dcol = zc * DA;  // this block's columns of d rel
   // the sums per offset (the block of columns 0): of dA (d bias, times mul; d quad with span
   // add) and of dA times the logit (d quad with span multiply)
-  const bool first = DA == D || blockIdx.z == 0;
+  const bool first = zc == 0;
   const bool da_sums = first && (p.has_bias || (p.has_sigma && !has_mul));
   const bool quad_sums = first && p.has_sigma && has_mul, sums = da_sums || quad_sums;
   float* pbuf = fs + w * L::kPbuf;
@@ -472,6 +574,59 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return in ? u : -1;
   };
+  // the warps' sums per tile offset, in warp order (sum dA times the column's mul: d bias's), and
+  // this item's d sigma partial (its own slot): before the wait, which only the adds need
+  float* tsum = fs + L::kSums;
+  if (sums) {
+    const float* mul_w = fs + L::table_at(0, w, 1);
+    for (int i = threadIdx.x; i < 2 * L::kRows; i += kThreads) tsum[i] = 0.f;
+    __syncthreads();
+    for (int v = 0; v < kWarps; ++v) {
+      if (w == v) {
+#pragma unroll
+        for (int m = 0; m < L::kCols; ++m) {
+          const int c = lane + 32 * m;
+          if (c < L::kWarpOffsets) {
+            tsum[wrow[c]] += has_mul ? mul_w[c] * bsum[m] : bsum[m];
+            tsum[L::kRows + wrow[c]] += qsum[m];
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (p.has_sigma && p.g.ndim == NDIM) {
+      // d sigma_a = sum_u d quad[u] (-x_a^2 / sigma_a^3) with d quad = -sum dA (span add) or
+      // -sum dA logit (span multiply; the sums in base 2); each thread's entries, then in order
+      double* red = reinterpret_cast<double*>(fs);  // (pbuf is spent)
+      constexpr double kLn2 = 0.6931471805599453;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        double part = 0.0;
+        for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
+          int delta[NDIM];
+          if (entry_row(e, delta) < 0) continue;
+          const double dquad = quad_sums ? -kLn2 * tsum[L::kRows + e] : -static_cast<double>(tsum[e]);
+          const double x = normalised_offset(delta[a], n[a]);
+          part += dquad * x * x;
+        }
+        __syncthreads();
+        red[threadIdx.x] = part;
+        __syncthreads();
+        if (threadIdx.x == 0 && n[a] > 1) {
+          double sum = 0.0;
+          for (int i = 0; i < kThreads; ++i) sum += red[i];
+          const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[a]];
+          t.dsig_part[(static_cast<int64_t>(h) * ot.count + dT_index) * p.G_in + p.g.axis[a]] =
+              -sum * is * is * is;
+        }
+      }
+    }
+  }
+
+  // the adds into d rel and d bias, in item order (await_earlier_neighbours) and through L2 (ld.cg,
+  // st.cg: another block's adds are never read from a stale L1 line)
+  if (threadIdx.x == 0) await_earlier_neighbours<NDIM>(done, ot, dT, zc, Z, h, H);
+  __syncthreads();
   // (kBatch loads in flight per thread, then the adds: one load latency per batch, not per entry)
   constexpr int kBatch = 8;
   float* drel = pos ? t.drel_acc + static_cast<int64_t>(h) * U * D + dcol : nullptr;
@@ -484,68 +639,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       int delta[NDIM];
       const int u = i < L::kTileOffsets * DA ? entry_row(i / DA, delta) : -1;
       at[k] = u >= 0 ? static_cast<int64_t>(u) * D + i % DA : -1;
-      v[k] = at[k] >= 0 ? drel[at[k]] : 0.f;
+      v[k] = at[k] >= 0 ? __ldcg(drel + at[k]) : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int i = i0 + k * kThreads;
-      if (at[k] >= 0) drel[at[k]] = v[k] + acc[i / DA * L::kALd + i % DA];
+      if (at[k] >= 0) __stcg(drel + at[k], v[k] + acc[i / DA * L::kALd + i % DA]);
     }
   }
-  if (!sums) return;
-  // the warps' sums per tile offset, in warp order (sum dA times the column's mul: d bias's)
-  float* tsum = fs + L::kSums;
-  const float* mul_w = fs + L::table_at(0, w, 1);
-  for (int i = threadIdx.x; i < 2 * L::kRows; i += kThreads) tsum[i] = 0.f;
-  __syncthreads();
-  for (int v = 0; v < kWarps; ++v) {
-    if (w == v) {
-#pragma unroll
-      for (int m = 0; m < L::kCols; ++m) {
-        const int c = lane + 32 * m;
-        if (c < L::kWarpOffsets) {
-          tsum[wrow[c]] += has_mul ? mul_w[c] * bsum[m] : bsum[m];
-          tsum[L::kRows + wrow[c]] += qsum[m];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  if (p.has_bias) {
+  if (sums && p.has_bias) {
     float* dbias = t.dbias_acc + static_cast<int64_t>(h) * U;
     for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
       int delta[NDIM];
       const int u = entry_row(e, delta);
-      if (u >= 0) dbias[u] += tsum[e];
+      if (u >= 0) __stcg(dbias + u, __ldcg(dbias + u) + tsum[e]);
     }
   }
-  if (p.has_sigma && p.g.ndim == NDIM) {
-    // d sigma_a = sum_u d quad[u] (-x_a^2 / sigma_a^3) with d quad = -sum dA (span add) or
-    // -sum dA logit (span multiply; the sums in base 2); each thread's entries, then in order
-    double* red = reinterpret_cast<double*>(fs);  // (pbuf is spent)
-    constexpr double kLn2 = 0.6931471805599453;
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) {
-      double part = 0.0;
-      for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
-        int delta[NDIM];
-        if (entry_row(e, delta) < 0) continue;
-        const double dquad = quad_sums ? -kLn2 * tsum[L::kRows + e] : -static_cast<double>(tsum[e]);
-        const double x = normalised_offset(delta[a], n[a]);
-        part += dquad * x * x;
-      }
-      __syncthreads();
-      red[threadIdx.x] = part;
-      __syncthreads();
-      if (threadIdx.x == 0 && n[a] > 1) {
-        double sum = 0.0;
-        for (int i = 0; i < kThreads; ++i) sum += red[i];
-        const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[a]];
-        t.dsig_part[(static_cast<int64_t>(h) * ot.count + dT_index) * p.G_in + p.g.axis[a]] =
-            -sum * is * is * is;
-      }
-    }
-  }
+  // this item's adds in memory (every thread's), then its flag: the release side
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicExch(done + (dT_index * Z + zc) * H + h, 1);
 #endif
 }
 
@@ -576,6 +689,22 @@ constexpr size_t fast_offsets_bytes(int ndim) {
                      : fast_offsets_bytes_<T, D, 1>();
 }
 
+// The fast offset kernel's work items (blocks) of a call: H x tile offsets x column blocks (D /
+// offsets_columns with q_pos, else 1). t.offset_order holds fast_offset_order_ints: its ticket, a
+// flag per item and (grids of 2-3 axes) the order's table, a tile offset number per rank.
+template <typename T, int D>
+int64_t fast_offset_items(const RelposParams& p) {
+  const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
+  const int da = ndim == 3   ? offsets_columns<T, D, 3>()
+                 : ndim == 2 ? offsets_columns<T, D, 2>()
+                             : offsets_columns<T, D, 1>();
+  return p.H * fast_offset_tiles(p).count * (p.has_pos && da != 0 ? D / da : 1);
+}
+template <typename T, int D>
+int64_t fast_offset_order_ints(const RelposParams& p) {
+  return 1 + fast_offset_items<T, D>(p) + (p.g.ndim > 1 ? fast_offset_tiles(p).count : 0);
+}
+
 // d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
 // t.drel_acc, t.dbias_acc, and d sigma's partials t.dsig_part ((H, offset_tiles.count, G_in),
 // where it has sigma), for a call the fast backward takes, with the offset tables filled;
@@ -594,7 +723,8 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
       (pos && (t.drel == nullptr || t.drel_acc == nullptr)) ||
       (p.has_bias && (t.dbias == nullptr || t.dbias_acc == nullptr)) ||
       (p.has_sigma && t.dsig_part == nullptr) || reinterpret_cast<uintptr_t>(t.gout) % 16 != 0 ||
-      (has_offset_add(p) && t.offset_add == nullptr) || (has_offset_mul(p) && t.offset_mul == nullptr))
+      (has_offset_add(p) && t.offset_add == nullptr) || (has_offset_mul(p) && t.offset_mul == nullptr) ||
+      t.offset_order == nullptr)
     return cudaErrorInvalidValue;
   if (p.N == 0 || p.H == 0) return cudaSuccess;  // (nothing to add up)
   if constexpr (DA == 0) {
@@ -609,14 +739,18 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
       e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
-    for (int parity = 0; e == cudaSuccess && p.B > 0 && parity < (1 << NDIM); ++parity) {
-      int per_head = 1;  // the tile offsets of this parity class per head
-      for (int a = 0; a < NDIM; ++a) per_head *= ot.reach[a] + 1 - ((parity >> a) & 1);
-      if (per_head == 0) continue;
-      if (static_cast<int64_t>(per_head) * p.H > INT_MAX) return cudaErrorInvalidValue;
+    const int64_t items = fast_offset_items<T, D>(p);
+    if (fast_offset_order_ints<T, D>(p) >= INT_MAX) return cudaErrorInvalidValue;
+    if (e == cudaSuccess) e = cudaMemsetAsync(t.offset_order, 0, sizeof(int) * (1 + items), stream);
+    if constexpr (NDIM > 1) {
+      if (e == cudaSuccess && p.B > 0) {
+        fast_offsets_order_kernel<NDIM><<<1, 256, 0, stream>>>(ot, t.offset_order + 1 + items);
+        e = cudaGetLastError();
+      }
+    }
+    if (e == cudaSuccess && p.B > 0) {
       fast_offsets_kernel<T, D, NDIM, DA>
-          <<<dim3(static_cast<unsigned>(per_head * p.H), 1, pos ? D / DA : 1), kThreads, L::kBytes, stream>>>(
-              p, t, ot, parity);
+          <<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
       e = cudaGetLastError();
     }
     if (e == cudaSuccess && pos) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);

@@ -164,16 +164,20 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 }
 
 // Why the fast offset kernel cannot compute d rel, d bias, d sigma of a call the fast
-// backward takes (empty: it can); `smem`: its shared memory.
-inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
-                                        size_t* smem) {
-  if (p.H * cuda_fast::fast_offset_tiles(p).count > INT_MAX)
-    return "the fast offset kernel needs more thread blocks than a launch allows";
+// backward takes (empty: it can); `smem`: its shared memory; `ints`: its ordering ints
+// (fast_offset_order_ints: a ticket, a flag per block, the order's table).
+inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
+                                        int64_t* ints) {
   std::string why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
+    *ints = cuda_fast::fast_offset_order_ints<CT, D>(p);
+    if (*ints >= INT_MAX) {
+      why = "the fast offset kernel needs more thread blocks than a launch allows";
+      return;
+    }
     if (*smem == 0)  // (offsets_columns)
       why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
             std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
@@ -260,11 +264,13 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
         return plan;
       }
       size_t osmem = 0;
-      const std::string no_fast_offsets = fast_offsets_refusal(p, dt, dev, &osmem);
+      int64_t order_ints = 0;
+      const std::string no_fast_offsets = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
       if (no_fast_offsets.empty()) {
         plan.offsets = Kernels::kFast;
         plan.offsets_reason = "the fast offset kernel takes it";
         plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
+        plan.offset_order = order_ints;
         plan.smem = std::max(plan.smem, osmem);
       } else {
         tiled_offsets(no_fast_offsets);

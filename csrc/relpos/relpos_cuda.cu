@@ -205,6 +205,9 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
     const at::Tensor dsig_part =
         s.has_sigma ? at::zeros({s.H, plan.dsig_partials, c.params.G_in}, c.q.options().dtype(at::kDouble))
                     : at::Tensor();
+    // the fast offset kernel's ticket and done flags (zeroed by its launcher)
+    const at::Tensor offset_order =
+        plan.offset_order > 0 ? at::empty({plan.offset_order}, c.q.options().dtype(at::kInt)) : at::Tensor();
     const at::Tensor sg = sigma_double(c.sigma);
     auto stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.q.scalar_type(),
@@ -223,6 +226,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
                                       t.dsig_part = ptr_or_null<double>(dsig_part);
                                       t.drel_acc = ptr_or_null<float>(drel_acc);
                                       t.dbias_acc = ptr_or_null<float>(dbias_acc);
+                                      t.offset_order = ptr_or_null<int>(offset_order);
                                       launch_backward(c, plan, t, stream);
                                     });
     // d sigma in sigma's own dtype (float32 is allowed with half inputs: it is a

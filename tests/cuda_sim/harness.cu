@@ -356,6 +356,9 @@ int run_relpos(const Case& c) {
   t.rowd = rowd.p;
   t.drel_acc = drel_acc.p;
   t.dbias_acc = dbias_acc.p;
+  Dev<int> offset_order(fast_offsets ? plan.offset_order : 0);  // (zeroed by the launcher: poisoned here)
+  offset_order.poison();
+  t.offset_order = offset_order.p;
   const int64_t per_head = plan.dsig_partials;  // d sigma partials per head
   if (plan.path != Kernels::kGeneral || tiled_offsets) check_tiled_dim(p);
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
