@@ -63,6 +63,7 @@ class Case:
         seed: int = 0,
         general_offsets: bool = False,
         scale: Optional[float] = None,
+        timing: bool = False,
     ):
         self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
         self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
@@ -78,6 +79,9 @@ class Case:
         # where the tiled offset kernel would take them but its shared memory does not fit
         self.general_offsets = general_offsets
         self.scale = D**-0.5 if scale is None else scale  # the logits' scale (0 allowed)
+        # run in the simulator's timing mode, where a launch's blocks run at once (functional mode
+        # runs them one after another): ~10x slower
+        self.timing = timing
 
     def __repr__(self):
         return self.name
@@ -242,7 +246,14 @@ def run_relpos(c: Case, tmp_path: Path):
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
-    run = simlib.run_case(simlib.harness(c.dtype, tiled_d), tmp_path / "case", settings, arrays)
+    run = simlib.run_case(
+        simlib.harness(c.dtype, tiled_d),
+        tmp_path / "case",
+        settings,
+        arrays,
+        timing=c.timing,
+        timeout=3600 if c.timing else 900,
+    )
     assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
     out_kernel = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
     ref = _reference(c, x, scale, gout, glse, out_kernel)
@@ -349,6 +360,9 @@ EXTENDED = {
     # d lse = 0: a case of the others' random d lse
     "tiled-f16-d32-batches-heads",
     "tiled-f16-d128-2d",  # D = 128 2-D with the general offset kernel: tiled-bf16-d128-everything
+    # the fast offset kernel's ordered adds with its blocks running at once (timing mode, ~10 min):
+    # the order's logic is test_offset_order.py's; on a GPU, test_relpos_fast_cuda.py's
+    "fast-bf16-d32-offsets-concurrent",
 }
 
 
@@ -665,6 +679,21 @@ TILED = [
         general_offsets=True,
     ),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
+    # the same kernel with its 50 blocks (25 tile offsets, 2 heads) running at once: without the
+    # waits for the earlier overlapping blocks the adds race (2026-11-29: d bias 0.059 off, d rel
+    # 0.016), which functional mode, running one block after another, never shows
+    Case(
+        "fast-bf16-d32-offsets-concurrent",
+        BF16,
+        [17, 19],
+        path="tiled",
+        D=32,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=2,
+        timing=True,
+    ),
     # the fast offset kernel in two column halves of d rel (its accumulator for all of D does not
     # fit: D = 64 on 3-D grids, D = 128 on 1-D), and with scale 0 (d bias and d sigma from dA alone)
     Case("fast-f16-d64-3d-offsets-halves", F16, [5, 6, 7], path="tiled", D=64, sigma=True, bias=True, B=1, H=1),
