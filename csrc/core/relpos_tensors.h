@@ -50,8 +50,9 @@ struct RelposTensors {
   // CUDA's fast and tiled offset kernels: d rel and d bias in float32 before their rounding to T
   float* __restrict__ drel_acc = nullptr;
   float* __restrict__ dbias_acc = nullptr;
-  // CUDA's fast offset kernel: its ticket counter and a done flag per work item (1 + items
-  // ints, relpos_fast_offsets.cuh: fast_offset_items), zeroed by its launcher
+  // CUDA's fast offset kernel: its ticket counter, a done flag per work item and (grids of 2-3
+  // axes) its order's table (relpos_fast_offsets.cuh: fast_offset_order_ints), zeroed and
+  // filled by its launcher
   int* __restrict__ offset_order = nullptr;
 };
 

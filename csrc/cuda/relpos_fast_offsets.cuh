@@ -1,5 +1,5 @@
 // The fast path's d rel, d bias and d sigma: the offset kernel in the structure of the fast
-// backward (relpos_fast_backward.cuh), deterministic (fixed orders, no atomic adds).
+// backward (relpos_fast_backward.cuh), deterministic (fixed orders, no floating-point atomics).
 //
 // Every pair of a query tile I and a key block J = I + dT (dT: the tile offset, in tiles
 // per axis) has its offset in the same tile offset box, the rows of rel the fast kernels
@@ -237,7 +237,7 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
     if (k < 0) continue;
     unsigned spins = 0;
     while (*reinterpret_cast<const volatile int*>(done + (k * Z + z) * H + h) == 0)
-      if (++spins == 1u << 28) __trap();  // (a lost flag: an error after minutes, not a hang)
+      if (++spins == 1u << 31) __trap();  // (a lost flag: an error after ~10-20 minutes, not a hang)
   }
   __threadfence();  // (the acquire side: the earlier items' adds before this block's loads)
 }
@@ -655,10 +655,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (u >= 0) __stcg(dbias + u, __ldcg(dbias + u) + tsum[e]);
     }
   }
-  // this item's adds in memory (every thread's), then its flag: the release side
-  __threadfence();
+  // the release side: every thread's adds before the barrier, then one cumulative fence and the
+  // flag (cooperative groups' grid barrier does the same)
   __syncthreads();
-  if (threadIdx.x == 0) atomicExch(done + (dT_index * Z + zc) * H + h, 1);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicExch(done + (dT_index * Z + zc) * H + h, 1);
+  }
 #endif
 }
 

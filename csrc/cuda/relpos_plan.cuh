@@ -175,7 +175,8 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
     *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
     *ints = cuda_fast::fast_offset_order_ints<CT, D>(p);
     if (*ints >= INT_MAX) {
-      why = "the fast offset kernel needs more thread blocks than a launch allows";
+      why =
+          "the fast offset kernel needs more thread blocks (with their ordering flags) than a launch allows";
       return;
     }
     if (*smem == 0)  // (offsets_columns)
