@@ -204,6 +204,19 @@ def run(
     )
 
 
+def run_checks(source: Path, name: str, timeout: float = 600):
+    """Builds and runs a check program (warp_primitives.cu, offset_order.cu: a "PASS name" or
+    "FAIL name: detail" line per check); (exit status, {name: (PASS / FAIL, detail)}, output)."""
+    done = run(build(source, name), timeout=timeout)
+    lines = {}
+    for line in done.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("PASS", "FAIL"):
+            check, _, detail = rest.partition(": ")
+            lines[check] = (word, detail)
+    return done.returncode, lines, done.stdout + done.stderr
+
+
 def run_case(
     binary: Path,
     case_dir: Path,

@@ -27,14 +27,7 @@ CHECKS = [f"{what} {shape}" for shape in SHAPES for what in ("table", "waits")]
 
 @pytest.fixture(scope="module")
 def report():
-    done = simlib.run(simlib.build(PROGRAM, "offset_order"), timeout=600)
-    lines = {}
-    for line in done.stdout.splitlines():
-        word, _, rest = line.partition(" ")
-        if word in ("PASS", "FAIL"):
-            name, _, detail = rest.partition(": ")
-            lines[name] = (word, detail)
-    return done.returncode, lines, done.stdout + done.stderr
+    return simlib.run_checks(PROGRAM, "offset_order")
 
 
 def test_every_check_ran(report):

@@ -30,15 +30,7 @@ CHECKS = (
 
 @pytest.fixture(scope="module")
 def report():
-    done = simlib.run(simlib.build(PROGRAM, "warp_primitives"), timeout=600)
-    out = done.stdout + done.stderr
-    lines = {}
-    for line in done.stdout.splitlines():
-        word, _, rest = line.partition(" ")
-        if word in ("PASS", "FAIL"):
-            name, _, detail = rest.partition(": ")
-            lines[name] = (word, detail)
-    return done.returncode, lines, out
+    return simlib.run_checks(PROGRAM, "warp_primitives")
 
 
 def test_every_check_ran(report):
