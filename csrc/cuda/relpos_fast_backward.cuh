@@ -97,21 +97,15 @@ struct BwdLayout {
                 "the regions aligned (float2, int2)");
 };
 
-// The warp's 16 x 64 logits of a (query tile at qo, key block at kb) pair in base 2 as the
-// forward computes them, -inf where masked, into s, and dP = dO V^T into dp: Qs and dOs the
-// tile's rows, Ks and Vs the key block's (row stride L::kLd); POS: with the positional
-// products in pbuf; full: every key of the block is in every row's ranges. KUNROLL: the
-// k-steps unrolled (fewer: fewer fragments loaded ahead, fewer registers).
-template <typename T, int D, bool POS, int NDIM, typename L, int KUNROLL = D / warp::Mma<T>::kK>
-__device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
-                                                   const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
-                                                   int lane, const float* pbuf, const int (&pcol)[2],
-                                                   const int2* ranges, const int* qo, const int* kb,
-                                                   const FastGrid<NDIM>& g, const int (&row_tok)[2],
-                                                   float scale, bool has_mul, bool causal, bool full) {
+// The warp's products over D columns of a (query tile, key block) pair, added to s and dp:
+// Q K^T (Qs, Ks) and dO V^T (dOs, Vs), the tile's and the key block's rows at row stride LD.
+// KUNROLL: the k-steps unrolled (fewer: fewer fragments loaded ahead, fewer registers).
+template <typename T, int D, int LD, int KUNROLL = D / warp::Mma<T>::kK>
+__device__ __forceinline__ void warp_qk_and_dov(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
+                                                const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
+                                                int lane) {
   using F = warp::Mma<T>;
-  constexpr int LD = L::kLd, KK = F::kK;
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int KK = F::kK;
 #pragma unroll(KUNROLL)
   for (int kk = 0; kk < D / KK; ++kk) {
     uint32_t qf[4], df[4];
@@ -129,6 +123,18 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
       F::mma(dp[nb + 1], df, {b[2], b[3]});
     }
   }
+}
+
+// The warp's logits from its Q K^T sums s, in base 2 as the forward computes them, -inf where
+// masked: POS: with the positional products in pbuf; full: every key of the block is in every
+// row's ranges.
+template <bool POS, int NDIM, typename L>
+__device__ __forceinline__ void warp_finish_logits(float (&s)[kBlockN / 8][4], int lane, const float* pbuf,
+                                                   const int (&pcol)[2], const int2* ranges, const int* qo,
+                                                   const int* kb, const FastGrid<NDIM>& g,
+                                                   const int (&row_tok)[2], float scale, bool has_mul,
+                                                   bool causal, bool full) {
+  constexpr float kLog2e = 1.4426950408889634f;
   const float to_log2 = POS ? kLog2e : scale * kLog2e;
   if constexpr (POS) skewed_logits<NDIM, L>(s, pbuf, pcol, lane, scale, has_mul);
   int key_last = 0, tile_first = 0;
@@ -145,6 +151,23 @@ __device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], f
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
   }
+}
+
+// The warp's 16 x 64 logits of a (query tile at qo, key block at kb) pair in base 2 as the
+// forward computes them, -inf where masked, into s, and dP = dO V^T into dp: Qs and dOs the
+// tile's rows, Ks and Vs the key block's (row stride L::kLd); POS: with the positional
+// products in pbuf; full: every key of the block is in every row's ranges. KUNROLL: as
+// warp_qk_and_dov's.
+template <typename T, int D, bool POS, int NDIM, typename L, int KUNROLL = D / warp::Mma<T>::kK>
+__device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
+                                                   const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
+                                                   int lane, const float* pbuf, const int (&pcol)[2],
+                                                   const int2* ranges, const int* qo, const int* kb,
+                                                   const FastGrid<NDIM>& g, const int (&row_tok)[2],
+                                                   float scale, bool has_mul, bool causal, bool full) {
+  warp_qk_and_dov<T, D, L::kLd, KUNROLL>(s, dp, Qs, dOs, Ks, Vs, w, lane);
+  warp_finish_logits<POS, NDIM, L>(s, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul, causal,
+                                   full);
 }
 
 // P and dS' in place of the base-2 logits s and of dp: P = 2^(s - lse2), dS' = P (dP - D) g

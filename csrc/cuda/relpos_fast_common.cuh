@@ -27,11 +27,12 @@ constexpr int kBlockN = 64;                     // keys per key block
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 
 // Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
-// copies: row r from row token(r) of the row-major (., D) matrix g, zero-filled where
-// token(r) < 0. The caller commits the group.
+// copies: D columns of row r from row token(r) of the row-major (., GD) matrix g, zero-filled
+// where token(r) < 0 (GD > D: a chunk of the columns, g pointing at its first). The caller
+// commits the group.
 // A thread copies one fixed 16-byte chunk of every kStep-th row (unsigned row indices: no
 // sign fix-ups in the row decode).
-template <typename T, int D, int LD, int ROWS, typename RowFn>
+template <typename T, int D, int LD, int ROWS, int GD = D, typename RowFn>
 __device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
                 kChunks = D / kPer;  // elements per copy, copies per row
@@ -43,17 +44,17 @@ __device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, R
 #pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
   for (unsigned r = threadIdx.x / kChunks; r < ROWS; r += kStep) {
     const int row = token(r);
-    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * D : g, row >= 0);
+    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * GD : g, row >= 0);
   }
 }
 
 // The rows of box B (row-major over its extents) into shared memory (row stride LD) by
-// 16-byte cp.async copies: row r from row token(x) of the row-major (., D) matrices g
-// (into s) and, where PAIR, g2 (into s2: K and V share their rows), x being r's
+// 16-byte cp.async copies: D columns of row r from row token(x) of the row-major (., GD)
+// matrices g (into s) and, where PAIR, g2 (into s2: K and V share their rows), x being r's
 // coordinates in the box, zero-filled where token(x) < 0. A thread copies one fixed chunk
 // of every kStep-th row and walks x by kStep's coordinates with carries (compile-time
 // extents): no row decode per copy. The caller commits the group.
-template <typename T, int D, int LD, int NDIM, Box B, bool PAIR, typename TokenFn>
+template <typename T, int D, int LD, int NDIM, Box B, bool PAIR, int GD = D, typename TokenFn>
 __device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T* s2, const T* __restrict__ g2,
                                                TokenFn token) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPer;
@@ -68,7 +69,7 @@ __device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T*
 #pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
   for (; r < kRows; r += kStep) {
     const int row = token(x);
-    const int64_t at = static_cast<int64_t>(row >= 0 ? row : 0) * D + c * kPer;
+    const int64_t at = static_cast<int64_t>(row >= 0 ? row : 0) * GD + c * kPer;
     warp::cp_async_16(s + r * LD + c * kPer, g + at, row >= 0);
     if constexpr (PAIR) warp::cp_async_16(s2 + r * LD + c * kPer, g2 + at, row >= 0);
     int carry = 0;  // x += kStep's coordinates, last axis first (at most one carry per axis)
@@ -205,10 +206,10 @@ inline bool has_offset_terms(const RelposParams& p) {
 }
 
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
-// rows, zero-filled outside [0, U) (none where rel is null: tables only); and the warp's add /
-// mul entries (4-byte copies, zero-filled likewise; add or mul null where the call has none).
-// The caller commits.
-template <typename T, int D, int NDIM, typename L>
+// rows (D columns of rel's GD, from the column rel points at), zero-filled outside [0, U)
+// (none where rel is null: tables only); and the warp's add / mul entries (4-byte copies,
+// zero-filled likewise; add or mul null where the call has none). The caller commits.
+template <typename T, int D, int NDIM, typename L, int GD = D>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
                                                  const int* rs, const float* __restrict__ add,
                                                  const float* __restrict__ mul, float* add_w, float* mul_w,
@@ -220,7 +221,7 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
     return u >= 0 && u < U ? u : -1;
   };
   if (rel != nullptr)
-    load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false>(dst, rel, nullptr, nullptr, offset_row);
+    load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false, GD>(dst, rel, nullptr, nullptr, offset_row);
   if (add != nullptr || mul != nullptr) {
     for (int c = lane; c < L::kWarpCols; c += 32) {
       const int u = u0 + woff[c];
@@ -236,12 +237,18 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 // mul[c] (has_mul). Tables only (R null, qpf unused): add[c] mul[c] in every row. UNROLL:
 // the column loop unrolled (the forward) or not (the backward, whose accumulators leave
 // fewer registers). The caller syncs the warp before reading.
-template <typename T, int D, typename L, bool UNROLL>
+// CHUNKS > 1: the D columns of q_pos (qpf) and R are chunk CHUNK of q_pos . rel's; the
+// chunks before the last leave their partial dot products in pbuf (each lane's own entries,
+// read back by the same lane: no sync between chunks), the last adds them and finishes.
+template <typename T, int D, typename L, bool UNROLL, int CHUNK = 0, int CHUNKS = 1>
 __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / warp::Mma<T>::kK][4],
                                                          const T* R, const int* wrow, const float* add_w,
                                                          const float* mul_w, float* pbuf, int lane,
                                                          float scale, bool has_add, bool has_mul) {
-  if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
+  static_assert(CHUNK >= 0 && CHUNK < CHUNKS, "a chunk of the columns");
+  constexpr bool kLast = CHUNK + 1 == CHUNKS;
+  if (R == nullptr) {              // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
+    if constexpr (!kLast) return;  // (the tables once, with the last chunk)
     static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0 && L::kPbuf % 4 == 0, "float4 columns");
 #pragma unroll 1
     for (int c = 4 * lane; c < L::kWarpCols; c += 128) {
@@ -277,12 +284,21 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // columns col, col + 1 of rows g, g + 8
       const int col = 8 * (nb + h) + 2 * (lane % 4);
+      float2* p0 = reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col);
+      float2* p1 = reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col);
+      if constexpr (CHUNK > 0) {  // the earlier chunks' sums
+        const float2 e0 = *p0, e1 = *p1;
+        acc[h][0] += e0.x, acc[h][1] += e0.y, acc[h][2] += e1.x, acc[h][3] += e1.y;
+      }
+      if constexpr (!kLast) {
+        *p0 = make_float2(acc[h][0], acc[h][1]);
+        *p1 = make_float2(acc[h][2], acc[h][3]);
+        continue;
+      }
       const float2 a = has_add ? *reinterpret_cast<const float2*>(add_w + col) : make_float2(0.f, 0.f);
       const float2 m = has_mul ? *reinterpret_cast<const float2*>(mul_w + col) : make_float2(1.f, 1.f);
-      *reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col) =
-          make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
-      *reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col) =
-          make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
+      *p0 = make_float2(fmaf(acc[h][0], scale, a.x) * m.x, fmaf(acc[h][1], scale, a.y) * m.y);
+      *p1 = make_float2(fmaf(acc[h][2], scale, a.x) * m.x, fmaf(acc[h][3], scale, a.y) * m.y);
       if (has_mul && lane < 4)
         *reinterpret_cast<float2*>(pbuf + 16 * L::kPLd + col) = make_float2(scale * m.x, scale * m.y);
     }

@@ -68,15 +68,20 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
   return p.g.ndim == 3 ? offset_tiles<3>(p) : p.g.ndim == 2 ? offset_tiles<2>(p) : offset_tiles<1>(p);
 }
 
-// DA: the columns of d rel a block accumulates (D, or D / 2 where D's accumulator does not fit:
-// a block per half, each recomputing the logits).
-template <typename T, int D, int NDIM, int DA = D>
+// DA: the columns of d rel a block accumulates (D, or a part of D where D's accumulator does
+// not fit: a block per part, each recomputing the logits). DC: the columns of Q, dO, K, V and
+// the offset tile's rel rows in shared memory at a time (D, or a chunk of D where the whole
+// rows do not fit: the logits and dP summed over D / DC chunks, each loaded after the last
+// one's products, the rel rows per pair); q_pos's rows are whole.
+template <typename T, int D, int NDIM, int DA = D, int DC = D>
 struct OffLayout {
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
+  static_assert(D % DC == 0 && DC % 16 == 0, "chunks of 16 columns or more");
+  static constexpr int kChunksD = D / DC;
   // (16 bytes of row padding, as the backward's: for float kLd and kXLd are 4 mod 8 words)
   static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
-  static constexpr int kLd = D + kPad;
-  static constexpr int kTile = 64 * kLd;
+  static constexpr int kLd = DC + kPad, kQLd = D + kPad;  // Q, dO, K, V, rel; q_pos
+  static constexpr int kTile = 64 * kLd, kQTile = 64 * kQLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
   static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
@@ -90,8 +95,8 @@ struct OffLayout {
   static constexpr int kPbuf = 17 * kPLd > kXFloats ? 17 * kPLd : kXFloats;
   static constexpr int kALd = DA + 8;  // the d rel accumulator's rows (float)
   // T: Q, dO, K, V, q_pos in two stages, the offset tile
-  static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 6 * kTile;
-  static __device__ __forceinline__ int qpos_at(int stage) { return (4 + stage) * kTile; }
+  static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 4 * kTile + 2 * kQTile;
+  static __device__ __forceinline__ int qpos_at(int stage) { return 4 * kTile + stage * kQTile; }
   static constexpr int kTElems = (kR + kTileOffsets * kLd + 7) / 8 * 8;
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator, the sums
@@ -245,18 +250,18 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
 // One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
 // above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
 // block 0); its done flag set when its adds are in memory.
-template <typename T, int D, int NDIM, int DA>
+template <typename T, int D, int NDIM, int DA, int DC>
 __global__ void __launch_bounds__(kThreads, 1)
     fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
-  using L = OffLayout<T, D, NDIM, DA>;
+  using L = OffLayout<T, D, NDIM, DA, DC>;
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
-  constexpr int LD = L::kLd, KK = F::kK;
+  constexpr int LD = L::kLd, QLD = L::kQLd, KK = F::kK, kNC = L::kChunksD;
   // float: the logits' k-steps two at a time (all of them unrolled load fragments so far ahead
   // that 255 registers spill at D = 64; two: 244 registers, no spill)
-  constexpr int kKUnroll = sizeof(T) == 4 ? 2 : D / KK;
+  constexpr int kKUnroll = sizeof(T) == 4 ? (DC / KK < 2 ? DC / KK : 2) : DC / KK;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr ChunkGroups<NDIM> kGroups{};
   constexpr float kLog2e = 1.4426950408889634f;
@@ -354,15 +359,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
   __syncwarp();
 
-  // the pair's rows into the stages: Q, dO, K, V, lse, rowd (one stage), q_pos (stage st)
+  // the tile offset box's first offset row (its rel rows: once, or per pair and chunk)
+  int u0 = 0;
+#pragma unroll
+  for (int a = 0; a < NDIM; ++a) {
+    const int e = extent<NDIM>(Box::kTile, a);
+    u0 += (dT[a] * e - (e - 1) + n[a] - 1) * g.rs[a];
+  }
+  // columns [c DC, (c + 1) DC) of the pair's Q, dO, K, V rows (one stage) and, where the rows
+  // come in chunks, of the tile offset box's rel rows
+  const auto load_chunk = [&](int c, int b, const int* qo, const int* kb) {
+    const int64_t head = (static_cast<int64_t>(b) * p.H + h) * N * D + c * DC;
+    const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
+    load_rows_async<T, DC, LD, kBlockM, D>(smem + L::kQ, t.q + head, tok);
+    load_rows_async<T, DC, LD, kBlockM, D>(smem + L::kDO, t.gout + head, tok);
+    load_box_async<T, DC, LD, NDIM, Box::kKey, true, D>(
+        smem + L::kK, t.k + head, smem + L::kV, t.v + head,
+        [&g, kb](const int* x) { return g.key_token(kb, x); });
+    if (kNC > 1 && pos)
+      load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, rel + c * DC, u0, U, g.rs, nullptr, nullptr, nullptr,
+                                          nullptr, woff, lane);
+  };
+  // the pair's first chunk, its q_pos rows (stage st), lse and rowd (one stage)
   const auto load_pair = [&](int st, int b, const int* qo, const int* kb) {
+    load_chunk(0, b, qo, kb);
     const int64_t bh = static_cast<int64_t>(b) * p.H + h, head = bh * N * D;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
-    load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, t.q + head, tok);
-    load_rows_async<T, D, LD, kBlockM>(smem + L::kDO, t.gout + head, tok);
-    if (pos) load_rows_async<T, D, LD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
-    load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::kK, t.k + head, smem + L::kV, t.v + head,
-                                                    [&g, kb](const int* x) { return g.key_token(kb, x); });
+    if (pos) load_rows_async<T, D, QLD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
     if (threadIdx.x < kBlockM) {
       const int r = tok(threadIdx.x);
       const float* lse_g = t.lse + bh * N;
@@ -374,16 +397,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int b, qo[NDIM], kb[NDIM];
   decode(j, b, qo, kb);
   load_pair(0, b, qo, kb);
-  {  // the tile offset box (the same for every pair): its rel rows, the warp's add / mul entries
-    int u0 = 0;
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) {
-      const int e = extent<NDIM>(Box::kTile, a);
-      u0 += (dT[a] * e - (e - 1) + n[a] - 1) * g.rs[a];
-    }
-    load_offset_tile<T, D, NDIM, L>(smem + L::kR, rel, u0, U, g.rs, add, mul, fs + L::table_at(0, w, 0),
-                                    fs + L::table_at(0, w, 1), woff, lane);
-  }
+  // the tile offset box (the same for every pair): the warp's add / mul entries and (whole
+  // rows) its rel rows
+  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, g.rs, add, mul,
+                                      fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff, lane);
   warp::cp_async_commit();
 
   // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): where its pbuf
@@ -469,19 +486,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* Qp = smem + L::qpos_at(st);
     float s[kBlockN / 8][4] = {};   // S, then dA
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
-    if (active) {
-      uint32_t qpf[D / KK][4];
-      if (pos) {
-#pragma unroll
-        for (int kk = 0; kk < D / KK; ++kk) F::load_a(qpf[kk], Qp + 16 * w * LD + KK * kk, LD, lane);
+    // the products over D, a chunk of columns at a time (for_axes: a compile-time loop; each
+    // chunk after the first is loaded once every warp is done with the one before)
+    for_axes<kNC>([&](auto chunk) {
+      constexpr int c = decltype(chunk)::value;
+      if constexpr (c > 0) {
+        warp::cp_async_wait<0>();
+        __syncthreads();  // chunk c visible to every warp
       }
-      warp_positional_products<T, D, L, false>(qpf, pos ? smem + L::kR : nullptr, wrow,
-                                               fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf,
-                                               lane, scale, has_add, has_mul);
-      __syncwarp();
-      warp_logits_and_dp<T, D, true, NDIM, L, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK,
-                                                        smem + L::kV, w, lane, pbuf, pcol, ranges, qo, kb, g,
-                                                        row_tok, scale, has_mul, p.causal, full);
+      if (active) {
+        uint32_t qpf[DC / KK][4];
+        if (pos) {
+#pragma unroll
+          for (int kk = 0; kk < DC / KK; ++kk)
+            F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
+        }
+        warp_positional_products<T, DC, L, false, c, kNC>(
+            qpf, pos ? smem + L::kR : nullptr, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1),
+            pbuf, lane, scale, has_add, has_mul);
+        warp_qk_and_dov<T, DC, LD, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
+                                             w, lane);
+      }
+      if constexpr (c + 1 < kNC) {
+        __syncthreads();  // every warp done with chunk c
+        load_chunk(c + 1, b, qo, kb);
+        warp::cp_async_commit();
+      }
+    });
+    if (active) {
+      __syncwarp();  // (the positional products in pbuf)
+      warp_finish_logits<true, NDIM, L>(s, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
+                                        p.causal, full);
       // (each pair's pbuf position is its own: the logits read it, the sums write it)
       softmax_backward<NDIM, L, true, true>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
                                             [&](int nb, int i, float da, float x) {
@@ -542,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int nd = 0; nd < DA / 8; nd += 2) {
             uint32_t bq[4];
-            F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * LD + dcol + 8 * nd, LD, lane);
+            F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * QLD + dcol + 8 * nd, QLD, lane);
             F::mma(a4[nd], xa, {bq[0], bq[1]});
             F::mma(a4[nd + 1], xa, {bq[2], bq[3]});
           }
@@ -665,23 +700,52 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The columns of d rel a block of the fast offset kernel takes: D where its accumulator fits
-// sm_90's shared memory, else D / 2 where that fits (3-D grids at D = 64, 1-D at D = 128), else
-// 0 (the plan gives the call the tiled offset kernel). float32: D at D = 32 on 1-2 axes and
-// D = 64 on 1, never D / 2, else 0.
-template <typename T, int D, int NDIM>
-constexpr int offsets_columns() {
-  if constexpr (OffLayout<T, D, NDIM, D>::kFits)
-    return D;
-  else if constexpr (OffLayout<T, D, NDIM, D / 2>::kFits)
-    return D / 2;
+// The shape of the fast offset kernel's blocks: the columns of d rel a block takes (da) and of
+// its inputs in shared memory at a time (dc); da = 0 where no shape fits sm_90's shared memory
+// (the plan then gives the call the tiled offset kernel, or the general one).
+struct OffShape {
+  int da, dc;
+};
+template <typename T, int D, int NDIM, int DA, int DC>
+constexpr bool offsets_fit() {
+  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0)
+    return false;
   else
-    return 0;
+    return OffLayout<T, D, NDIM, DA, DC>::kFits;
+}
+// Whole rows first, with D columns of d rel, else D / 2 (as before chunks existed: 3-D grids
+// at D = 64, 1-D at D = 128); else rows in chunks, the most columns of d rel first (the
+// fewest blocks recomputing each pair), then the widest chunks (the fewest barriers):
+// 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 and 64 on 3-D
+// (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); never float32 D = 128 on 2-3.
+template <typename T, int D, int NDIM>
+constexpr OffShape offsets_shape() {
+  if constexpr (offsets_fit<T, D, NDIM, D, D>())
+    return {D, D};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D>())
+    return {D / 2, D};
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2>())
+    return {D, D / 2};
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4>())
+    return {D, D / 4};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2>())
+    return {D / 2, D / 2};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4>())
+    return {D / 2, D / 4};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2>())
+    return {D / 4, D / 2};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4>())
+    return {D / 4, D / 4};
+  else
+    return {0, D};
 }
 template <typename T, int D, int NDIM>
 constexpr size_t fast_offsets_bytes_() {
-  constexpr int DA = offsets_columns<T, D, NDIM>();
-  return OffLayout < T, D, NDIM, DA == 0 ? D : DA > ::kBytes * (DA != 0);
+  constexpr OffShape s = offsets_shape<T, D, NDIM>();
+  if constexpr (s.da == 0)
+    return 0;
+  else
+    return OffLayout<T, D, NDIM, s.da, s.dc>::kBytes;
 }
 // The fast offset kernel's shared memory on a grid of `ndim` axes, 0 where it does not fit
 // sm_90's (the plan's check).
@@ -693,14 +757,14 @@ constexpr size_t fast_offsets_bytes(int ndim) {
 }
 
 // The fast offset kernel's work items (blocks) of a call: H x tile offsets x column blocks (D /
-// offsets_columns with q_pos, else 1). t.offset_order holds fast_offset_order_ints: its ticket, a
+// offsets_shape's da with q_pos, else 1). t.offset_order holds fast_offset_order_ints: its ticket, a
 // flag per item and (grids of 2-3 axes) the order's table, a tile offset number per rank.
 template <typename T, int D>
 int64_t fast_offset_items(const RelposParams& p) {
   const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
-  const int da = ndim == 3   ? offsets_columns<T, D, 3>()
-                 : ndim == 2 ? offsets_columns<T, D, 2>()
-                             : offsets_columns<T, D, 1>();
+  const int da = ndim == 3   ? offsets_shape<T, D, 3>().da
+                 : ndim == 2 ? offsets_shape<T, D, 2>().da
+                             : offsets_shape<T, D, 1>().da;
   return p.H * fast_offset_tiles(p).count * (p.has_pos && da != 0 ? D / da : 1);
 }
 template <typename T, int D>
@@ -716,8 +780,9 @@ int64_t fast_offset_order_ints(const RelposParams& p) {
 // The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.
 template <typename T, int D, int NDIM>
 cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  constexpr int DA = offsets_columns<T, D, NDIM>();
-  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA>;
+  constexpr OffShape kShape = offsets_shape<T, D, NDIM>();
+  constexpr int DA = kShape.da, DC = kShape.dc;
+  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DC>;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
@@ -740,7 +805,7 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
-      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA>,
+      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
     const int64_t items = fast_offset_items<T, D>(p);
     if (fast_offset_order_ints<T, D>(p) >= INT_MAX) return cudaErrorInvalidValue;
@@ -752,7 +817,7 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
       }
     }
     if (e == cudaSuccess && p.B > 0) {
-      fast_offsets_kernel<T, D, NDIM, DA>
+      fast_offsets_kernel<T, D, NDIM, DA, DC>
           <<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
       e = cudaGetLastError();
     }

@@ -117,8 +117,9 @@ inline std::string tiled_refusal(const RelposParams& p, DType dt, bool aligned16
 }
 
 // Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
-inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
-                                size_t* smem) {
+// What every fast kernel needs of a call (empty: the call has it): the types, head dims, axes
+// and sizes they take, aligned inputs, a device with the tensor cores they use.
+inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev) {
   if (dt == DType::kFloat32 && !dev.allow_tf32)
     return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
   if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
@@ -130,7 +131,13 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
   if (!aligned16) return "an input is not 16-byte aligned";
   if (!dev.tensor_cores)
     return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
-  std::string why;
+  return std::string();
+}
+
+inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
+                                size_t* smem) {
+  std::string why = fast_call_refusal(p, dt, aligned16, dev);
+  if (!why.empty()) return why;
   by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
@@ -179,7 +186,7 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
           "the fast offset kernel needs more thread blocks (with their ordering flags) than a launch allows";
       return;
     }
-    if (*smem == 0)  // (offsets_columns)
+    if (*smem == 0)  // (offsets_shape)
       why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
             std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
     else
@@ -233,6 +240,21 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   std::string not_fast;  // why the fast kernels do not take an auto call
   // d rel, d bias, d sigma from the tiled offset kernel where it fits; `why_not`: why the
   // kernel before it in the order did not take them
+  // d rel, d bias, d sigma from the fast offset kernel where the call is one the fast kernels
+  // take and the kernel fits (after the fast backward, or after the general one where that
+  // does not fit: it needs the inputs, lse and rowd only); `why`: why not, where it cannot
+  const auto fast_offsets = [&](std::string* why) {
+    size_t osmem = 0;
+    int64_t order_ints = 0;
+    *why = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
+    if (!why->empty()) return false;
+    plan.offsets = Kernels::kFast;
+    plan.offsets_reason = "the fast offset kernel takes it";
+    plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
+    plan.offset_order = order_ints;
+    plan.smem = std::max(plan.smem, osmem);
+    return true;
+  };
   const auto tiled_offsets = [&](const std::string& why_not) {
     if (!plan.has_offsets) return;
     size_t osmem = 0;
@@ -264,18 +286,8 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
         plan.dsig_partials = cuda_general::offset_blocks_per_head(p);  // (as every backward's: unused here)
         return plan;
       }
-      size_t osmem = 0;
-      int64_t order_ints = 0;
-      const std::string no_fast_offsets = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
-      if (no_fast_offsets.empty()) {
-        plan.offsets = Kernels::kFast;
-        plan.offsets_reason = "the fast offset kernel takes it";
-        plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
-        plan.offset_order = order_ints;
-        plan.smem = std::max(plan.smem, osmem);
-      } else {
-        tiled_offsets(no_fast_offsets);
-      }
+      std::string no_fast_offsets;
+      if (!fast_offsets(&no_fast_offsets)) tiled_offsets(no_fast_offsets);
       if (plan.offsets != Kernels::kGeneral) return plan;
     }
   }
@@ -324,7 +336,16 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     });
     plan.error = general_smem_error(plan.smem, p, dev);
     if (!plan.error.empty()) return plan;
-    if (plan.has_offsets) tiled_offsets("");
+    if (plan.has_offsets) {
+      // (auto: the fast offset kernel after the general backward where the fast kernels take
+      // the call but their backward does not fit)
+      std::string no_fast_offsets;
+      if (request != KernelRequest::kAuto)
+        tiled_offsets("");
+      else if (!(no_fast_offsets = fast_call_refusal(p, dt, aligned16, dev)).empty() ||
+               !fast_offsets(&no_fast_offsets))
+        tiled_offsets(no_fast_offsets);
+    }
   }
   if (plan.has_offsets && plan.offsets == Kernels::kGeneral) {
     if (cuda_general::offset_blocks(p) > INT_MAX) {

@@ -88,10 +88,12 @@ void by_tiled_dim(int64_t D, Fn fn) {
     fn(std::integral_constant<int, 128>{});
 }
 
-// The fast kernels' forward or backward (d q, d k, d v, d q_pos; with `offsets`, d rel,
-// d bias, d sigma too): the per-offset terms (bias, span) as float32 tables, then the kernels.
+// The fast kernels' forward or backward (d q, d k, d v, d q_pos, unless `offsets_only`; with
+// `offsets`, d rel, d bias, d sigma too): the per-offset terms (bias, span) as float32 tables,
+// then the kernels.
 template <typename T>
-void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool offsets, cudaStream_t stream) {
+void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool offsets, cudaStream_t stream,
+                 bool offsets_only = false) {
   const RelposParams& p = c.params;
   const auto table = [&](bool has) {
     return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
@@ -103,7 +105,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool of
       cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
   by_tiled_dim(p.D, [&](auto d) {
     using K = cuda_fast::FastKernels<T, decltype(d)::value>;
-    check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
+    if (!offsets_only) check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
     if (backward && offsets) check_launch(K::offsets(p, t, stream));
   });
   // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
@@ -130,8 +132,11 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   const RelposParams& p = c.params;
   const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
+    const bool fast_offsets = plan.has_offsets && plan.offsets == Kernels::kFast;
     if (plan.path == Kernels::kFast)
-      launch_fast(c, t, true, plan.has_offsets && plan.offsets == Kernels::kFast, stream);
+      launch_fast(c, t, true, fast_offsets, stream);
+    else if (fast_offsets)  // (beside the general d q, d k, d v below: other outputs)
+      launch_fast(c, t, true, true, stream, /*offsets_only=*/true);
     if (tiled_offsets) {
       const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
       by_tiled_dim(p.D, [&](auto d) {

@@ -254,9 +254,10 @@ void check_tiled_dim(const posattn::RelposParams& p) {
 }
 
 // The entry point's steps for the fast kernels' forward or backward (relpos/relpos_cuda.cu,
-// launch_fast; with `offsets`, the fast offset kernel too): the per-offset tables, then the
-// kernels, with the tables in t meanwhile.
-void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets) {
+// launch_fast; with `offsets`, the fast offset kernel too, or alone with `offsets_only`): the
+// per-offset tables, then the kernels, with the tables in t meanwhile.
+void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets,
+              bool offsets_only = false) {
 #if defined(HARNESS_TILED_D)
   if constexpr (!std::is_same<T, double>::value) {  // (float: through TF32)
     namespace fast = rp::cuda_fast;
@@ -264,7 +265,7 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool
     t.offset_add = add.p;
     t.offset_mul = mul.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
-    if (backward)
+    if (backward && !offsets_only)
       check(fast::launch_fast_backward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast backward launch");
     if (backward && offsets)
       check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
@@ -275,7 +276,7 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool
     return;
   }
 #endif
-  (void)p, (void)t, (void)backward, (void)offsets;
+  (void)p, (void)t, (void)backward, (void)offsets, (void)offsets_only;
   fail("the plan gave the fast kernels a type they do not take");
 }
 
@@ -360,7 +361,7 @@ int run_relpos(const Case& c) {
   offset_order.poison();
   t.offset_order = offset_order.p;
   const int64_t per_head = plan.dsig_partials;  // d sigma partials per head
-  if (plan.path != Kernels::kGeneral || tiled_offsets) check_tiled_dim(p);
+  if (plan.path != Kernels::kGeneral || tiled_offsets || fast_offsets) check_tiled_dim(p);
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
   const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
   for (int rep = 0; rep < run.repeats; ++rep) {
@@ -379,7 +380,10 @@ int run_relpos(const Case& c) {
 #if defined(HARNESS_TILED_D)
     if constexpr (!std::is_same<T, double>::value) {
       const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
-      if (plan.path == Kernels::kFast) run_fast(p, t, true, fast_offsets);
+      if (plan.path == Kernels::kFast)
+        run_fast(p, t, true, fast_offsets);
+      else if (fast_offsets)
+        run_fast(p, t, true, true, /*offsets_only=*/true);
       if (tiled_offsets)
         check(rp::cuda_tiled::launch_backward_offsets<T, HARNESS_TILED_D>(ta, t, nullptr),
               "tiled backward offsets launch");

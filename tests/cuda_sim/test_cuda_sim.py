@@ -288,23 +288,22 @@ def _backward_path(c: Case) -> str:
     return "general"
 
 
-def _offsets_kernel(c: Case, backward: str) -> str:
+def _offsets_kernel(c: Case) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
-    fast backward runs and its shared memory fits sm_90 (relpos_fast_offsets.cuh: D = 32 and 64
-    on 1-3 axes, D = 128 on 1; float32 D = 32 on 1-2 axes, D = 64 on 1), else on path "tiled" the
+    fast kernels take the call (after their backward, or after the general one where theirs does
+    not fit) and its shared memory fits sm_90 (relpos_fast_offsets.cuh, offsets_shape: float16
+    and bfloat16 at every D on 1-3 axes, D = 128 on 2-3 with its rows in chunks; float32 D = 32
+    and 64 on 1-3 axes, chunked on 3 and at D = 64 on 2, D = 128 on 1), else on path "tiled" the
     tiled one (float16, bfloat16, float32 with D == Dv in {32, 64, 128}) unless the case says it
     does not fit, else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
-    if c.dtype in (F16, BF16):
-        fits = c.D in (32, 64) or (c.D == 128 and axes <= 1)
-    else:
-        fits = (c.D == 32 and axes <= 2) or (c.D == 64 and axes <= 1)
-    if backward == "fast" and fits:
+    call = c.path == "tiled" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
+    fits = axes <= 3 and (c.dtype in (F16, BF16) or c.D in (32, 64) or axes <= 1)
+    if call and fits and not c.general_offsets:
         return "fast"
-    tiled = c.path == "tiled" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
-    return "tiled" if tiled and not c.general_offsets else "general"
+    return "tiled" if call and not c.general_offsets else "general"
 
 
 def check_relpos(c: Case, tmp_path: Path):
@@ -323,7 +322,7 @@ def check_relpos(c: Case, tmp_path: Path):
     if not c.backward:
         return errors
     assert plan["backward"] == _backward_path(c), plan
-    assert plan["offsets"] == _offsets_kernel(c, plan["backward"]), plan
+    assert plan["offsets"] == _offsets_kernel(c), plan
     U = math.prod(2 * n - 1 for n in c.grid)
     shapes = dict(
         q=(c.B, c.H, N, c.D),
@@ -359,7 +358,7 @@ EXTENDED = {
     # B = 2: tiled-bf16-d32-offsets-2d-tiles, -f16-d32-offsets-3d-causal; H = 2: tiled-bf16-d32-1d-long;
     # d lse = 0: a case of the others' random d lse
     "tiled-f16-d32-batches-heads",
-    "tiled-f16-d128-2d",  # D = 128 2-D with the general offset kernel: tiled-bf16-d128-everything
+    "tiled-f16-d128-2d",  # D = 128 2-D, the offset kernel's rows in chunks: tiled-bf16-d128-everything
     # the fast offset kernel's ordered adds with its blocks running at once (timing mode, ~10 min):
     # the order's logic is test_offset_order.py's; on a GPU, test_relpos_fast_cuda.py's
     "fast-bf16-d32-offsets-concurrent",
@@ -499,8 +498,8 @@ TILED = [
         B=1,
         H=1,
     ),
-    # (the tiled offset kernel's 256-row accumulator at D = 128 does not fit: the general one runs)
-    Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1, general_offsets=True),
+    # (the fast offset kernel with its rows in two chunks of 64 columns, d rel in two halves)
+    Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
     # float32 with D = 128 and a term per offset: the tiled forward, the general backward (the fast
     # kernels do not fit), the general offset kernel (the tiled one does not fit either)
@@ -664,20 +663,9 @@ TILED = [
         backward=False,
     ),
     Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
-    # its backward: the general d q, d k, d v (the fast backward does not fit), the general offset
-    # kernel (nor does the tiled one)
-    Case(
-        "fast-f16-d128-3d-general-backward",
-        F16,
-        [2, 3, 5],
-        path="tiled",
-        D=128,
-        sigma=True,
-        bias=True,
-        B=1,
-        H=1,
-        general_offsets=True,
-    ),
+    # its backward: the general d q, d k, d v (the fast backward does not fit), then the fast offset
+    # kernel with its rows in four chunks of 32 columns, d rel in four quarters
+    Case("fast-f16-d128-3d-general-backward", F16, [2, 3, 5], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
     # the same kernel with its 50 blocks (25 tile offsets, 2 heads) running at once: without the
     # waits for the earlier overlapping blocks the adds race (2026-11-29: d bias 0.059 off, d rel
@@ -783,6 +771,25 @@ TILED = [
         H=1,
     ),
     Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="tiled", D=64, bias=True, window=2, B=1, H=1, backward=False),
+    # the fast offset kernel's rows in chunks (csrc/cuda/relpos_fast_offsets.cuh, offsets_shape):
+    # float32 D = 32 on 3-D (two chunks of 16 columns, d rel in halves) after the fast backward;
+    # D = 64 on 3-D (four chunks, quarters) and D = 128 on 1-D (four chunks of 32, halves) after
+    # the general d q, d k, d v (the fast backward does not fit), D = 128 after the tiled forward
+    Case(
+        "fast-tf32-d32-3d-offsets-chunks",
+        F32,
+        [5, 6, 7],
+        path="tiled",
+        D=32,
+        sigma=True,
+        span_mode="multiply",
+        bias=True,
+        B=1,
+        H=1,
+        repeats=2,
+    ),
+    Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="tiled", D=64, sigma=True, causal=True, B=1, H=1),
+    Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
     Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
     Case(
         "fast-tf32-d32-nopos-nonfinite",
