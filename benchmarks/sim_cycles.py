@@ -8,10 +8,12 @@ a window and how the paths compare inside one model; the figures that count come
 GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower than the
 functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
 so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16 (--dtype: float16, or
-float32 through TF32), D = Dv = 32,
+float32 through TF32), D = Dv = 32 (--dim),
 positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice: the fast forward and backward),
 tiled (forced: the tiled forward; a backward's d q, d k, d v from the general kernels, the tiled
 one's being gone, d rel, d bias, d sigma from the tiled offset kernel), general, tiled-goffsets.
+--offsets general / tiled: d rel, d bias, d sigma from that offset kernel whatever the plan says
+(the fast offset kernel against the kernels the plan gave such calls before it took them).
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
     python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
@@ -78,13 +80,15 @@ def run(
     workdir: Path = None,
     H: int = 1,
     terms: str = "pos",
+    offsets: str = None,
 ):
     # terms: what the logits have per offset: "pos" (q_pos . rel), "bias" (a bias alone: the fast
     # kernels' tables only), "none" (plain attention: the fast path runs its control's kernels)
     # "tiled-goffsets": the tiled forward with the general path's offset kernel (d rel, d bias, d sigma);
     # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled forward and offset
     # kernel (the backward's d q, d k, d v: the general kernels)
-    harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, 0)
+    # offsets: "general" or "tiled" forces that offset kernel (d rel, d bias, d sigma)
+    harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, int(offsets == "general"))
     harness_path = "tiled" if path == "fast" else harness_path
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
@@ -104,6 +108,7 @@ def run(
         op="relpos",
         **simlib.plan_settings("tiled-forced" if path in ("tiled", "tiled-goffsets") else harness_path),
         general_offsets=general_offsets,
+        tiled_offsets=int(offsets == "tiled"),
         B=1,
         H=H,
         D=D,
@@ -118,7 +123,8 @@ def run(
         has_glse=1,
     )
     case = (
-        workdir / f"{path}-{terms}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+        workdir
+        / f"{path}-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
     )
     res = simlib.run_case(
         simlib.harness(dtype, D if harness_path == "tiled" else None),
@@ -163,6 +169,12 @@ def main():
     ap.add_argument(
         "--dtype", choices=sorted(DTYPES), default="bf16", help="the inputs' type (f32: through TF32 tensor cores)"
     )
+    ap.add_argument("--dim", type=int, default=32, choices=(32, 64, 128), help="head dim D = Dv")
+    ap.add_argument(
+        "--offsets",
+        choices=("general", "tiled"),
+        help="d rel, d bias, d sigma from this offset kernel, not the plan's",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -187,7 +199,16 @@ def main():
         results = list(
             ex.map(
                 lambda j: run(
-                    j[0], grid, j[1], j[2], dtype=DTYPES[args.dtype], workdir=work, H=args.heads, terms=args.terms
+                    j[0],
+                    grid,
+                    j[1],
+                    j[2],
+                    dtype=DTYPES[args.dtype],
+                    D=args.dim,
+                    workdir=work,
+                    H=args.heads,
+                    terms=args.terms,
+                    offsets=args.offsets,
                 ),
                 jobs,
             )
@@ -204,7 +225,8 @@ def main():
             json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()}, indent=1)
         )
     print(
-        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = 32, B = 1, "
+        f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = {args.dim}, "
+        f"B = 1, offsets: {args.offsets or 'the plan'}, "
         f"H = {args.heads}, "
         f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )

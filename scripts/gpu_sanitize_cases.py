@@ -22,9 +22,9 @@ def relpos_cases(device):
         dict(grid=[1, 7, 1], D=3, Dv=3, kw=dict(sigma=True, pos=True, causal=True, threshold=0.5)),
     ]
     # float16/bfloat16 with D == Dv in {32, 64, 128} and q_pos: the fast forward and backward
-    # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the tiled or general offset
-    # kernel): span with threshold, causal, NATTEN kernels (even size, stride, causal axis; the
-    # fast forward skips key blocks and masks per range there).
+    # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the fast offset kernel with
+    # its rows in chunks, as on the 2-D [10, 9]): span with threshold, causal, NATTEN kernels (even
+    # size, stride, causal axis; the fast forward skips key blocks and masks per range there).
     tiled = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
         dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
@@ -36,9 +36,10 @@ def relpos_cases(device):
         # key blocks on every axis, both pipeline stages
         dict(grid=[17, 19], D=64, Dv=64, kw=dict(sigma=True, pos=True, span_mode="multiply")),
         dict(grid=[200], D=32, Dv=32, kw=dict(pos=True, bias=True, causal=True)),
+        dict(grid=[10, 9], D=128, Dv=128, kw=dict(sigma=True, pos=True, bias=True)),
     ]
-    # float32 through TF32 (allow_tf32): the fast forward and backward, d rel from the tiled offset
-    # kernel at D = 64 on 2-D grids, from the fast one at D = 32 on 1-D and 2-D grids and D = 64 on 1-D
+    # float32 through TF32 (allow_tf32): the fast forward and backward, d rel from the fast offset
+    # kernel (its rows in four chunks at D = 64 on 2-D grids, whole at D = 32 and at D = 64 on 1-D)
     tf32_cases = [
         tiled[0],
         tiled[4],

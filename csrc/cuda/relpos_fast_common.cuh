@@ -239,7 +239,8 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 // fewer registers). The caller syncs the warp before reading.
 // CHUNKS > 1: the D columns of q_pos (qpf) and R are chunk CHUNK of q_pos . rel's; the
 // chunks before the last leave their partial dot products in pbuf (each lane's own entries,
-// read back by the same lane: no sync between chunks), the last adds them and finishes.
+// read back by the same lane: no sync between chunks), each next one goes on from them, the
+// last finishes.
 template <typename T, int D, typename L, bool UNROLL, int CHUNK = 0, int CHUNKS = 1>
 __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / warp::Mma<T>::kK][4],
                                                          const T* R, const int* wrow, const float* add_w,
@@ -274,6 +275,17 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
 #pragma unroll
     for (int i = 0; i < F::kRowsPerLane; ++i) rows[i] = Rj + wrow[8 * nb + F::b_rows(lane, i)] * LD;
     float acc[2][4] = {};
+    // the earlier chunks' sums, the products going on from them (the same additions in the
+    // same order as whole rows: bitwise the forward's positional term)
+    if constexpr (CHUNK > 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 8 * (nb + h) + 2 * (lane % 4);
+        const float2 e0 = *reinterpret_cast<const float2*>(pbuf + (lane / 4) * L::kPLd + col);
+        const float2 e1 = *reinterpret_cast<const float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col);
+        acc[h][0] = e0.x, acc[h][1] = e0.y, acc[h][2] = e1.x, acc[h][3] = e1.y;
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < D / F::kK; ++kk) {
       uint32_t b[4];
@@ -286,10 +298,6 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
       const int col = 8 * (nb + h) + 2 * (lane % 4);
       float2* p0 = reinterpret_cast<float2*>(pbuf + (lane / 4) * L::kPLd + col);
       float2* p1 = reinterpret_cast<float2*>(pbuf + (lane / 4 + 8) * L::kPLd + col);
-      if constexpr (CHUNK > 0) {  // the earlier chunks' sums
-        const float2 e0 = *p0, e1 = *p1;
-        acc[h][0] += e0.x, acc[h][1] += e0.y, acc[h][2] += e1.x, acc[h][3] += e1.y;
-      }
       if constexpr (!kLast) {
         *p0 = make_float2(acc[h][0], acc[h][1]);
         *p1 = make_float2(acc[h][2], acc[h][3]);

@@ -774,7 +774,8 @@ int64_t fast_offset_order_ints(const RelposParams& p) {
 
 // d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
 // t.drel_acc, t.dbias_acc, and d sigma's partials t.dsig_part ((H, offset_tiles.count, G_in),
-// where it has sigma), for a call the fast backward takes, with the offset tables filled;
+// where it has sigma), for a call the fast kernels take (after the fast backward or the
+// general one: it needs the inputs, lse and rowd), with the offset tables filled;
 // with q_pos and rel null (a bias or span and no q_pos) d bias and d sigma only, one block per
 // tile offset.
 // The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.

@@ -116,7 +116,6 @@ inline std::string tiled_refusal(const RelposParams& p, DType dt, bool aligned16
   return why;
 }
 
-// Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
 // What every fast kernel needs of a call (empty: the call has it): the types, head dims, axes
 // and sizes they take, aligned inputs, a device with the tensor cores they use.
 inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev) {
@@ -134,6 +133,7 @@ inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool align
   return std::string();
 }
 
+// Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
 inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
                                 size_t* smem) {
   std::string why = fast_call_refusal(p, dt, aligned16, dev);
@@ -171,7 +171,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 }
 
 // Why the fast offset kernel cannot compute d rel, d bias, d sigma of a call the fast
-// backward takes (empty: it can); `smem`: its shared memory; `ints`: its ordering ints
+// kernels take (fast_call_refusal; empty: it can); `smem`: its shared memory; `ints`: its ordering ints
 // (fast_offset_order_ints: a ticket, a flag per block, the order's table).
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints) {
@@ -226,7 +226,8 @@ inline std::string general_smem_error(size_t bytes, const RelposParams& p, const
 // 16-byte aligned), a backward's d q, d k, d v, d q_pos on the general one (the tiled
 // backward is gone: on an H200 its two kernels took as long as the general ones, BENCHMARKS.md),
 // else the general path; in a backward, d rel, d bias and d sigma from the fast offset kernel
-// where the fast path runs and its shared memory fits, else from the tiled offset kernel where
+// where the fast kernels take the call (`request` auto, after the fast backward or the general
+// one) and its shared memory fits, else from the tiled offset kernel where
 // the tiled kernels' conditions hold (and `request` is not general) and its shared memory fits,
 // else from the general one. plan.error says why a call cannot run at all (too many blocks,
 // too much shared memory, a refused request).
@@ -238,8 +239,6 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   plan.has_offsets = backward && cuda_fast::has_offset_terms(p);
   size_t smem = 0;
   std::string not_fast;  // why the fast kernels do not take an auto call
-  // d rel, d bias, d sigma from the tiled offset kernel where it fits; `why_not`: why the
-  // kernel before it in the order did not take them
   // d rel, d bias, d sigma from the fast offset kernel where the call is one the fast kernels
   // take and the kernel fits (after the fast backward, or after the general one where that
   // does not fit: it needs the inputs, lse and rowd only); `why`: why not, where it cannot
@@ -255,6 +254,8 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     plan.smem = std::max(plan.smem, osmem);
     return true;
   };
+  // d rel, d bias, d sigma from the tiled offset kernel where it fits; `why_not`: why the
+  // kernel before it in the order did not take them
   const auto tiled_offsets = [&](const std::string& why_not) {
     if (!plan.has_offsets) return;
     size_t osmem = 0;

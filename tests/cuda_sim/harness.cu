@@ -235,6 +235,16 @@ RelposRun relpos_setup(const Case& c) {
   r.bwd = rp::plan_cuda(r.p, r.dtype, true, true, request, dev);
   // a benchmark's comparison (benchmarks/sim_cycles.py): the general offset kernel instead of the plan's
   if (geti(c, "general_offsets") != 0) r.bwd.offsets = rp::CudaPlan::Kernels::kGeneral;
+  // or the tiled offset kernel (the kernel such calls took before the fast one's chunked rows)
+  if (geti(c, "tiled_offsets") != 0 && r.bwd.has_offsets) {
+    const rp::cuda_tiled::TiledArgs a = rp::cuda_tiled::make_tiled_args(r.p);
+    size_t smem = 0;
+    const std::string why = rp::plan_detail::tiled_offsets_refusal(a, r.dtype, dev, &smem);
+    if (!why.empty()) fail("tiled_offsets: " + why);
+    r.bwd.offsets = rp::CudaPlan::Kernels::kTiled;
+    r.bwd.dsig_partials = rp::cuda_tiled::make_offset_grid(a).count;
+    r.bwd.offset_order = 0;
+  }
   if (r.bwd.offsets == rp::CudaPlan::Kernels::kGeneral)
     r.bwd.dsig_partials = posattn::relpos::cuda_general::offset_blocks_per_head(r.p);
   if (!r.fwd.error.empty()) fail("the plan refuses the forward: " + r.fwd.error);

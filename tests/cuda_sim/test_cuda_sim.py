@@ -790,6 +790,20 @@ TILED = [
     ),
     Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="tiled", D=64, sigma=True, causal=True, B=1, H=1),
     Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
+    # the chunks without q_pos: d bias and d sigma from the tables and the chunked logits alone
+    Case(
+        "fast-bf16-d128-2d-nopos-chunks",
+        BF16,
+        [9, 10],
+        path="tiled",
+        D=128,
+        pos=False,
+        bias=True,
+        sigma=True,
+        threshold=0.4,
+        B=1,
+        H=2,
+    ),
     Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
     Case(
         "fast-tf32-d32-nopos-nonfinite",
