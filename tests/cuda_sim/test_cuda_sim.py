@@ -632,6 +632,9 @@ TILED = [
         B=2,
         H=1,
     ),
+    # (since the fast offset kernel takes every call of 1-3 axes, the tiled one runs only on more:
+    # 4-D in float32 here, tiled-bf16-d64-4d, the 7-D case below)
+    Case("tiled-tf32-d32-4d-offsets", F32, [2, 3, 2, 5], path="tiled", D=32, bias=True, sigma=True, B=1, H=1),
     # 7 axes: the tile is one cell wide on the outer axis (its tile offsets are not split by parity)
     Case("tiled-f16-d32-7d-one-cell-tile-axis", F16, [3, 2, 2, 2, 2, 2, 2], path="tiled", D=32, bias=True, B=1, H=1),
     Case(
