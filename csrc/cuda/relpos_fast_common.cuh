@@ -249,10 +249,10 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
   static_assert(CHUNK >= 0 && CHUNK < CHUNKS, "a chunk of the columns");
   constexpr bool kLast = CHUNK + 1 == CHUNKS;
   if (R == nullptr) {              // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
-    if constexpr (!kLast) return;  // (the tables once, with the last chunk)
     static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0 && L::kPbuf % 4 == 0, "float4 columns");
+    // (the tables once, with the last chunk)
 #pragma unroll 1
-    for (int c = 4 * lane; c < L::kWarpCols; c += 128) {
+    for (int c = 4 * lane; kLast && c < L::kWarpCols; c += 128) {
       const float4 m =
           has_mul ? *reinterpret_cast<const float4*>(mul_w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
       const float4 a =

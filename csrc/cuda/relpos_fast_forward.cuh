@@ -31,7 +31,12 @@
 // a row's ranges (the grid's end included) or after its causal limit are masked only on
 // the key blocks where the warp has any. One barrier per key block (two where the offset
 // tile has one stage, as two do not fit sm_90's shared memory: D = 128 on 2-D and 3-D
-// grids). Positions within a (batch, head) in 32 bits, offsets into the tensors in 64.
+// grids). Float32 at D = 128 (FwdLayout::shape): q_pos's rows stay in shared memory (with
+// Q's fragments in registers its would not fit beside O's), the offset tile comes in
+// chunks of columns (RC of DC: the products summed over them, each chunk loaded once every
+// warp is done with the one before: two barriers a chunk) and on 2-3 axes K and V in one
+// stage (loaded once every warp is done with the last block: a barrier more, no overlap).
+// Positions within a (batch, head) in 32 bits, offsets into the tensors in 64.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,6 +51,18 @@
 
 namespace posattn::relpos::cuda_fast {
 
+// How the forward keeps its inputs in shared memory (FwdLayout; offsets_shape is the offset
+// kernel's twin): kv_stages of K and V (2: block j + 1 copied while block j is computed);
+// rel_stages of the offset tile (2: likewise; 1: refilled once every warp is done with it);
+// its rel rows dc columns at a time (dc < D: the positional products summed over D / dc
+// chunks, each loaded once every warp is done with the one before); q_pos's rows kept in
+// shared memory (qpos_smem: its fragments loaded per chunk; else held in registers, as Q's
+// are). kv_stages 0: no shape fits.
+struct FwdShape {
+  int kv_stages = 0, rel_stages = 0, dc = 0;
+  bool qpos_smem = false;
+};
+
 template <typename T, int D, bool POS, int NDIM>
 struct FwdLayout {
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
@@ -54,37 +71,72 @@ struct FwdLayout {
   // row stride in elements: 16 bytes of padding put the 8 rows an ldmatrix reads at
   // consecutive rows on distinct banks (float: a stride of 4 mod 32 words, the TF32
   // fragments' 32-bit loads likewise, warp_primitives.cuh)
-  static constexpr int kLd = D + 16 / static_cast<int>(sizeof(T));
+  static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kLd = D + kPad;
   static constexpr int kTile = kBlockN * kLd;  // a K or V tile (Q's, kBlockM rows, is as big)
   // the offset rows between the query tile and a key block; a warp's, padded to n-blocks
   // of 16 columns
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
   static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
-  static constexpr int kRTile = kTileOffsets * kLd;
   // per warp: its positional products (16 rows of its columns) and a row of scale mul
   // (+8 columns: the float2 stores free of bank conflicts)
   static constexpr int kPLd = kWarpCols + 8;
   static constexpr int kPbuf = 17 * kPLd;
   // per warp and row: its key range [lo, hi] along each axis (int2: window, span box)
   static constexpr size_t kRangeBytes = static_cast<size_t>(kWarps) * 16 * NDIM * sizeof(int2);
-  static constexpr size_t bytes(int rel_stages) {
-    return static_cast<size_t>(4 * kTile + rel_stages * kRTile) * sizeof(T) +
-           static_cast<size_t>(kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols +
+  // T: K and V per stage, q_pos's tile (qpos_smem), the offset tile per stage (dc + kPad
+  // columns a row); floats: the warps' positional buffers and add / mul tables (per rel
+  // stage); ints: the warps' column maps; the ranges
+  static constexpr size_t bytes(FwdShape f) {
+    return static_cast<size_t>(2 * f.kv_stages * kTile + (f.qpos_smem ? kTile : 0) +
+                               f.rel_stages * kTileOffsets * (f.dc + kPad)) *
+               sizeof(T) +
+           static_cast<size_t>(kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols +
                                2 * kWarps * kWarpCols) *
                sizeof(float) +
            kRangeBytes;
   }
-  // two stages of the offset tile where they fit, else one (refilled after a second barrier)
-  static constexpr int kRelStages = bytes(2) <= kMaxSharedBytes ? 2 : 1;
-  // in elements of T: K0 V0 K1 V1, then (POS) the offset tile's stages; Q and q_pos are
-  // read once, from where K1 and V1 go later
+  // the shape: whole rows in two stages of each where they fit, else one stage of the offset
+  // tile; else (and where Q's and q_pos's fragments would not fit the registers with O's:
+  // float32 at D = 128) q_pos in shared memory, the offset tile in chunks, K and V in two
+  // stages where they fit with the widest chunk, else in one (Q then copied in through the
+  // warps' positional buffers, which are not used before its fragments are read)
+  static constexpr FwdShape shape() {
+    FwdShape f{};  // (one return: nvcc warns of the loop after an early one)
+    if (!POS) {
+      f = FwdShape{2, 0, D, false};
+    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 2, D, false}) <= kMaxSharedBytes) {
+      f = FwdShape{2, 2, D, false};
+    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 1, D, false}) <= kMaxSharedBytes) {
+      f = FwdShape{2, 1, D, false};
+    } else {
+      for (int kv = 2; kv >= 1 && f.kv_stages == 0; --kv)
+        for (int dc = D; dc >= 16 && f.kv_stages == 0; dc /= 2)
+          if (D % dc == 0 && bytes(FwdShape{kv, 1, dc, true}) <= kMaxSharedBytes &&
+              (kv == 2 || kWarps * kPbuf * sizeof(float) >= kTile * sizeof(T)))
+            f = FwdShape{kv, 1, dc, true};
+    }
+    return f;
+  }
+  static constexpr FwdShape kShape = shape();
+  static constexpr bool kFits = kShape.kv_stages > 0;
+  static constexpr int kKVStages = kFits ? kShape.kv_stages : 2, kRelStages = kFits ? kShape.rel_stages : 1;
+  static constexpr int kDC = kFits ? kShape.dc : D, kRelChunks = D / kDC;
+  static constexpr bool kQposSmem = kShape.qpos_smem;
+  static constexpr int kRLd = kDC + kPad;  // the offset tile's rows
+  static constexpr int kRTile = kTileOffsets * kRLd;
+  // in elements of T: K0 V0 (K1 V1), q_pos's tile (qpos_smem), then (POS) the offset tile's
+  // stages; Q (and q_pos, where it goes to registers) read once, from where K1 and V1 go
+  // later, or with one stage of K and V from the warps' positional buffers
   static __device__ __forceinline__ int k_at(int stage) { return 2 * stage * kTile; }
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
-  static __device__ __forceinline__ int r_at(int stage) { return 4 * kTile + stage * kRTile; }
-  static constexpr int kQ = 2 * kTile, kQpos = 3 * kTile;
+  static constexpr int kQposAt = kQposSmem ? 2 * kKVStages * kTile : 3 * kTile;
+  static constexpr int kR0 = 2 * kKVStages * kTile + (kQposSmem ? kTile : 0);
+  static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   static constexpr size_t kTBytes =
-      static_cast<size_t>(4 * kTile + (POS ? kRelStages * kRTile : 0)) * sizeof(T);
+      static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : 4 * kTile) * sizeof(T);
+  static constexpr int kQ = kKVStages == 2 ? 2 * kTile : static_cast<int>(kTBytes / sizeof(T));
   static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
   // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
   // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
@@ -98,10 +150,15 @@ struct FwdLayout {
       POS ? kTBytes + static_cast<size_t>(kFloats + 2 * kWarps * kWarpCols) * sizeof(float) : kTBytes;
   static constexpr size_t kBytes = kRangesAt + kRangeBytes;
   static_assert(kRangesAt % alignof(int2) == 0, "the ranges aligned");
-  // (float32 at D = 128 with a term per offset does not: its shared memory on 2-D and 3-D grids,
-  // on a 1-D grid its registers, Q's, q_pos's and O's fragments being twice the 16-bit types';
-  // the tiled kernels take those calls)
-  static constexpr bool kFits = kBytes <= kMaxSharedBytes && !(sizeof(T) == 4 && D == 128 && POS);
+  static_assert(!kFits || kBytes == (POS ? bytes(kShape) : kBytes), "the regions as bytes() counts them");
+  static_assert(!kFits || kBytes <= kMaxSharedBytes, "sm_90's shared memory");
+};
+
+// The offset tile's view of a forward layout L: its rows kRLd apart (load_offset_tile and
+// warp_positional_products read L::kLd).
+template <typename L>
+struct RelRows : L {
+  static constexpr int kLd = L::kRLd;
 };
 
 // Grid (query tiles, H, B)
@@ -114,8 +171,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   __trap();  // mma.sync with bf16, ldmatrix and cp.async need sm_80; the host never launches this below it
 #else
   using L = FwdLayout<T, D, POS, NDIM>;
+  using LR = RelRows<L>;   // (the offset tile's rows)
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
-  constexpr int LD = L::kLd, KK = F::kK;
+  constexpr int LD = L::kLd, KK = F::kK, DC = L::kDC, RC = L::kRelChunks;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
@@ -195,11 +253,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
     __syncwarp();
   }
-  // the offset tile of key block kb into rel stage rst (its rel rows, the warp's add / mul)
-  const auto load_offsets = [&](int rst, const int* kb) {
-    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), rel, g.first_offset(t0, kb), U, rs, add, mul,
-                                    fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff,
-                                    lane);
+  // chunk c of the offset tile of key block kb into rel stage rst: its rel rows' columns
+  // [c DC, (c + 1) DC) and, with chunk 0, the warp's add / mul entries
+  const auto load_offsets = [&](int rst, const int* kb, int c) {
+    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+                                         g.first_offset(t0, kb), U, rs, c == 0 ? add : nullptr,
+                                         c == 0 ? mul : nullptr, fsmem + L::table_at(rst, w, 0),
+                                         fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   // key block kb's K and V rows into stage st
   const auto load_keys = [&](int st, const int* kb) {
@@ -211,9 +271,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 #pragma unroll
   for (int a = 0; a < NDIM; ++a) kb[a] = kfirst[a];
   load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
-  if (POS && rel != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::kQpos, t.qpos + head, query_token);
+  if (POS && rel != nullptr)
+    load_rows_async<T, D, LD, kBlockM>(smem + L::kQposAt, t.qpos + head, query_token);
   load_keys(0, kb);
-  if constexpr (POS) load_offsets(0, kb);
+  if constexpr (POS) load_offsets(0, kb, 0);
   warp::cp_async_commit();
 
   // this thread's rows of the warp's 16 (accumulator registers 0, 1 and 2, 3): their
@@ -226,26 +287,33 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     pcol[r] = skew_start<NDIM, L>(lane, il);
   }
   const float scale_log2 = scale * kLog2e;
-  float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max of the rows, base 2
-  float l_run[2] = {0.f, 0.f};              // this thread's part of the rows' sums
-  uint32_t qf[D / KK][4];                   // Q's A fragments, loaded once
-  uint32_t qpf[POS ? D / KK : 1][4];        // q_pos's (POS)
+  float o[D / 8][4] = {};                              // O (16 x D): n-blocks of 8 columns
+  float m_run[2] = {-INFINITY, -INFINITY};             // running max of the rows, base 2
+  float l_run[2] = {0.f, 0.f};                         // this thread's part of the rows' sums
+  uint32_t qf[D / KK][4];                              // Q's A fragments, loaded once
+  uint32_t qpf[POS && !L::kQposSmem ? D / KK : 1][4];  // q_pos's (POS, in registers)
 
   for (int j = 0; j < blocks; ++j) {
-    const int stage = j & 1, rst = L::kRelStages == 2 ? stage : 0;
+    const int stage = L::kKVStages == 2 ? j & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
+    if (L::kKVStages == 1 && j > 0) {  // (one stage: key block j once every warp is done with j - 1)
+      __syncthreads();
+      load_keys(0, kb);
+      warp::cp_async_commit();
+    }
     warp::cp_async_wait<0>();
     // key block j visible to every warp, and every warp done with block j - 1's stage
     __syncthreads();
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / KK; ++kk) F::load_a(qf[kk], smem + L::kQ + 16 * w * LD + KK * kk, LD, lane);
-      if (POS && rel != nullptr) {
+      if (POS && !L::kQposSmem && rel != nullptr) {
 #pragma unroll
-        for (int kk = 0; kk < (POS ? D / KK : 1); ++kk)
-          F::load_a(qpf[kk], smem + L::kQpos + 16 * w * LD + KK * kk, LD, lane);
+        for (int kk = 0; kk < (POS && !L::kQposSmem ? D / KK : 1); ++kk)
+          F::load_a(qpf[kk], smem + L::kQposAt + 16 * w * LD + KK * kk, LD, lane);
       }
-      __syncthreads();  // every warp holds Q (and q_pos): their buffers are K1's and V1's
+      // every warp holds Q (and q_pos where it goes to registers): their buffers are K1's and
+      // V1's, or with one stage of K and V the warps' positional buffers
+      __syncthreads();
     }
     // block j + 1's origin (the next in row-major order over the tile's box of blocks)
     int kn[NDIM];
@@ -258,9 +326,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
         if (carry) kn[a] = kfirst[a];
       }
     }
-    if (j + 1 < blocks) {  // the next key block into the other stage, while this one is computed
+    // the next key block into the other stage, while this one is computed (where the offset
+    // tile comes in chunks, after them: a chunk's wait would wait for it too)
+    if (L::kKVStages == 2 && !L::kQposSmem && j + 1 < blocks) {
       load_keys(stage ^ 1, kn);
-      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn);
+      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn, 0);
       warp::cp_async_commit();
     }
     const T* Kj = smem + L::k_at(stage);
@@ -278,9 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 
     // POS: the warp's positional products first (S's registers are not live yet):
     // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
-    if constexpr (POS) {
+    if constexpr (POS && !L::kQposSmem) {
       if (active) {
-        warp_positional_products<T, D, L, true>(
+        warp_positional_products<T, D, LR, true>(
             qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
             fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
         __syncwarp();  // the warp's products visible to its lanes
@@ -288,9 +358,43 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       if constexpr (L::kRelStages == 1) {
         __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
         if (j + 1 < blocks) {
-          load_offsets(0, kn);
+          load_offsets(0, kn, 0);
           warp::cp_async_commit();
         }
+      }
+    } else if constexpr (POS) {
+      // the offset tile in RC chunks of DC columns (for_axes: a compile-time loop), q_pos's
+      // fragments of each from shared memory; each chunk after the first loaded once every
+      // warp is done with the one before
+      for_axes<RC>([&](auto chunk) {
+        constexpr int c = decltype(chunk)::value;
+        if constexpr (c > 0) {
+          warp::cp_async_wait<0>();
+          __syncthreads();  // chunk c visible to every warp
+        }
+        if (active) {
+          uint32_t qpc[DC / KK][4];
+          if (rel != nullptr) {
+#pragma unroll
+            for (int kk = 0; kk < DC / KK; ++kk)
+              F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
+          }
+          warp_positional_products<T, DC, LR, true, c, RC>(
+              qpc, rel != nullptr ? smem + L::r_at(0) : nullptr, wrow, fsmem + L::table_at(0, w, 0),
+              fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
+        }
+        __syncthreads();  // every warp done with chunk c
+        if constexpr (c + 1 < RC) {
+          load_offsets(0, kb, c + 1);
+          warp::cp_async_commit();
+        }
+      });
+      if (active) __syncwarp();  // the warp's products visible to its lanes
+      // block j + 1's first chunk and (two stages) its keys, while this one is computed
+      if (j + 1 < blocks) {
+        if constexpr (L::kKVStages == 2) load_keys(stage ^ 1, kn);
+        load_offsets(0, kn, 0);
+        warp::cp_async_commit();
       }
     }
     if (!active) {

@@ -7,9 +7,9 @@
 // (q_pos optional; windows and span thresholds included) on grids of 1-3 axes, on sm_80+ where
 // their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
 // relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
-// one); float32 too, through TF32 where allowed (not at D = 128 with a term per offset, nor its
-// backward at D = 64 on 3-D grids; d rel, d bias, d sigma from the fast offset kernel at D = 32
-// on 1-2 axes and D = 64 on 1, else from the tiled one); the tiled tensor-core kernels
+// one); float32 too, through TF32 where allowed (not the backward at D = 128 with a term per
+// offset, nor at D = 64 on 3-D grids; d rel, d bias, d sigma from the fast offset kernel but at
+// D = 128 on 2-3 axes); the tiled tensor-core kernels
 // take the forward of the other float16 / bfloat16 (and float32 through TF32 where allowed)
 // calls with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits, and d rel,
 // d bias, d sigma of any such backward where the tiled offset kernel fits; the general
@@ -143,7 +143,7 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
     if (*smem == 0)  // (FwdLayout::kFits)
-      why = "float32 with a term per offset at D = 128 needs more shared memory or registers than sm_90 has";
+      why = "its forward needs more shared memory per block than sm_90 has for D = " + std::to_string(D);
     else
       why = smem_refusal(*smem, dev, "it", D);
   });

@@ -265,24 +265,23 @@ def run_relpos(c: Case, tmp_path: Path):
 def _forward_path(c: Case) -> str:
     """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
     the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
-    float16 / bfloat16 and float32 through TF32 (not at D = 128 with a term per offset), D == Dv in
-    {32, 64, 128}, at most 3 axes of more than one cell; q_pos, windows and thresholds optional),
-    else the tiled one."""
+    float16 / bfloat16 and float32 through TF32, D == Dv in {32, 64, 128}, at most 3 axes of more
+    than one cell; q_pos, windows and thresholds optional), else the tiled one."""
     axes = [n for n in c.grid if n > 1]
-    terms = c.pos or c.bias or c.sigma
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and len(axes) <= 3
-    fast = fast and not (c.dtype == F32 and c.D == 128 and terms)
     return "fast" if c.path == "tiled" and fast else c.path
 
 
 def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
     shared memory fits (relpos_plan.cuh, fast_backward_refusal: with a term per offset, not
-    D = 128 on 3-D grids, nor in float32 D = 64 on 3-D grids; the control's kernels fit there),
-    else the general one (there is no tiled backward any more)."""
+    D = 128 on 3-D grids, nor in float32 D = 64 on 3-D grids or D = 128 on any; the control's
+    kernels fit there), else the general one (there is no tiled backward any more)."""
     axes = len([n for n in c.grid if n > 1])
     terms = c.pos or c.bias or c.sigma
-    too_big = terms and axes >= 3 and (c.D == 128 or (c.D == 64 and c.dtype == F32))
+    too_big = terms and (
+        axes >= 3 and (c.D == 128 or (c.D == 64 and c.dtype == F32)) or (c.D == 128 and c.dtype == F32)
+    )
     if _forward_path(c) == "fast" and not too_big:
         return "fast"
     return "general"
@@ -501,8 +500,9 @@ TILED = [
     # (the fast offset kernel with its rows in two chunks of 64 columns, d rel in two halves)
     Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
-    # float32 with D = 128 and a term per offset: the tiled forward, the general backward (the fast
-    # kernels do not fit), the general offset kernel (the tiled one does not fit either)
+    # float32 with D = 128 and a term per offset: the fast forward (its offset tile in chunks), the
+    # general backward (the fast one does not fit), the general offset kernel (neither the fast
+    # nor the tiled one fits)
     Case(
         "tiled-tf32-d128-general-backward",
         F32,
@@ -793,6 +793,54 @@ TILED = [
     ),
     Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="tiled", D=64, sigma=True, causal=True, B=1, H=1),
     Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
+    # float32 D = 128 with a term per offset: the fast forward with q_pos in shared memory and the
+    # offset tile in chunks of columns (FwdLayout::shape: on 1 axis K and V in two stages, 4
+    # chunks; on 2 one stage, 2 chunks; on 3 one stage, 4 chunks); several query tiles, key
+    # blocks per tile, warps that skip a block (windows, span boxes) and tail tiles
+    Case(
+        "fast-tf32-d128-1d-chunked-window",
+        F32,
+        [150],
+        path="tiled",
+        D=128,
+        sigma=True,
+        threshold=0.3,
+        bias=True,
+        window=40,
+        causal=True,
+        B=1,
+        H=2,
+        backward=False,
+    ),
+    Case(
+        "fast-tf32-d128-2d-chunked-multiply",
+        F32,
+        [10, 9],
+        path="tiled",
+        D=128,
+        sigma=True,
+        threshold=0.5,
+        span_mode="multiply",
+        B=1,
+        H=1,
+        backward=False,
+    ),
+    Case(
+        "fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="tiled", D=128, bias=True, window=2, B=1, H=1, backward=False
+    ),
+    Case(
+        "fast-tf32-d128-2d-chunked-nopos",
+        F32,
+        [9, 10],
+        path="tiled",
+        D=128,
+        pos=False,
+        bias=True,
+        sigma=True,
+        B=1,
+        H=1,
+        backward=False,
+    ),
     # the chunks without q_pos: d bias and d sigma from the tables and the chunked logits alone
     Case(
         "fast-bf16-d128-2d-nopos-chunks",

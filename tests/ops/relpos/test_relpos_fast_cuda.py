@@ -1,7 +1,7 @@
 """The fast kernels of relpos_attention on CUDA (csrc/cuda/relpos_fast_forward.cuh,
 relpos_fast_backward.cuh and relpos_fast_offsets.cuh, FlashAttention-2-class: float16 /
 bfloat16, D == Dv in {32, 64, 128}, grids of 1-3 axes; q_pos, windows and span thresholds optional;
-the forward in float32 through TF32 too, not at D = 128 with a term per offset):
+the forward in float32 through TF32 too, at D = 128 with a term per offset its offset tile in chunks):
 the plan gives them every such call under POSATTN_CUDA_KERNEL=auto (the backward where its
 shared memory fits: not D = 128 on 3-D grids; the offset kernel after it, or after the general
 backward where it does not fit, at every D on 1-3 axes: its rows in chunks where whole ones do
@@ -98,8 +98,9 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
 @pytest.mark.parametrize("grid,kw", [CASES[i] for i in (1, 2, 4, 9, 11, 12)])
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
-    """float32 with TF32 allowed: the fast forward (the tiled one at D = 128 with a term per offset)
-    and the fast backward where it fits (not D = 64 on 3-D grids with a term per offset), d rel,
+    """float32 with TF32 allowed: the fast forward (at D = 128 with a term per offset its offset tile in
+    chunks) and the fast backward where it fits (not D = 128 with a term per offset, nor D = 64 on
+    3-D grids with one), d rel,
     d bias, d sigma from the fast offset kernel but at D = 128 on 2-3 axes (there the general
     one), deterministic; TF32 not allowed: the general path."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
@@ -109,13 +110,10 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     xc = {k: t.detach().to("cuda", torch.float32).requires_grad_() for k, t in x.items()}
     terms = "q_pos" in x or "bias" in x or "sigma" in x
     plan = ops.relpos_plan(**xc, grid=grid, **args)
-    if D == 128 and terms:
-        assert plan["forward"] == "tiled" and "at D = 128" in plan["reason"], plan
-    else:
-        assert plan["forward"] == "fast", plan
+    assert plan["forward"] == "fast", plan
     bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
     axes = len([n for n in grid if n > 1])
-    fits = plan["forward"] == "fast" and not (terms and axes >= 3 and D == 64)
+    fits = not (terms and (D == 128 or (axes >= 3 and D == 64)))
     assert (bplan["backward"] == "fast") == fits, bplan
     if terms:  # (the fast offset kernel in float32: not D = 128 on 2-3 axes, where nothing fits)
         assert bplan["offsets"] == ("general" if D == 128 and axes >= 2 else "fast"), bplan
