@@ -248,7 +248,7 @@ __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D
                                                          float scale, bool has_add, bool has_mul) {
   static_assert(CHUNK >= 0 && CHUNK < CHUNKS, "a chunk of the columns");
   constexpr bool kLast = CHUNK + 1 == CHUNKS;
-  if (R == nullptr) {              // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
+  if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
     static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0 && L::kPbuf % 4 == 0, "float4 columns");
     // (the tables once, with the last chunk)
 #pragma unroll 1
