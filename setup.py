@@ -14,7 +14,7 @@ Environment:
                       build runs on any x86-64-v2 CPU, within a few percent of a native one.
   POSATTN_NVCC_SPLIT  nvcc --split-compile value (unset: not passed; 0: as many threads as
                       cores): runs nvcc's optimiser on several threads, which takes the
-                      tiled kernels' translation unit from ~270 s to ~160 s on 2 cores
+                      tiled kernels' translation unit (removed since) from ~270 s to ~160 s on 2 cores
                       (scripts/gpu_check.sh sets it to spend less of a lent GPU's time)
 """
 

@@ -7,7 +7,7 @@ round) after warm-up, timed with CUDA events:
 
   sdpa      scaled_dot_product_attention without positions (flash backend on CUDA): the
             floor, what attention costs with no positional term at all
-  posattn   relpos_attention(q, k, v, q_pos, rel, grid, sigma): dense (the tiled tensor-core
+  posattn   relpos_attention(q, k, v, q_pos, rel, grid, sigma): dense (the fast tensor-core
             forward where it applies, POSATTN_CUDA_KERNEL=auto)
   general   the same on the general CUDA path (POSATTN_CUDA_KERNEL=general)
   window    the same with a window keeping about --keep of the keys (half widths chosen per
@@ -357,7 +357,7 @@ def main(argv=None):
         "--tf32",
         action="store_true",
         help="float32: allow TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32) for every method, "
-        "which lets posattn's fast and tiled kernels take the call",
+        "which lets posattn's fast kernels take the call",
     )
     p.add_argument("--keep", type=float, default=0.1, help="fraction of the keys the window keeps")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")

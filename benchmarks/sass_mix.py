@@ -8,11 +8,11 @@ The main loop is the outermost loop of the kernel: the backward branch that span
 the most instructions. Its body is counted **statically**: every instruction between
 the branch's target and the branch once, both sides of an if, inner loops once. For
 a fully unrolled loop body with few branches (the fast path's kernels) that is close
-to what one iteration executes; for loops with inner loops (today's tiled kernels) it
-understates the inner loops' share.
+to what one iteration executes; for loops with inner loops (the WMMA tiled kernels,
+removed on 2026-11-29) it understates the inner loops' share.
 
-    python benchmarks/sass_mix.py                       # the fast forwards against the tiled forward
-    python benchmarks/sass_mix.py --backward            # the fast backward's kernels (the tiled ones are gone)
+    python benchmarks/sass_mix.py                       # the fast forwards (positional and the FA2 control)
+    python benchmarks/sass_mix.py --backward            # the fast backward's kernels
     python benchmarks/sass_mix.py --cubin x.cubin --kernel fast_forward
 
 Needs nvcc (CUDA_HOME or PATH) and cuobjdump, which CUDA 13's toolkit here lacks:
@@ -196,9 +196,6 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
             REPO / "tests" / "cuda_sim" / "fast_forward.cu", [f"FAST_T={args.dtype}", f"FAST_D={args.d}"],
             work / "fast.cubin",
         )  # fmt: skip
-        tiled = build_cubin(
-            simlib.HARNESS, [f"HARNESS_T={args.dtype}", f"HARNESS_TILED_D={args.d}"], work / "tiled.cubin"
-        )
         if args.backward:  # (fast_forward.cu holds the backward's kernels too)
             jobs += [
                 ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0E"),
@@ -216,8 +213,7 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
             ("fast forward, positional (1-D)", fast, "fast_forward_kernel Lb1ELi1E"),
             ("fast forward, positional (2-D)", fast, "fast_forward_kernel Lb1ELi2E"),
             ("fast forward, positional (3-D)", fast, "fast_forward_kernel Lb1ELi3E"),
-            ("tiled forward (WMMA, positional term)", tiled, "relpos_tiled_forward_kernel"),
-        ]
+        ]  # (the tiled forward's WMMA kernel, against which BENCHMARKS.md compared these, is gone)
     return _run_jobs(jobs, cuobjdump)
 
 

@@ -1,5 +1,5 @@
 """Simulated GPU cycles of posattn's CUDA kernels, as ratios (GPGPU-Sim's timing model of an
-RTX 3070-class Ampere GPU, ../shared/gpusim): the tiled tensor-core kernels against the
+RTX 3070-class Ampere GPU, ../shared/gpusim): the fast tensor-core kernels against the
 general path on the same call, windows keeping ~10 % and ~25 % of the keys against the same
 call dense, and forward against backward.
 
@@ -9,11 +9,11 @@ GPU (scripts/gpu_check.sh). Each run takes minutes (timing mode is ~10x slower t
 functional mode of the tests), so the problem is small: one batch element and head (--heads: more,
 so that every simulated SM gets a block), a 16 x 16 grid (256 tokens), bfloat16 (--dtype: float16, or
 float32 through TF32), D = Dv = 32 (--dim),
-positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice: the fast forward and backward),
-tiled (forced: the tiled forward; a backward's d q, d k, d v from the general kernels, the tiled
-one's being gone, d rel, d bias, d sigma from the tiled offset kernel), general, tiled-goffsets.
---offsets general / tiled: d rel, d bias, d sigma from that offset kernel whatever the plan says
-(the fast offset kernel against the kernels the plan gave such calls before it took them).
+positional term on (--terms: a bias alone, or none). Paths: fast (the plan's choice under
+POSATTN_CUDA_KERNEL=auto: the fast forward and backward where they take the call), general
+(POSATTN_CUDA_KERNEL=general). --offsets general: d rel, d bias, d sigma from the general offset
+kernel whatever the plan says. (The WMMA tiled kernels this compared against until 2026-11-29 are
+gone; their figures stay in BENCHMARKS.md.)
 
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
     python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
@@ -46,11 +46,9 @@ def short_name(mangled: str) -> str:
     if "fast_backward_kernel" in mangled:  # KEYS is the last template argument: ...Lb1EE
         return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
     for key, name in (
-        ("relpos_tiled_offsets", "tiled offsets (d rel, d bias, d sigma)"),
         ("fast_offsets_order_kernel", "fast offsets: their order's table"),
         ("fast_offsets_kernel", "fast offsets (d rel, d bias, d sigma)"),
         ("round_to_kernel", "offsets: rounding"),
-        ("relpos_tiled_forward", "tiled fwd"),
         ("fast_forward_kernel", "fast fwd"),
         ("offset_tables_kernel", "fast: offset tables"),
         ("relpos_forward_kernel", "general fwd"),
@@ -84,12 +82,10 @@ def run(
 ):
     # terms: what the logits have per offset: "pos" (q_pos . rel), "bias" (a bias alone: the fast
     # kernels' tables only), "none" (plain attention: the fast path runs its control's kernels)
-    # "tiled-goffsets": the tiled forward with the general path's offset kernel (d rel, d bias, d sigma);
-    # "fast": the plan's choice (the fast forward and backward); "tiled": the tiled forward and offset
-    # kernel (the backward's d q, d k, d v: the general kernels)
-    # offsets: "general" or "tiled" forces that offset kernel (d rel, d bias, d sigma)
-    harness_path, general_offsets = ("tiled", 1) if path == "tiled-goffsets" else (path, int(offsets == "general"))
-    harness_path = "tiled" if path == "fast" else harness_path
+    # path "fast": the plan's choice (POSATTN_CUDA_KERNEL=auto), "general": the general kernels;
+    # offsets "general" forces the general offset kernel (d rel, d bias, d sigma)
+    if path not in ("fast", "general"):
+        raise ValueError(f"path must be fast or general, got {path!r}")
     N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
     g = torch.Generator().manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
@@ -106,9 +102,8 @@ def run(
         arrays.update(bias=rand(H, U))
     settings = dict(
         op="relpos",
-        **simlib.plan_settings("tiled-forced" if path in ("tiled", "tiled-goffsets") else harness_path),
-        general_offsets=general_offsets,
-        tiled_offsets=int(offsets == "tiled"),
+        **simlib.plan_settings("auto" if path == "fast" else "general"),
+        general_offsets=int(offsets == "general"),
         B=1,
         H=H,
         D=D,
@@ -127,7 +122,7 @@ def run(
         / f"{path}-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
     )
     res = simlib.run_case(
-        simlib.harness(dtype, D if harness_path == "tiled" else None),
+        simlib.harness(dtype, D if path == "fast" else None),
         case,
         settings,
         arrays,
@@ -152,9 +147,8 @@ def main():
     )
     ap.add_argument(
         "--paths",
-        default="tiled,general",
-        help="kernel paths to run (fast: the plan's choice, the fast forward where it takes the call; "
-        "tiled; general; tiled-goffsets: the tiled forward with the general path's offset kernel)",
+        default="fast,general",
+        help="kernel paths to run (fast: the plan's choice, the fast kernels where they take the call; general)",
     )
     ap.add_argument(
         "--no-backward", action="store_true", help="forward only (the general backward is slow to simulate)"
@@ -172,7 +166,7 @@ def main():
     ap.add_argument("--dim", type=int, default=32, choices=(32, 64, 128), help="head dim D = Dv")
     ap.add_argument(
         "--offsets",
-        choices=("general", "tiled"),
+        choices=("general",),
         help="d rel, d bias, d sigma from this offset kernel, not the plan's",
     )
     ap.add_argument("--jobs", type=int, default=2)
@@ -233,9 +227,9 @@ def main():
     print(
         "| call | kept keys per query | "
         + " | ".join(f"{p} fwd cycles | {p} vs dense" for p in paths)
-        + (" | tiled / general |" if sorted(paths) == ["general", "tiled"] else " |")
+        + (" | fast / general |" if sorted(paths) == ["fast", "general"] else " |")
     )
-    print("|---|---|" + "---|---|" * len(paths) + ("---|" if sorted(paths) == ["general", "tiled"] else ""))
+    print("|---|---|" + "---|---|" * len(paths) + ("---|" if sorted(paths) == ["fast", "general"] else ""))
     for w in windows:
         key = None if w is None else tuple(w)
         label = "dense" if w is None else f"window {'x'.join(str(2 * x + 1) for x in w)} (shift)"
@@ -245,8 +239,8 @@ def main():
             cells.append(f"{r['fwd']:,} | {r['fwd'] / d['fwd']:.3f}")
         kept = rows[(paths[0], key, False)]["kept"]
         ratio = (
-            f" | {rows[('tiled', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}"
-            if sorted(paths) == ["general", "tiled"]
+            f" | {rows[('fast', key, False)]['fwd'] / rows[('general', key, False)]['fwd']:.3f}"
+            if sorted(paths) == ["fast", "general"]
             else ""
         )
         print(f"| {label} | {kept} ({100 * kept / N:.1f} %) | " + " | ".join(cells) + ratio + " |")

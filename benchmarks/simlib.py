@@ -1,6 +1,6 @@
 """Running posattn's CUDA kernels on the simulated GPU (../shared/gpusim): building
-the harness (tests/cuda_sim/harness.cu, one binary per element type and tiled head
-dim) and other torch-free test programs (build), writing a case, running it under
+the harness (tests/cuda_sim/harness.cu, one binary per element type and fast kernels'
+head dim) and other torch-free test programs (build), writing a case, running it under
 the simulator (run, run_case) and reading back what the kernels computed. Used by the simulated-GPU tests (tests/cuda_sim/) and by
 benchmarks/sim_cycles.py.
 
@@ -116,10 +116,10 @@ def build(source: Path, name: str, defines: Sequence[str] = ()) -> Path:
     return binary
 
 
-def harness(dtype: torch.dtype, tiled_d: Optional[int] = None) -> Path:
-    """The harness binary for `dtype` (with the tiled kernels of head dim `tiled_d`)."""
-    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_tiled{tiled_d}" if tiled_d else "")
-    defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"] + ([f"HARNESS_TILED_D={tiled_d}"] if tiled_d else [])
+def harness(dtype: torch.dtype, fast_d: Optional[int] = None) -> Path:
+    """The harness binary for `dtype` (with the fast kernels of head dim `fast_d`)."""
+    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_fast{fast_d}" if fast_d else "")
+    defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"] + ([f"HARNESS_FAST_D={fast_d}"] if fast_d else [])
     return build(HARNESS, name, defines)
 
 
@@ -133,10 +133,10 @@ PLAN_SMEM_OPTIN = 232448
 
 def plan_settings(path: str) -> Dict[str, object]:
     """case.txt lines that make the harness plan a relpos call as the extension does on
-    an H100 / H200: path "tiled" with POSATTN_CUDA_KERNEL=auto (the fast forward or the
-    tiled kernels where they take the call), "tiled-forced" with POSATTN_CUDA_KERNEL=tiled,
-    "general" with POSATTN_CUDA_KERNEL=general."""
-    requests = {"tiled": "auto", "tiled-forced": "tiled", "general": "general"}
+    an H100 / H200: path "auto" with POSATTN_CUDA_KERNEL=auto (the fast kernels where they
+    take the call, else the general ones), "fast" with POSATTN_CUDA_KERNEL=fast, "general"
+    with POSATTN_CUDA_KERNEL=general."""
+    requests = {"auto": "auto", "fast": "fast", "general": "general"}
     if path not in requests:
         raise ValueError(f"path must be one of {sorted(requests)}, got {path!r}")
     return dict(request=requests[path], smem_optin=PLAN_SMEM_OPTIN)

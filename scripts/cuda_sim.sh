@@ -5,7 +5,7 @@
 # not built yet (GPGPU-Sim, from the kit in ../shared/gpusim or $GPUSIM_KIT, into
 # $GPUSIM_HOME, ~/.cache/posattn-gpusim by default: ~3 min once). Ends with
 # pytest's summary line; exits non-zero on any failure. Run by .ci/run.
-#   bash scripts/cuda_sim.sh [--all] [pytest args, e.g. -k tiled]
+#   bash scripts/cuda_sim.sh [--all] [pytest args, e.g. -k fast-]
 # CI runs it without --all: the cases marked cuda_sim_extended (what CI's cases check, at other
 # sizes, types or head dims; ~7 minutes of 2 cores) are left out. --all runs them too: do that
 # after changing a kernel.

@@ -4,7 +4,7 @@
 #   build     posattn with CUDA for this device's architecture, in place (PYTHONPATH=.)
 #   test      a CUDA test selection (~3 min, not yet timed on a GPU): the fast forward's tests,
 #             relpos' CUDA contract tests (graph capture, opcheck, determinism, device
-#             asserts), the tiled kernels' non-parametrised tests, apply_maps, the plan
+#             asserts), apply_maps, the plan
 #   test-rest every other CUDA test (pytest -m cuda over tests/, the selection deselected):
 #             a follow-up call
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small calls of every
@@ -72,10 +72,6 @@ run() {
 # tests over processes sharing the GPU
 quick_tests=(
   tests/ops/relpos/test_relpos_fast_cuda.py tests/ops/relpos/test_relpos_cuda.py
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_tiled_offset_kernel_is_bitwise_deterministic
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_nan_and_fully_masked_rows
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_kernel_choice_is_checked
-  tests/ops/relpos/test_relpos_tiled_cuda.py::test_auto_picks_the_fast_kernels_where_they_apply
   tests/ops/apply_maps/test_apply_maps_cuda.py tests/ops/relpos/test_relpos_plan.py
 )
 xdist=()

@@ -25,7 +25,7 @@ def relpos_cases(device):
     # (D = 128 on the 3-D [3, 5, 7]: the general backward, d rel from the fast offset kernel with
     # its rows in chunks, as on the 2-D [10, 9]): span with threshold, causal, NATTEN kernels (even
     # size, stride, causal axis; the fast forward skips key blocks and masks per range there).
-    tiled = [
+    fast = [
         dict(grid=[9, 13], D=64, Dv=64, kw=dict(sigma=True, pos=True, threshold=0.3)),
         dict(grid=[3, 5, 7], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
         dict(grid=[150], D=32, Dv=32, kw=dict(pos=True, bias=True, kernel_size=[8], window_stride=[3])),
@@ -39,20 +39,25 @@ def relpos_cases(device):
         dict(grid=[10, 9], D=128, Dv=128, kw=dict(sigma=True, pos=True, bias=True)),
     ]
     # float32 through TF32 (allow_tf32): the fast forward and backward, d rel from the fast offset
-    # kernel (its rows in four chunks at D = 64 on 2-D grids, whole at D = 32 and at D = 64 on 1-D)
+    # kernel (its rows in four chunks at D = 64 on 2-D grids, whole at D = 32 and at D = 64 on 1-D,
+    # in chunks at D = 128 on 1-D; the general one at D = 128 on 2-D)
     tf32_cases = [
-        tiled[0],
-        tiled[4],
-        tiled[5],
+        fast[0],
+        fast[4],
+        fast[5],
         dict(grid=[9, 13], D=32, Dv=32, kw=dict(sigma=True, pos=True, bias=True, causal=True)),
         dict(grid=[150], D=64, Dv=64, kw=dict(sigma=True, pos=True, bias=True, span_mode="multiply", threshold=0.3)),
+        # D = 128: the fast forward with its offset tile in chunks (2-D: one stage of K and V, 2
+        # chunks; 1-D: two stages, 4 chunks; the barriers between chunks), the general backward
+        dict(grid=[10, 9], D=128, Dv=128, kw=dict(sigma=True, pos=True, bias=True, threshold=0.5)),
+        dict(grid=[150], D=128, Dv=128, kw=dict(pos=True, bias=True, causal=True)),
     ]
     runs = [(torch.float32, False, cases)]
     if device.type == "cuda":
         runs += [
             (torch.float32, True, tf32_cases),
-            (torch.bfloat16, False, cases + tiled),
-            (torch.float16, False, cases + tiled),
+            (torch.bfloat16, False, cases + fast),
+            (torch.float16, False, cases + fast),
         ]
     allow_tf32 = torch.backends.cuda.matmul.allow_tf32
     for dtype, tf32, todo in runs:

@@ -17,9 +17,9 @@ namespace relpos {
 enum class DType { kFloat64, kFloat32, kFloat16, kBFloat16 };
 
 // What the user asked for: POSATTN_CPU_KERNEL (auto | tiled | window) or
-// POSATTN_CUDA_KERNEL (auto | general | tiled). An unknown value is an error
-// of the entry point (relpos/relpos_plan_env.h), never a request.
-enum class KernelRequest { kAuto, kGeneral, kTiled, kWindow };
+// POSATTN_CUDA_KERNEL (auto | general | fast). An unknown value is an error
+// of the entry point (relpos/relpos_args.h, kernel_request), never a request.
+enum class KernelRequest { kAuto, kGeneral, kTiled, kWindow, kFast };
 
 // The CPU plan: the tiled (GEMM) kernels or the windowed ones, forward and
 // backward alike, compiled for `isa`.
@@ -31,10 +31,11 @@ struct CpuPlan {
 
 // The CUDA plan of a forward or a backward.
 struct CudaPlan {
-  // kFast: FlashAttention-2-class kernels (cuda/relpos_fast_forward.cuh, relpos_fast_backward.cuh)
-  enum class Kernels { kGeneral, kTiled, kFast };
+  // kFast: FlashAttention-2-class kernels (cuda/relpos_fast_forward.cuh, relpos_fast_backward.cuh,
+  // relpos_fast_offsets.cuh); kGeneral: cuda/relpos_general.cuh
+  enum class Kernels { kGeneral, kFast };
   Kernels path = Kernels::kGeneral;  // forward; d q, d k, d v, d q_pos of the backward
-  std::string path_reason;           // why that path (the tiled kernels' refusal, or the request)
+  std::string path_reason;           // why that path (the fast kernels' refusal, or the request)
   // backward only, when the call has q_pos, bias or sigma: which kernel computes d rel,
   // d bias and d sigma, and its d sigma partial sums per head
   bool has_offsets = false;
@@ -47,7 +48,7 @@ struct CudaPlan {
 };
 
 inline const char* kernels_name(CudaPlan::Kernels k) {
-  return k == CudaPlan::Kernels::kFast ? "fast" : k == CudaPlan::Kernels::kTiled ? "tiled" : "general";
+  return k == CudaPlan::Kernels::kFast ? "fast" : "general";
 }
 
 inline const char* request_name(KernelRequest r) {
@@ -58,6 +59,8 @@ inline const char* request_name(KernelRequest r) {
       return "tiled";
     case KernelRequest::kWindow:
       return "window";
+    case KernelRequest::kFast:
+      return "fast";
     default:
       return "auto";
   }

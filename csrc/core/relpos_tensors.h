@@ -47,7 +47,7 @@ struct RelposTensors {
   // span's exp(-quad) with span multiply); null where the call has none
   const float* __restrict__ offset_add = nullptr;
   const float* __restrict__ offset_mul = nullptr;
-  // CUDA's fast and tiled offset kernels: d rel and d bias in float32 before their rounding to T
+  // CUDA's fast offset kernel: d rel and d bias in float32 before their rounding to T
   float* __restrict__ drel_acc = nullptr;
   float* __restrict__ dbias_acc = nullptr;
   // CUDA's fast offset kernel: its ticket counter, a done flag per work item and (grids of 2-3

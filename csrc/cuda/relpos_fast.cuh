@@ -26,6 +26,8 @@ struct FastKernels {
   // d rel, d bias, d sigma of such a call where the plan gives them the fast offset kernel
   // (relpos_fast_offsets.cuh): through t.drel_acc / t.dbias_acc, into t.drel, t.dbias, t.dsig_part
   static cudaError_t offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream);
+  // the control forward kernel's attributes (which code the build has for the current device)
+  static cudaError_t attributes(cudaFuncAttributes* attr);
 };
 
 // compiled in cuda/fast/*.cu, not where this header is included

@@ -1,8 +1,8 @@
 // The fast path's backward: d q, d q_pos (query-major) and d k, d v (key-major),
 // FlashAttention-2's structure on the warp-level primitives, deterministic: every
 // gradient row is written once, by one warp, from sums in a fixed order (no atomics).
-// d rel, d bias and d sigma come from the fast offset kernel (relpos_fast_offsets.cuh), the
-// tiled one (relpos_tiled_offsets.cuh) or the general one, as the plan says. POS as the
+// d rel, d bias and d sigma come from the fast offset kernel (relpos_fast_offsets.cuh) or the
+// general one, as the plan says. POS as the
 // forward's: q_pos and rel null where the call has a bias or span and no q_pos (tables only).
 //
 // Both kernels are one template (KEYS: key-major). A block owns a fixed box of 64

@@ -27,4 +27,9 @@ cudaError_t FastKernels<T, D>::offsets(const RelposParams& p, const RelposTensor
   return launch_fast_offsets_by_rank<T, D>(p, t, stream);
 }
 
+template <typename T, int D>
+cudaError_t FastKernels<T, D>::attributes(cudaFuncAttributes* attr) {
+  return cudaFuncGetAttributes(attr, fast_forward_kernel<T, D, false, 1>);
+}
+
 }  // namespace posattn::relpos::cuda_fast

@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The shape of the fast offset kernel's blocks: the columns of d rel a block takes (da) and of
 // its inputs in shared memory at a time (dc); da = 0 where no shape fits sm_90's shared memory
-// (the plan then gives the call the tiled offset kernel, or the general one).
+// (the plan then gives the call the general one).
 struct OffShape {
   int da, dc;
 };

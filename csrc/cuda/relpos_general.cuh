@@ -11,9 +11,9 @@
 //             memory per query; lse in the accumulation type (float32 for
 //             half inputs) so that the backward's probabilities sum to one.
 //   backward  deterministic, no atomics: every gradient element is owned by one
-//             block, and every sum runs in a fixed order. Where the tiled kernels
-//             apply (relpos_tiled_forward.cuh), they compute dq, dk, dv, d q_pos and
-//             only the offset kernel below runs.
+//             block, and every sum runs in a fixed order. Where the fast backward
+//             runs (relpos_fast_backward.cuh), only the offset kernel below may run
+//             beside it (where the fast offset kernel does not fit).
 //             dq, d q_pos     a block per query (query-major);
 //             dk, dv          a block per key (key-major);
 //             d rel, d bias   a block per (head, offset): the pairs at that offset;

@@ -1,5 +1,5 @@
 // A head's span and key limits as the CUDA kernels of relpos_attention use them
-// (the general path in relpos_general.cuh and the tiled kernels alike):
+// (the general path in relpos_general.cuh; the fast kernels' KeyRanges use its span rule):
 // filled by every thread of a block from sigma, with sigma checked on the device.
 #pragma once
 

@@ -2,19 +2,16 @@
 // its forward or backward, computed from its RelposParams and the device's
 // limits alone (torch-free), so that the entry points (relpos/relpos_cuda.cu), the
 // simulator harness (tests/cuda_sim/harness.cu) and torch.ops.posattn.relpos_plan
-// follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh and
-// relpos_fast_backward.cuh) take float16 / bfloat16 calls with D == Dv in {32, 64, 128}
-// (q_pos optional; windows and span thresholds included) on grids of 1-3 axes, on sm_80+ where
-// their shared memory fits (the backward's d rel, d bias, d sigma: the fast offset kernel,
-// relpos_fast_offsets.cuh, where it fits, else the tiled one where it fits, else the general
-// one); float32 too, through TF32 where allowed (not the backward at D = 128 with a term per
-// offset, nor at D = 64 on 3-D grids; d rel, d bias, d sigma from the fast offset kernel but at
-// D = 128 on 2-3 axes); the tiled tensor-core kernels
-// take the forward of the other float16 / bfloat16 (and float32 through TF32 where allowed)
-// calls with D == Dv in {32, 64, 128} on sm_80+ where their shared memory fits, and d rel,
-// d bias, d sigma of any such backward where the tiled offset kernel fits; the general
-// kernels every other call (and every backward's d q, d k, d v the fast backward does not take:
-// the tiled backward is gone).
+// follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh,
+// relpos_fast_backward.cuh) take float16 / bfloat16 calls, and float32 ones through TF32
+// where allowed, with D == Dv in {32, 64, 128} (q_pos optional; windows and span thresholds
+// included) on grids of 1-3 axes, on sm_80+ where their shared memory fits (the backward's
+// d q, d k, d v, d q_pos: not at D = 128 on 3-D grids with a term per offset, nor in float32
+// at D = 128 with one or at D = 64 on 3-D grids with one, which take the general kernels);
+// d rel, d bias, d sigma of such calls come from the fast offset kernel
+// (relpos_fast_offsets.cuh) where its shared memory fits (all but float32 at D = 128 on 2-3
+// axes). The general kernels take every other call (float64, float32 without TF32, other
+// head dims, more axes) and what the fast ones do not.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,7 +29,6 @@
 #include "relpos_fast_forward.cuh"
 #include "relpos_fast_offsets.cuh"
 #include "relpos_general.cuh"
-#include "relpos_tiled_offsets.cuh"
 
 namespace posattn {
 namespace relpos {
@@ -41,8 +37,8 @@ namespace relpos {
 // point: relpos_cuda.cu, cuda_device(); by the harness for the device it emulates).
 struct CudaDevice {
   size_t smem_optin = 0;      // cudaDevAttrMaxSharedMemoryPerBlockOptin
-  bool tensor_cores = false;  // the build has sm_80+ code for this device (the tiled kernels need it)
-  bool allow_tf32 = false;    // torch.backends.cuda.matmul.allow_tf32: float32 on the tiled kernels
+  bool tensor_cores = false;  // the build has sm_80+ code for this device (the fast kernels need it)
+  bool allow_tf32 = false;    // torch.backends.cuda.matmul.allow_tf32: float32 on the fast kernels
 };
 
 // Calls fn(T{}) with the CUDA element type of dt.
@@ -60,10 +56,10 @@ void by_cuda_type(DType dt, Fn fn) {
   }
 }
 
-// Calls fn(CT{}, std::integral_constant<int, D>{}) for the tiled kernels' element
+// Calls fn(CT{}, std::integral_constant<int, D>{}) for the fast kernels' element
 // type (float16, bfloat16 or float32) and head dim (32, 64 or 128; checked before).
 template <typename Fn>
-void by_tiled_type_and_dim(DType dt, int64_t D, Fn fn) {
+void by_fast_type_and_dim(DType dt, int64_t D, Fn fn) {
   auto by_dim = [&](auto ct_tag) {
     if (D == 32)
       fn(ct_tag, std::integral_constant<int, 32>{});
@@ -94,28 +90,6 @@ inline std::string blocks_error(int64_t blocks, const char* what, const char* re
          " thread blocks, more than a launch allows (" + std::to_string(INT_MAX) + "); " + remedy;
 }
 
-// Why the tiled kernels cannot take the call (empty: they can); `smem`: the forward's shared
-// memory (the tiled offset kernel's own check: tiled_offsets_refusal).
-inline std::string tiled_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
-                                 size_t* smem) {
-  if (dt == DType::kFloat32 && !dev.allow_tf32)
-    return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
-  if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
-  if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
-  if (p.N > INT_MAX / 2 || p.U > INT_MAX / 2) return "the grid is too large for its 32-bit slot indices";
-  if (!aligned16) return "an input is not 16-byte aligned";
-  if (!dev.tensor_cores)
-    return "this build has no sm_80+ code for the device (compute capability 8.0 or newer is needed)";
-  std::string why;
-  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
-    using CT = decltype(ct_tag);
-    constexpr int D = decltype(d_tag)::value;
-    *smem = cuda_tiled::Layout<CT, D>::bytes(p.g.ndim);
-    why = smem_refusal(*smem, dev, "it", D);
-  });
-  return why;
-}
-
 // What every fast kernel needs of a call (empty: the call has it): the types, head dims, axes
 // and sizes they take, aligned inputs, a device with the tensor cores they use.
 inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev) {
@@ -138,7 +112,7 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
                                 size_t* smem) {
   std::string why = fast_call_refusal(p, dt, aligned16, dev);
   if (!why.empty()) return why;
-  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+  by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
@@ -155,7 +129,7 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
                                          size_t* smem) {
   std::string why;
-  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+  by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     const size_t bytes = cuda_fast::fast_backward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
@@ -176,7 +150,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints) {
   std::string why;
-  by_tiled_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
+  by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
@@ -195,21 +169,6 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
   return why;
 }
 
-// Why the tiled offset kernel cannot compute d rel, d bias, d sigma (empty: it can).
-inline std::string tiled_offsets_refusal(const cuda_tiled::TiledArgs& a, DType dt, const CudaDevice& dev,
-                                         size_t* smem) {
-  const cuda_tiled::OffsetGrid og = cuda_tiled::make_offset_grid(a);
-  if (a.p.H * og.count > INT_MAX) return "its offset kernel needs more thread blocks than a launch allows";
-  std::string why;
-  by_tiled_type_and_dim(dt, a.p.D, [&](auto ct_tag, auto d_tag) {
-    using CT = decltype(ct_tag);
-    constexpr int D = decltype(d_tag)::value;
-    *smem = cuda_tiled::OffsetLayout<CT, D>::bytes(a.p.g.ndim, og.rows);
-    why = smem_refusal(*smem, dev, "its offset kernel", D);
-  });
-  return why;
-}
-
 // The general kernels' shared memory past the 48 KiB every device gives: an error (else empty).
 inline std::string general_smem_error(size_t bytes, const RelposParams& p, const CudaDevice& dev) {
   if (bytes <= 48 * 1024 || bytes <= dev.smem_optin) return "";
@@ -220,110 +179,60 @@ inline std::string general_smem_error(size_t bytes, const RelposParams& p, const
 
 }  // namespace plan_detail
 
-// The kernels of a forward (backward = false) or backward call with element type
-// dt: on the fast path where it takes the call and `request` is auto; else a forward on
-// the tiled path where it takes the call and `request` allows (aligned16: every input is
-// 16-byte aligned), a backward's d q, d k, d v, d q_pos on the general one (the tiled
-// backward is gone: on an H200 its two kernels took as long as the general ones, BENCHMARKS.md),
-// else the general path; in a backward, d rel, d bias and d sigma from the fast offset kernel
-// where the fast kernels take the call (`request` auto, after the fast backward or the general
-// one) and its shared memory fits, else from the tiled offset kernel where
-// the tiled kernels' conditions hold (and `request` is not general) and its shared memory fits,
-// else from the general one. plan.error says why a call cannot run at all (too many blocks,
-// too much shared memory, a refused request).
+// The kernels of a forward (backward = false) or backward call with element type dt: the
+// fast ones where they take the call (aligned16: every input is 16-byte aligned) and
+// `request` is auto or fast (fast: an error where the fast forward cannot take it; a backward
+// whose fast kernels do not fit runs the general d q, d k, d v, as auto's does), else the
+// general ones; in a backward, d rel, d bias and d sigma from the fast offset kernel where
+// the fast kernels take the call (after the fast backward or the general one) and its shared
+// memory fits, else from the general one. plan.error says why a call cannot run at all (too
+// many blocks, too much shared memory, a refused request).
 inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool aligned16,
                           KernelRequest request, const CudaDevice& dev) {
   using namespace plan_detail;
   using Kernels = CudaPlan::Kernels;
   CudaPlan plan;
   plan.has_offsets = backward && cuda_fast::has_offset_terms(p);
-  size_t smem = 0;
-  std::string not_fast;  // why the fast kernels do not take an auto call
   // d rel, d bias, d sigma from the fast offset kernel where the call is one the fast kernels
   // take and the kernel fits (after the fast backward, or after the general one where that
-  // does not fit: it needs the inputs, lse and rowd only); `why`: why not, where it cannot
-  const auto fast_offsets = [&](std::string* why) {
+  // does not fit: it needs the inputs, lse and rowd only); else the general one, saying why
+  const auto offsets = [&]() {
+    std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
+                                                         : fast_call_refusal(p, dt, aligned16, dev);
     size_t osmem = 0;
     int64_t order_ints = 0;
-    *why = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
-    if (!why->empty()) return false;
+    if (why.empty()) why = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
+    if (!why.empty()) {
+      plan.offsets_reason = "the general path computes them (not the fast offset kernel: " + why + ")";
+      return;
+    }
     plan.offsets = Kernels::kFast;
     plan.offsets_reason = "the fast offset kernel takes it";
     plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
     plan.offset_order = order_ints;
     plan.smem = std::max(plan.smem, osmem);
-    return true;
   };
-  // d rel, d bias, d sigma from the tiled offset kernel where it fits; `why_not`: why the
-  // kernel before it in the order did not take them
-  const auto tiled_offsets = [&](const std::string& why_not) {
-    if (!plan.has_offsets) return;
-    size_t osmem = 0;
-    std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
-                                                         : tiled_refusal(p, dt, aligned16, dev, &osmem);
-    const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
-    if (why.empty()) why = tiled_offsets_refusal(a, dt, dev, &osmem);
-    if (why.empty()) {
-      plan.offsets = Kernels::kTiled;
-      plan.offsets_reason = "the tiled offset kernel takes it";
-      if (!why_not.empty()) plan.offsets_reason += " (not the fast one: " + why_not + ")";
-      plan.dsig_partials = cuda_tiled::make_offset_grid(a).count;
-      plan.smem = std::max(plan.smem, osmem);
-    } else {
-      plan.offsets_reason = "the general path computes them (" +
-                            (why_not.empty() ? std::string() : "not the fast one: " + why_not + "; ") +
-                            "not the tiled offset kernel: " + why + ")";
-    }
-  };
-  if (request == KernelRequest::kAuto) {
+  std::string not_fast = "POSATTN_CUDA_KERNEL=general";  // why the fast kernels do not take the call
+  if (request != KernelRequest::kGeneral) {
+    size_t smem = 0;
     not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
+    if (request == KernelRequest::kFast && !not_fast.empty()) {
+      plan.error =
+          "relpos_attention: POSATTN_CUDA_KERNEL=fast, but the fast kernels cannot take this call: " +
+          not_fast;
+      return plan;
+    }
     if (not_fast.empty() && backward) not_fast = fast_backward_refusal(p, dt, dev, &smem);
     if (not_fast.empty()) {
       plan.path = Kernels::kFast;
-      plan.path_reason = "the fast kernels take it";
+      plan.path_reason =
+          request == KernelRequest::kFast ? "POSATTN_CUDA_KERNEL=fast" : "the fast kernels take it";
       plan.smem = smem;
-      if (!backward) return plan;
-      if (!plan.has_offsets) {
-        plan.dsig_partials = cuda_general::offset_blocks_per_head(p);  // (as every backward's: unused here)
-        return plan;
-      }
-      std::string no_fast_offsets;
-      if (!fast_offsets(&no_fast_offsets)) tiled_offsets(no_fast_offsets);
-      if (plan.offsets != Kernels::kGeneral) return plan;
     }
   }
-  if (plan.path != Kernels::kFast) {
-    // the forward: the tiled kernels where they take it (and the request allows); the backward
-    // (d q, d k, d v, d q_pos): the general kernels
-    const std::string why = request == KernelRequest::kGeneral ? "POSATTN_CUDA_KERNEL=general"
-                                                               : tiled_refusal(p, dt, aligned16, dev, &smem);
-    if (request == KernelRequest::kTiled && !why.empty()) {
-      plan.error =
-          "relpos_attention: POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call: " + why;
-      return plan;
-    }
-    if (!backward && why.empty()) {
-      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
-      if (a.blocks > INT_MAX) {
-        plan.error = blocks_error(a.blocks, "the tiled kernels", "split the batch");
-        return plan;
-      }
-      plan.path = Kernels::kTiled;
-      plan.path_reason = request == KernelRequest::kTiled ? "POSATTN_CUDA_KERNEL=tiled"
-                         : not_fast.empty()
-                             ? "the tiled kernels take it"
-                             : "the tiled kernels take it (not the fast kernels: " + not_fast + ")";
-      plan.smem = smem;
-      return plan;
-    }
-    if (request == KernelRequest::kGeneral)
-      plan.path_reason = "POSATTN_CUDA_KERNEL=general";
-    else if (!backward)
-      plan.path_reason = "the tiled kernels cannot take it: " + why;
-    else if (request == KernelRequest::kTiled)
-      plan.path_reason = "POSATTN_CUDA_KERNEL=tiled: the general backward (there is no tiled one)";
-    else
-      plan.path_reason = "the fast kernels cannot take it: " + not_fast;
+  if (plan.path == Kernels::kGeneral) {
+    plan.path_reason =
+        request == KernelRequest::kGeneral ? not_fast : "the fast kernels cannot take it: " + not_fast;
     if (cuda_general::token_blocks(p) > INT_MAX) {
       plan.error = blocks_error(cuda_general::token_blocks(p), backward ? "the backward" : "the forward",
                                 "split the batch");
@@ -337,17 +246,8 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
     });
     plan.error = general_smem_error(plan.smem, p, dev);
     if (!plan.error.empty()) return plan;
-    if (plan.has_offsets) {
-      // (auto: the fast offset kernel after the general backward where the fast kernels take
-      // the call but their backward does not fit)
-      std::string no_fast_offsets;
-      if (request != KernelRequest::kAuto)
-        tiled_offsets("");
-      else if (!(no_fast_offsets = fast_call_refusal(p, dt, aligned16, dev)).empty() ||
-               !fast_offsets(&no_fast_offsets))
-        tiled_offsets(no_fast_offsets);
-    }
   }
+  if (plan.has_offsets) offsets();
   if (plan.has_offsets && plan.offsets == Kernels::kGeneral) {
     if (cuda_general::offset_blocks(p) > INT_MAX) {
       plan.error = blocks_error(cuda_general::offset_blocks(p), "the backward (d rel, d bias, d sigma)",

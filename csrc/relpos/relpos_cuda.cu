@@ -2,8 +2,7 @@
 // glue): the checked call, its plan (cuda/relpos_plan.cuh: which kernels run it),
 // the outputs, the RelposTensors the kernels take, the stream and device guard,
 // and the launches: the fast kernels (cuda/relpos_fast.cuh, one translation unit
-// per element type and head dim in cuda/fast/), the tiled tensor-core kernels
-// (cuda/relpos_tiled.cuh, likewise in cuda/tiled/) or the general ones
+// per element type and head dim in cuda/fast/) or the general ones
 // (cuda/relpos_general.cuh). The kernels are torch-free and also run on the
 // simulated GPU (tests/cuda_sim/). The backward is deterministic: no atomics.
 #include <ATen/Context.h>
@@ -14,6 +13,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -23,17 +23,14 @@
 #include "../cuda/relpos_fast_tables.cuh"
 #include "../cuda/relpos_general.cuh"
 #include "../cuda/relpos_plan.cuh"
-#include "../cuda/relpos_tiled.cuh"
 #include "relpos_args.h"
 
 namespace posattn {
 namespace relpos {
 namespace {
 
-using cuda_tiled::TiledKernels;
-
-// Whether this build has sm_80+ code for the current device (the tiled kernels
-// trap below it), read once per device from a tiled kernel's attributes.
+// Whether this build has sm_80+ code for the current device (the fast kernels
+// trap below it), read once per device from a fast kernel's attributes.
 bool tensor_core_code() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices] = {};  // 0: not read yet, 1: no, 2: yes
@@ -42,7 +39,7 @@ bool tensor_core_code() {
   int known = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
   if (known == 0) {
     cudaFuncAttributes attr;
-    check_launch(TiledKernels<__half, 32>::attributes(&attr));
+    check_launch(cuda_fast::FastKernels<__half, 32>::attributes(&attr));
     known = attr.ptxVersion >= 80 && attr.binaryVersion >= 80 ? 2 : 1;
     if (device < kMaxDevices) cache[device].store(known, std::memory_order_relaxed);
   }
@@ -66,8 +63,12 @@ bool aligned16(std::initializer_list<at::Tensor> tensors) {
 
 // The plan of a checked call on the current device; `gout`: the backward's grad_out.
 CudaPlan plan_call(const RelposCall& c, bool backward, const at::Tensor& gout = at::Tensor()) {
+  const char* env = std::getenv("POSATTN_CUDA_KERNEL");
+  TORCH_CHECK_VALUE(env == nullptr || std::string(env) != "tiled",
+                    "POSATTN_CUDA_KERNEL=tiled: the tiled CUDA kernels were removed on 2026-11-29 (the fast "
+                    "ones take their calls); use 'auto', 'fast' or 'general'");
   const KernelRequest request =
-      kernel_request("POSATTN_CUDA_KERNEL", KernelRequest::kGeneral, KernelRequest::kTiled);
+      kernel_request("POSATTN_CUDA_KERNEL", KernelRequest::kGeneral, KernelRequest::kFast);
   return plan_cuda(c.params, relpos_dtype(c.q.scalar_type()), backward,
                    aligned16({c.q, c.k, c.v, c.q_pos, c.rel, gout}), request, cuda_device());
 }
@@ -77,9 +78,9 @@ at::Tensor sigma_double(const at::Tensor& sg) {
   return sg.defined() ? sg.to(at::kDouble).contiguous() : at::Tensor();
 }
 
-// Calls fn(std::integral_constant<int, D>{}) for the call's head dim (32, 64 or 128: the plan's tiled path).
+// Calls fn(std::integral_constant<int, D>{}) for the call's head dim (32, 64 or 128: the plan's fast path).
 template <typename Fn>
-void by_tiled_dim(int64_t D, Fn fn) {
+void by_fast_dim(int64_t D, Fn fn) {
   if (D == 32)
     fn(std::integral_constant<int, 32>{});
   else if (D == 64)
@@ -103,7 +104,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool of
   t.offset_mul = ptr_or_null<float>(mul);
   check_launch(
       cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
-  by_tiled_dim(p.D, [&](auto d) {
+  by_fast_dim(p.D, [&](auto d) {
     using K = cuda_fast::FastKernels<T, decltype(d)::value>;
     if (!offsets_only) check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
     if (backward && offsets) check_launch(K::offsets(p, t, stream));
@@ -115,12 +116,6 @@ template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, false, stream);
-    if (plan.path == CudaPlan::Kernels::kTiled) {
-      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(c.params);
-      by_tiled_dim(c.params.D,
-                   [&](auto d) { check_launch(TiledKernels<T, decltype(d)::value>::forward(a, t, stream)); });
-      return;
-    }
   }
   check_launch(cuda_general::launch_forward<T>(c.params, t, stream));
 }
@@ -130,19 +125,12 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
                      cudaStream_t stream) {
   using Kernels = CudaPlan::Kernels;
   const RelposParams& p = c.params;
-  const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     const bool fast_offsets = plan.has_offsets && plan.offsets == Kernels::kFast;
     if (plan.path == Kernels::kFast)
       launch_fast(c, t, true, fast_offsets, stream);
     else if (fast_offsets)  // (beside the general d q, d k, d v below: other outputs)
       launch_fast(c, t, true, true, stream, /*offsets_only=*/true);
-    if (tiled_offsets) {
-      const cuda_tiled::TiledArgs a = cuda_tiled::make_tiled_args(p);
-      by_tiled_dim(p.D, [&](auto d) {
-        check_launch(TiledKernels<T, decltype(d)::value>::backward_offsets(a, t, stream));
-      });
-    }
   }
   if (plan.path == Kernels::kGeneral) {
     check_launch(cuda_general::launch_backward_dq<T>(p, t, stream));
@@ -202,7 +190,7 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
     at::Tensor rowd = (gout.to(acc) * out.to(acc)).sum(-1);
     if (grad_lse.has_value()) rowd = rowd - grad_lse->to(acc);
     rowd = rowd.contiguous();
-    // the fast or tiled offset kernel's float32 accumulators (zeroed by its launcher)
+    // the fast offset kernel's float32 accumulators (zeroed by its launcher)
     const bool offset_acc = plan.has_offsets && plan.offsets != CudaPlan::Kernels::kGeneral;
     const auto f32 = c.q.options().dtype(at::kFloat);
     const at::Tensor drel_acc = offset_acc && s.has_pos ? at::empty({c.rel.numel()}, f32) : at::Tensor();

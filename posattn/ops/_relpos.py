@@ -193,8 +193,7 @@ def relpos_plan(*args, backward: bool = False, **kwargs) -> Dict[str, str]:
 
     Returns a dict of strings: ``device`` ("cpu" or "cuda"); on the CPU ``isa`` (the
     instruction set, :func:`cpu_capability`), ``forward`` and ``backward`` ("tiled"
-    or "window"); on CUDA ``forward`` ("fast", "tiled" or "general") or ``backward`` ("fast" or
-    "general": there is no tiled backward), with
+    or "window"); on CUDA ``forward`` or ``backward`` ("fast" or "general"), with
     ``backward`` also ``offsets`` (which kernel computes d rel, d bias and d sigma)
     and ``offsets_reason``, ``smem`` (bytes of shared memory per block) and
     ``error`` where the call cannot run; ``reason`` (why that kernel: the other

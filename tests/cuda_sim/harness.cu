@@ -14,7 +14,7 @@
 // error prints its name and exits 3.
 //
 // Built once per element type (-DHARNESS_T=float|double|half|bf16) and, for the
-// tiled kernels, head dim (-DHARNESS_TILED_D=32|64|128), so that each binary
+// fast kernels, head dim (-DHARNESS_FAST_D=32|64|128), so that each binary
 // holds only the kernels it runs (the simulator parses every PTX at start-up).
 #include <cuda_runtime.h>
 
@@ -32,14 +32,11 @@
 #include "cuda/apply_maps.cuh"
 #include "cuda/relpos_general.cuh"
 #include "cuda/relpos_plan.cuh"
-#if defined(HARNESS_TILED_D)
+#if defined(HARNESS_FAST_D)
 #include "cuda/relpos_fast_forward.cuh"
 #include "cuda/relpos_fast_tables.cuh"
-#include "cuda/relpos_tiled_backward.cuh"
 #include "cuda/relpos_fast_backward.cuh"
 #include "cuda/relpos_fast_offsets.cuh"
-#include "cuda/relpos_tiled_forward.cuh"
-#include "cuda/relpos_tiled_offsets.cuh"
 #endif
 
 #if !defined(HARNESS_T)
@@ -180,7 +177,7 @@ namespace rp = posattn::relpos;
 // A case's call, and the plans of its forward and backward as the extension makes
 // them (cuda/relpos_plan.cuh) for the device the case names: `smem_optin` (the
 // opt-in shared memory of the GPU the case plans for: the simulator's own limit is
-// not a real device's) and `request` (POSATTN_CUDA_KERNEL: auto, general or tiled).
+// not a real device's) and `request` (POSATTN_CUDA_KERNEL: auto, general or fast).
 struct RelposRun {
   posattn::RelposParams p;
   rp::DType dtype;
@@ -223,28 +220,18 @@ RelposRun relpos_setup(const Case& c) {
   r.backward = geti(c, "backward") != 0;
   r.repeats = static_cast<int>(geti(c, "repeats", 1));
   const std::string req = has(c, "request") ? c.at("request").at(0) : "auto";
-  if (req != "auto" && req != "general" && req != "tiled") fail("request must be auto, general or tiled");
+  if (req != "auto" && req != "general" && req != "fast") fail("request must be auto, general or fast");
   const rp::KernelRequest request = req == "general" ? rp::KernelRequest::kGeneral
-                                    : req == "tiled" ? rp::KernelRequest::kTiled
+                                    : req == "fast"  ? rp::KernelRequest::kFast
                                                      : rp::KernelRequest::kAuto;
   rp::CudaDevice dev;
   dev.smem_optin = static_cast<size_t>(geti(c, "smem_optin"));
   dev.tensor_cores = true;  // built for compute_80
-  dev.allow_tf32 = true;    // float32 cases ask for the fast or tiled path through TF32
+  dev.allow_tf32 = true;    // float32 cases ask for the fast path through TF32
   r.fwd = rp::plan_cuda(r.p, r.dtype, false, true, request, dev);
   r.bwd = rp::plan_cuda(r.p, r.dtype, true, true, request, dev);
   // a benchmark's comparison (benchmarks/sim_cycles.py): the general offset kernel instead of the plan's
   if (geti(c, "general_offsets") != 0) r.bwd.offsets = rp::CudaPlan::Kernels::kGeneral;
-  // or the tiled offset kernel (the kernel such calls took before the fast one's chunked rows)
-  if (geti(c, "tiled_offsets") != 0 && r.bwd.has_offsets) {
-    const rp::cuda_tiled::TiledArgs a = rp::cuda_tiled::make_tiled_args(r.p);
-    size_t smem = 0;
-    const std::string why = rp::plan_detail::tiled_offsets_refusal(a, r.dtype, dev, &smem);
-    if (!why.empty()) fail("tiled_offsets: " + why);
-    r.bwd.offsets = rp::CudaPlan::Kernels::kTiled;
-    r.bwd.dsig_partials = rp::cuda_tiled::make_offset_grid(a).count;
-    r.bwd.offset_order = 0;
-  }
   if (r.bwd.offsets == rp::CudaPlan::Kernels::kGeneral)
     r.bwd.dsig_partials = posattn::relpos::cuda_general::offset_blocks_per_head(r.p);
   if (!r.fwd.error.empty()) fail("the plan refuses the forward: " + r.fwd.error);
@@ -252,14 +239,14 @@ RelposRun relpos_setup(const Case& c) {
   return r;
 }
 
-// The tiled kernels of this binary's head dim for a plan that takes them.
-void check_tiled_dim(const posattn::RelposParams& p) {
-#if defined(HARNESS_TILED_D)
-  if (p.D != HARNESS_TILED_D)
-    fail("this harness runs the tiled kernels with D = " + std::to_string(HARNESS_TILED_D));
+// The fast kernels of this binary's head dim for a plan that takes them.
+void check_fast_dim(const posattn::RelposParams& p) {
+#if defined(HARNESS_FAST_D)
+  if (p.D != HARNESS_FAST_D)
+    fail("this harness runs the fast kernels with D = " + std::to_string(HARNESS_FAST_D));
 #else
   (void)p;
-  fail("this harness has no tiled kernels (build with -DHARNESS_TILED_D)");
+  fail("this harness has no fast kernels (build with -DHARNESS_FAST_D)");
 #endif
 }
 
@@ -268,7 +255,7 @@ void check_tiled_dim(const posattn::RelposParams& p) {
 // per-offset tables, then the kernels, with the tables in t meanwhile.
 void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets,
               bool offsets_only = false) {
-#if defined(HARNESS_TILED_D)
+#if defined(HARNESS_FAST_D)
   if constexpr (!std::is_same<T, double>::value) {  // (float: through TF32)
     namespace fast = rp::cuda_fast;
     Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
@@ -276,11 +263,11 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool
     t.offset_mul = mul.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
     if (backward && !offsets_only)
-      check(fast::launch_fast_backward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast backward launch");
+      check(fast::launch_fast_backward_call<T, HARNESS_FAST_D>(p, t, nullptr), "fast backward launch");
     if (backward && offsets)
-      check(fast::launch_fast_offsets_by_rank<T, HARNESS_TILED_D>(p, t, nullptr), "fast offsets launch");
+      check(fast::launch_fast_offsets_by_rank<T, HARNESS_FAST_D>(p, t, nullptr), "fast offsets launch");
     if (!backward)
-      check(fast::launch_fast_forward_call<T, HARNESS_TILED_D>(p, t, nullptr), "fast forward launch");
+      check(fast::launch_fast_forward_call<T, HARNESS_FAST_D>(p, t, nullptr), "fast forward launch");
     check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)
     t.offset_add = t.offset_mul = nullptr;
     return;
@@ -306,7 +293,7 @@ int run_relpos(const Case& c) {
   load(bias, "bias");
   load(sigma, "sigma");
   Dev<T> out(nv);
-  Dev<Acc> lse(nrow);  // float32 for the tiled kernels' T (never double there)
+  Dev<Acc> lse(nrow);  // float32 for the fast kernels' T (never double there)
   out.poison();
   lse.poison();
   posattn::RelposTensors<T> t;  // what the entry point fills (relpos/relpos_args.h)
@@ -320,16 +307,8 @@ int run_relpos(const Case& c) {
   t.out = out.p;
   t.lse = lse.p;
   if (run.fwd.path == Kernels::kFast) {
-    check_tiled_dim(p);
+    check_fast_dim(p);
     run_fast(p, t, false, false);
-  } else if (run.fwd.path == Kernels::kTiled) {
-    check_tiled_dim(p);
-#if defined(HARNESS_TILED_D)
-    if constexpr (!std::is_same<T, double>::value)
-      check(
-          rp::cuda_tiled::launch_forward<T, HARNESS_TILED_D>(rp::cuda_tiled::make_tiled_args(p), t, nullptr),
-          "tiled forward launch");
-#endif
   } else {
     check(rp::cuda_general::launch_forward<T>(p, t, nullptr), "general forward launch");
   }
@@ -359,10 +338,9 @@ int run_relpos(const Case& c) {
   gout.upload(gout_h);
   rowd.upload(rowd_h);
   const rp::CudaPlan& plan = run.bwd;
-  const bool tiled_offsets = plan.has_offsets && plan.offsets == Kernels::kTiled;
   const bool fast_offsets = plan.has_offsets && plan.offsets == Kernels::kFast;
-  Dev<float> drel_acc((tiled_offsets || fast_offsets) && p.has_pos ? p.H * p.U * p.D : 0),
-      dbias_acc((tiled_offsets || fast_offsets) && p.has_bias ? p.H * p.U : 0);
+  Dev<float> drel_acc(fast_offsets && p.has_pos ? p.H * p.U * p.D : 0),
+      dbias_acc(fast_offsets && p.has_bias ? p.H * p.U : 0);
   t.gout = gout.p;
   t.rowd = rowd.p;
   t.drel_acc = drel_acc.p;
@@ -371,7 +349,7 @@ int run_relpos(const Case& c) {
   offset_order.poison();
   t.offset_order = offset_order.p;
   const int64_t per_head = plan.dsig_partials;  // d sigma partials per head
-  if (plan.path != Kernels::kGeneral || tiled_offsets || fast_offsets) check_tiled_dim(p);
+  if (plan.path != Kernels::kGeneral || fast_offsets) check_fast_dim(p);
   std::vector<std::vector<std::vector<char>>> runs;  // per repeat, the bytes of every gradient
   const char* names[] = {"dq", "dk", "dv", "dq_pos", "drel", "dbias", "dsigma"};
   for (int rep = 0; rep < run.repeats; ++rep) {
@@ -387,16 +365,12 @@ int run_relpos(const Case& c) {
     t.drel = drel.p;
     t.dbias = dbias.p;
     t.dsig_part = dsig_part.p;
-#if defined(HARNESS_TILED_D)
+#if defined(HARNESS_FAST_D)
     if constexpr (!std::is_same<T, double>::value) {
-      const rp::cuda_tiled::TiledArgs ta = rp::cuda_tiled::make_tiled_args(p);
       if (plan.path == Kernels::kFast)
         run_fast(p, t, true, fast_offsets);
       else if (fast_offsets)
         run_fast(p, t, true, true, /*offsets_only=*/true);
-      if (tiled_offsets)
-        check(rp::cuda_tiled::launch_backward_offsets<T, HARNESS_TILED_D>(ta, t, nullptr),
-              "tiled backward offsets launch");
     }
 #endif
     if (plan.path == Kernels::kGeneral) {

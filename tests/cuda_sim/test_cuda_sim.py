@@ -61,7 +61,6 @@ class Case:
         repeats: int = 1,
         special: Optional[str] = None,
         seed: int = 0,
-        general_offsets: bool = False,
         scale: Optional[float] = None,
         timing: bool = False,
     ):
@@ -74,10 +73,8 @@ class Case:
         self.natten = natten
         self.backward, self.glse, self.repeats, self.special, self.seed = backward, glse, repeats, special, seed
         # what the plan (cuda/relpos_plan.cuh, for the device of simlib.plan_settings) must choose:
-        # path "tiled" (POSATTN_CUDA_KERNEL=auto): the fast kernels, else the tiled forward and the
-        # general backward; general_offsets: d rel, d bias, d sigma from the general offset kernel
-        # where the tiled offset kernel would take them but its shared memory does not fit
-        self.general_offsets = general_offsets
+        # path "auto" (POSATTN_CUDA_KERNEL=auto): the fast kernels where they take the call, else the
+        # general ones (_forward_path, _backward_path, _offsets_kernel)
         self.scale = D**-0.5 if scale is None else scale  # the logits' scale (0 allowed)
         # run in the simulator's timing mode, where a launch's blocks run at once (functional mode
         # runs them one after another): ~10x slower
@@ -214,7 +211,7 @@ def _check_nonfinite_gradient(name: str, got: torch.Tensor, want: torch.Tensor, 
 def run_relpos(c: Case, tmp_path: Path):
     """Runs the case on the simulator; returns (case, run, reference results, scale)."""
     N = math.prod(c.grid)
-    tiled_d = c.D if c.path == "tiled" else None
+    fast_d = c.D if c.path != "general" else None
     x = _inputs(c)
     scale = c.scale
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -247,7 +244,7 @@ def run_relpos(c: Case, tmp_path: Path):
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
     run = simlib.run_case(
-        simlib.harness(c.dtype, tiled_d),
+        simlib.harness(c.dtype, fast_d),
         tmp_path / "case",
         settings,
         arrays,
@@ -263,13 +260,13 @@ def run_relpos(c: Case, tmp_path: Path):
 
 
 def _forward_path(c: Case) -> str:
-    """The forward the plan must choose for a case: on path "tiled" (POSATTN_CUDA_KERNEL=auto)
+    """The forward the plan must choose for a case: on path "auto" (POSATTN_CUDA_KERNEL=auto)
     the fast forward where it takes the call (csrc/cuda/relpos_plan.cuh, fast_refusal:
     float16 / bfloat16 and float32 through TF32, D == Dv in {32, 64, 128}, at most 3 axes of more
-    than one cell; q_pos, windows and thresholds optional), else the tiled one."""
+    than one cell; q_pos, windows and thresholds optional), else the general one."""
     axes = [n for n in c.grid if n > 1]
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and len(axes) <= 3
-    return "fast" if c.path == "tiled" and fast else c.path
+    return "fast" if c.path == "auto" and fast else "general"
 
 
 def _backward_path(c: Case) -> str:
@@ -292,24 +289,20 @@ def _offsets_kernel(c: Case) -> str:
     fast kernels take the call (after their backward, or after the general one where theirs does
     not fit) and its shared memory fits sm_90 (relpos_fast_offsets.cuh, offsets_shape: float16
     and bfloat16 at every D on 1-3 axes, D = 128 on 2-3 with its rows in chunks; float32 D = 32
-    and 64 on 1-3 axes, chunked on 3 and at D = 64 on 2, D = 128 on 1), else on path "tiled" the
-    tiled one (float16, bfloat16, float32 with D == Dv in {32, 64, 128}) unless the case says it
-    does not fit, else the general one."""
+    and 64 on 1-3 axes, chunked on 3 and at D = 64 on 2, D = 128 on 1), else the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
-    call = c.path == "tiled" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
+    call = c.path == "auto" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
     fits = axes <= 3 and (c.dtype in (F16, BF16) or c.D in (32, 64) or axes <= 1)
-    if call and fits and not c.general_offsets:
-        return "fast"
-    return "tiled" if call and not c.general_offsets else "general"
+    return "fast" if call and fits else "general"
 
 
 def check_relpos(c: Case, tmp_path: Path):
     x, run, (out_ref, lse_ref, grads, *clean) = run_relpos(c, tmp_path)
     N = math.prod(c.grid)
     acc = F64 if c.dtype == F64 else F32
-    tf32 = c.path == "tiled" and c.dtype == F32
+    tf32 = c.path == "auto" and c.dtype == F32
     fwd_tol = TF32_TOL if tf32 else FWD_TOL[c.dtype]
     grad_tol = TF32_GRAD_TOL if tf32 else GRAD_TOL[c.dtype]
     out = run.read("out", c.dtype, (c.B, c.H, N, c.Dv))
@@ -451,18 +444,21 @@ def test_general_path(case, tmp_path):
     check_relpos(case, tmp_path)
 
 
-TILED = [
+# POSATTN_CUDA_KERNEL=auto: the fast kernels, and the general ones where they do not take a call
+# or do not fit (the "tiled-" cases are named after the WMMA tiled kernels that took them until
+# 2026-11-29, when the fast kernels replaced those)
+AUTO = [
     # every input type and head dim; 1-D / 2-D / 3-D / 4-D grids, size-1 axes, every feature
-    Case("tiled-bf16-d32-1d-long", BF16, [150], path="tiled", D=32, B=1, H=2, sigma=True, bias=True),
+    Case("tiled-bf16-d32-1d-long", BF16, [150], path="auto", D=32, B=1, H=2, sigma=True, bias=True),
     Case(
-        "tiled-f16-d32-causal-threshold", F16, [9, 11], path="tiled", D=32, sigma=True, threshold=0.3, causal=True, B=1
+        "tiled-f16-d32-causal-threshold", F16, [9, 11], path="auto", D=32, sigma=True, threshold=0.3, causal=True, B=1
     ),
-    Case("tiled-tf32-d32-multiply", F32, [5, 6], path="tiled", D=32, sigma=True, span_mode="multiply", B=1),
+    Case("tiled-tf32-d32-multiply", F32, [5, 6], path="auto", D=32, sigma=True, span_mode="multiply", B=1),
     Case(
         "tiled-bf16-d64-shift-window",
         BF16,
         [12, 12],
-        path="tiled",
+        path="auto",
         D=64,
         pos=False,
         bias=True,
@@ -475,19 +471,19 @@ TILED = [
         "tiled-f16-d64-3d-multiply",
         F16,
         [3, 4, 5],
-        path="tiled",
+        path="auto",
         D=64,
         sigma=True,
         threshold=0.2,
         span_mode="multiply",
         B=1,
     ),
-    Case("tiled-tf32-d64-size1-axes", F32, [1, 7, 1, 9], path="tiled", D=64, bias=True, causal=True, B=1),
+    Case("tiled-tf32-d64-size1-axes", F32, [1, 7, 1, 9], path="auto", D=64, bias=True, causal=True, B=1),
     Case(
         "tiled-bf16-d128-everything",
         BF16,
         [7, 9],
-        path="tiled",
+        path="auto",
         D=128,
         sigma=True,
         bias=True,
@@ -498,8 +494,8 @@ TILED = [
         H=1,
     ),
     # (the fast offset kernel with its rows in two chunks of 64 columns, d rel in two halves)
-    Case("tiled-f16-d128-2d", F16, [10, 7], path="tiled", D=128, sigma=True, B=1, H=1),
-    Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="tiled", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
+    Case("tiled-f16-d128-2d", F16, [10, 7], path="auto", D=128, sigma=True, B=1, H=1),
+    Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="auto", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
     # float32 with D = 128 and a term per offset: the fast forward (its offset tile in chunks), the
     # general backward (the fast one does not fit), the general offset kernel (neither the fast
     # nor the tiled one fits)
@@ -507,20 +503,20 @@ TILED = [
         "tiled-tf32-d128-general-backward",
         F32,
         [6, 5],
-        path="tiled",
-        general_offsets=True,
+        path="auto",
         D=128,
         sigma=True,
         bias=True,
         B=1,
         H=1,
     ),
-    Case("tiled-bf16-d64-4d", BF16, [2, 3, 4, 5], path="tiled", D=64, sigma=True, threshold=0.5, B=1, H=1),
+    # more than 3 axes: the general kernels under auto
+    Case("tiled-bf16-d64-4d", BF16, [2, 3, 4, 5], path="auto", D=64, sigma=True, threshold=0.5, B=1, H=1),
     Case(
         "tiled-f16-d64-causal-tail",
         F16,
         [70],
-        path="tiled",
+        path="auto",
         D=64,
         causal=True,
         bias=True,
@@ -533,7 +529,7 @@ TILED = [
         "tiled-tf32-d64-window-causal",
         F32,
         [13, 11],
-        path="tiled",
+        path="auto",
         D=64,
         bias=True,
         sigma=True,
@@ -543,14 +539,14 @@ TILED = [
         B=1,
         H=1,
     ),
-    Case("tiled-f32-d32-one-tile-nopos", F32, [64], path="tiled", D=32, pos=False),
+    Case("tiled-f32-d32-one-tile-nopos", F32, [64], path="auto", D=32, pos=False),
     # windows skip the key chunks outside them; shifted windows at the borders, with causal
-    Case("tiled-f16-d32-window-skips", F16, [20, 24], path="tiled", D=32, sigma=True, window=1, B=1, H=1),
+    Case("tiled-f16-d32-window-skips", F16, [20, 24], path="auto", D=32, sigma=True, window=1, B=1, H=1),
     Case(
         "tiled-bf16-d32-3d-shift-causal",
         BF16,
         [3, 13, 10],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         threshold=0.4,
@@ -565,7 +561,7 @@ TILED = [
         "tiled-f16-d32-natten-stride",
         F16,
         [20, 24],
-        path="tiled",
+        path="auto",
         D=32,
         natten=((6, 5), (3, 2), (False, False)),
         window_border="shift",
@@ -577,7 +573,7 @@ TILED = [
         "tiled-bf16-d64-natten-causal-axis",
         BF16,
         [13, 11],
-        path="tiled",
+        path="auto",
         D=64,
         natten=((4, 7), (2, 3), (True, False)),
         window_border="shift",
@@ -589,7 +585,7 @@ TILED = [
         "tiled-f16-d32-1d-natten-causal-stride",
         F16,
         [150],
-        path="tiled",
+        path="auto",
         D=32,
         natten=((16,), (8,), (True,)),
         bias=True,
@@ -597,21 +593,19 @@ TILED = [
         H=1,
     ),
     # non-finite logits and determinism
-    Case("tiled-bf16-d32-nonfinite", BF16, [9], path="tiled", D=32, bias=True, special="nonfinite"),
-    Case("tiled-f16-d32-nonfinite-2d", F16, [3, 4], path="tiled", D=32, bias=True, sigma=True, special="nonfinite"),
-    Case(
-        "tiled-bf16-d32-masked-row", BF16, [70], path="tiled", D=32, bias=True, causal=True, special="masked_row", B=1
-    ),
-    Case("tiled-f16-d32-nan-row-window", F16, [80], path="tiled", D=32, window=2, special="nanrow", B=1, H=1),
-    Case("tiled-bf16-d64-deterministic", BF16, [6, 7], path="tiled", D=64, sigma=True, bias=True, repeats=2, B=1),
-    # the tiled offset kernel (d rel, d bias, d sigma) over several tiles per axis, batch elements
-    # and every parity class of tile offsets: 2 x 2 tiles, 2 x 2 x 1 tiles of 4 x 4 x 4 (a box of
-    # 343 offsets: six 64-row pieces), 3 tiles in 1-D with a span box that skips the far tile offsets
+    Case("tiled-bf16-d32-nonfinite", BF16, [9], path="auto", D=32, bias=True, special="nonfinite"),
+    Case("tiled-f16-d32-nonfinite-2d", F16, [3, 4], path="auto", D=32, bias=True, sigma=True, special="nonfinite"),
+    Case("tiled-bf16-d32-masked-row", BF16, [70], path="auto", D=32, bias=True, causal=True, special="masked_row", B=1),
+    Case("tiled-f16-d32-nan-row-window", F16, [80], path="auto", D=32, window=2, special="nanrow", B=1, H=1),
+    Case("tiled-bf16-d64-deterministic", BF16, [6, 7], path="auto", D=64, sigma=True, bias=True, repeats=2, B=1),
+    # the offset kernel (d rel, d bias, d sigma) over several tiles per axis, batch elements and
+    # tile offsets: 2 x 2 tiles, 2 x 2 x 1 tiles of 4 x 4 x 4 (a box of 343 offsets), 3 tiles in 1-D
+    # with a span box that skips the far tile offsets
     Case(
         "tiled-bf16-d32-offsets-2d-tiles",
         BF16,
         [12, 10],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         bias=True,
@@ -624,7 +618,7 @@ TILED = [
         "tiled-f16-d32-offsets-3d-causal",
         F16,
         [5, 6, 4],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         bias=True,
@@ -632,16 +626,11 @@ TILED = [
         B=2,
         H=1,
     ),
-    # (since the fast offset kernel takes every call of 1-3 axes, the tiled one runs only on more:
-    # 4-D in float32 here, tiled-bf16-d64-4d, the 7-D case below)
-    Case("tiled-tf32-d32-4d-offsets", F32, [2, 3, 2, 5], path="tiled", D=32, bias=True, sigma=True, B=1, H=1),
-    # 7 axes: the tile is one cell wide on the outer axis (its tile offsets are not split by parity)
-    Case("tiled-f16-d32-7d-one-cell-tile-axis", F16, [3, 2, 2, 2, 2, 2, 2], path="tiled", D=32, bias=True, B=1, H=1),
     Case(
         "tiled-bf16-d64-offsets-1d-span",
         BF16,
         [140],
-        path="tiled",
+        path="auto",
         D=64,
         sigma=True,
         threshold=0.2,
@@ -656,7 +645,7 @@ TILED = [
         "fast-bf16-d64-3d-multiply-causal",
         BF16,
         [5, 6, 7],
-        path="tiled",
+        path="auto",
         D=64,
         sigma=True,
         span_mode="multiply",
@@ -665,11 +654,11 @@ TILED = [
         B=1,
         backward=False,
     ),
-    Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="tiled", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
+    Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="auto", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
     # its backward: the general d q, d k, d v (the fast backward does not fit), then the fast offset
     # kernel with its rows in four chunks of 32 columns, d rel in four quarters
-    Case("fast-f16-d128-3d-general-backward", F16, [2, 3, 5], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
-    Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="tiled", D=32, sigma=True, span_mode="multiply", B=1, H=1),
+    Case("fast-f16-d128-3d-general-backward", F16, [2, 3, 5], path="auto", D=128, sigma=True, bias=True, B=1, H=1),
+    Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="auto", D=32, sigma=True, span_mode="multiply", B=1, H=1),
     # the same kernel with its 50 blocks (25 tile offsets, 2 heads) running at once: without the
     # waits for the earlier overlapping blocks the adds race (2026-11-29: d bias 0.059 off, d rel
     # 0.016), which functional mode, running one block after another, never shows
@@ -677,7 +666,7 @@ TILED = [
         "fast-bf16-d32-offsets-concurrent",
         BF16,
         [17, 19],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         bias=True,
@@ -687,12 +676,12 @@ TILED = [
     ),
     # the fast offset kernel in two column halves of d rel (its accumulator for all of D does not
     # fit: D = 64 on 3-D grids, D = 128 on 1-D), and with scale 0 (d bias and d sigma from dA alone)
-    Case("fast-f16-d64-3d-offsets-halves", F16, [5, 6, 7], path="tiled", D=64, sigma=True, bias=True, B=1, H=1),
+    Case("fast-f16-d64-3d-offsets-halves", F16, [5, 6, 7], path="auto", D=64, sigma=True, bias=True, B=1, H=1),
     Case(
         "fast-bf16-d128-1d-offsets-halves",
         BF16,
         [70],
-        path="tiled",
+        path="auto",
         D=128,
         sigma=True,
         span_mode="multiply",
@@ -701,7 +690,7 @@ TILED = [
         B=1,
         H=1,
     ),
-    Case("fast-f16-d32-scale-zero", F16, [9, 10], path="tiled", D=32, sigma=True, bias=True, scale=0.0, B=1, H=1),
+    Case("fast-f16-d32-scale-zero", F16, [9, 10], path="auto", D=32, sigma=True, bias=True, scale=0.0, B=1, H=1),
     # no q_pos: the bias and span through the offset tables alone (with span multiply, a span box,
     # causal; the offset kernel's d bias and d sigma in one block per tile offset, not two column
     # halves; tiled-bf16-d64-shift-window: a bias and shifted windows in 2-D), and neither (the
@@ -710,7 +699,7 @@ TILED = [
         "fast-f16-d128-1d-nopos-multiply",
         F16,
         [70],
-        path="tiled",
+        path="auto",
         D=128,
         pos=False,
         sigma=True,
@@ -721,17 +710,17 @@ TILED = [
         B=1,
         H=2,
     ),
-    Case("fast-bf16-d32-3d-nopos-window", BF16, [4, 5, 6], path="tiled", D=32, pos=False, window=1, causal=True, B=1),
+    Case("fast-bf16-d32-3d-nopos-window", BF16, [4, 5, 6], path="auto", D=32, pos=False, window=1, causal=True, B=1),
     # (3-D: 176 columns per warp, the fill's second pass; span add alone: d sigma from the sums of dA)
-    Case("fast-f16-d32-3d-nopos-span-add", F16, [4, 4, 5], path="tiled", D=32, pos=False, sigma=True, B=1, H=1),
+    Case("fast-f16-d32-3d-nopos-span-add", F16, [4, 4, 5], path="auto", D=32, pos=False, sigma=True, B=1, H=1),
     # no term at D = 128 on a 3-D grid: the control's backward fits (the positional one does not)
-    Case("fast-bf16-d128-3d-plain", BF16, [4, 5, 5], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
+    Case("fast-bf16-d128-3d-plain", BF16, [4, 5, 5], path="auto", D=128, pos=False, causal=True, B=1, H=1),
     # span boxes through sigma's own axes (size-1 axes between them), a different box per head
     Case(
         "fast-f16-d32-size1-axes-threshold",
         F16,
         [1, 13, 1, 9],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         bias=True,
@@ -750,7 +739,7 @@ TILED = [
         "fast-tf32-d32-1d-causal-span",
         F32,
         [150],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         bias=True,
@@ -764,7 +753,7 @@ TILED = [
         "fast-tf32-d64-1d-multiply",
         F32,
         [100],
-        path="tiled",
+        path="auto",
         D=64,
         sigma=True,
         bias=True,
@@ -773,7 +762,7 @@ TILED = [
         B=1,
         H=1,
     ),
-    Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="tiled", D=64, bias=True, window=2, B=1, H=1, backward=False),
+    Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="auto", D=64, bias=True, window=2, B=1, H=1, backward=False),
     # the fast offset kernel's rows in chunks (csrc/cuda/relpos_fast_offsets.cuh, offsets_shape):
     # float32 D = 32 on 3-D (two chunks of 16 columns, d rel in halves) after the fast backward;
     # D = 64 on 3-D (four chunks, quarters) and D = 128 on 1-D (four chunks of 32, halves) after
@@ -782,7 +771,7 @@ TILED = [
         "fast-tf32-d32-3d-offsets-chunks",
         F32,
         [5, 6, 7],
-        path="tiled",
+        path="auto",
         D=32,
         sigma=True,
         span_mode="multiply",
@@ -791,8 +780,8 @@ TILED = [
         H=1,
         repeats=2,
     ),
-    Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="tiled", D=64, sigma=True, causal=True, B=1, H=1),
-    Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="tiled", D=128, sigma=True, bias=True, B=1, H=1),
+    Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="auto", D=64, sigma=True, causal=True, B=1, H=1),
+    Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="auto", D=128, sigma=True, bias=True, B=1, H=1),
     # float32 D = 128 with a term per offset: the fast forward with q_pos in shared memory and the
     # offset tile in chunks of columns (FwdLayout::shape: on 1 axis K and V in two stages, 4
     # chunks; on 2 one stage, 2 chunks; on 3 one stage, 4 chunks); several query tiles, key
@@ -801,7 +790,7 @@ TILED = [
         "fast-tf32-d128-1d-chunked-window",
         F32,
         [150],
-        path="tiled",
+        path="auto",
         D=128,
         sigma=True,
         threshold=0.3,
@@ -816,7 +805,7 @@ TILED = [
         "fast-tf32-d128-2d-chunked-multiply",
         F32,
         [10, 9],
-        path="tiled",
+        path="auto",
         D=128,
         sigma=True,
         threshold=0.5,
@@ -826,13 +815,13 @@ TILED = [
         backward=False,
     ),
     Case(
-        "fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="tiled", D=128, bias=True, window=2, B=1, H=1, backward=False
+        "fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="auto", D=128, bias=True, window=2, B=1, H=1, backward=False
     ),
     Case(
         "fast-tf32-d128-2d-chunked-nopos",
         F32,
         [9, 10],
-        path="tiled",
+        path="auto",
         D=128,
         pos=False,
         bias=True,
@@ -846,7 +835,7 @@ TILED = [
         "fast-bf16-d128-2d-nopos-chunks",
         BF16,
         [9, 10],
-        path="tiled",
+        path="auto",
         D=128,
         pos=False,
         bias=True,
@@ -855,12 +844,12 @@ TILED = [
         B=1,
         H=2,
     ),
-    Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="tiled", D=128, pos=False, causal=True, B=1, H=1),
+    Case("fast-tf32-d128-2d-plain", F32, [9, 12], path="auto", D=128, pos=False, causal=True, B=1, H=1),
     Case(
         "fast-tf32-d32-nopos-nonfinite",
         F32,
         [9, 7],
-        path="tiled",
+        path="auto",
         D=32,
         pos=False,
         bias=True,
@@ -871,11 +860,11 @@ TILED = [
 ]
 
 
-assert EXTENDED <= {c.name for c in GENERAL + TILED}, "EXTENDED names a case that is not there"
+assert EXTENDED <= {c.name for c in GENERAL + AUTO}, "EXTENDED names a case that is not there"
 
 
-@pytest.mark.parametrize("case", _params(TILED))
-def test_tiled_path(case, tmp_path):
+@pytest.mark.parametrize("case", _params(AUTO))
+def test_auto_path(case, tmp_path):
     # check_relpos also checks that the plan chose the kernels the case names
     check_relpos(case, tmp_path)
 
@@ -969,7 +958,7 @@ def test_apply_maps(case, tmp_path):
 # ---- device-side checks ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["general", "tiled-forced", "tiled"])  # (tiled: the fast forward's offset tables)
+@pytest.mark.parametrize("path", ["general", "fast"])  # (fast: the fast forward's offset tables)
 @pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
 def test_sigma_checked_on_the_device(path, bad, tmp_path):
     """A sigma that is not positive and finite stops the kernel with the CPU kernel's message."""

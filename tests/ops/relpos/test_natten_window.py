@@ -293,12 +293,12 @@ def _rel_err(got, want):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("path,dtype", [("general", torch.float64), ("general", torch.float32),
-                                        ("tiled", torch.bfloat16), ("tiled", torch.float16)])  # fmt: skip
+                                        ("fast", torch.bfloat16), ("fast", torch.float16)])  # fmt: skip
 @pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[6], CASES[8]], ids=[IDS[0], IDS[4], IDS[6], IDS[8]])
 def test_cuda_against_reference(case, path, dtype, monkeypatch):
     """NATTEN's windows on both CUDA paths (POSATTN_CUDA_KERNEL), forward and every gradient."""
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", path)
-    D = 32 if path == "tiled" else 9
+    D = 32 if path == "fast" else 9
     x = make_relpos_inputs(case[0], H=2, D=D, Dv=D, pos=True, bias=True, requires_grad=True)
     kw = window_kw(case)
     out_ref, lse_ref = reference.relpos_attention(**x, **kw, return_lse=True)

@@ -12,7 +12,7 @@ from posattn import ops, reference
 # Every case of the reference comparisons runs on every kernel: the CPU's tiled and
 # windowed ones (with a threshold or window POSATTN_CPU_KERNEL picks either; the
 # automatic rule keeps the windowed one for small boxes) and, where a GPU is present,
-# CUDA's general path (float32 / float64; CUDA's tiled kernels: test_relpos_tiled_cuda.py).
+# CUDA's general path (float32 / float64; CUDA's fast kernels: test_relpos_fast_cuda.py).
 KERNELS = [
     pytest.param(("cpu", "tiled"), id="cpu-tiled"),
     pytest.param(("cpu", "window"), id="cpu-window"),

@@ -6,8 +6,10 @@ the plan gives them every such call under POSATTN_CUDA_KERNEL=auto (the backward
 shared memory fits: not D = 128 on 3-D grids; the offset kernel after it, or after the general
 backward where it does not fit, at every D on 1-3 axes: its rows in chunks where whole ones do
 not fit; in float32 not D = 128 on 2-3 axes); the output and lse match the float64
-reference and the tiled forward, the gradients the reference, bitwise the same on a
-second run. Run on a GPU machine; skipped cleanly without one."""
+reference and the general path, the gradients the reference, bitwise the same on a
+second run; POSATTN_CUDA_KERNEL=fast insists on them (an error where they cannot take a call),
+=general avoids them, =tiled (the WMMA tiled kernels, removed on 2026-11-29) is an error. Run on
+a GPU machine; skipped cleanly without one."""
 
 import pytest
 import torch
@@ -62,7 +64,7 @@ def auto(monkeypatch):
 @pytest.mark.parametrize("grid,kw", CASES)
 @pytest.mark.parametrize("D", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtype):
+def test_fast_forward_matches_reference_and_general(monkeypatch, grid, kw, D, dtype):
     inputs, args = split(kw)
     x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, requires_grad=True, **inputs)
     out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True, **args)
@@ -72,9 +74,9 @@ def test_fast_forward_matches_reference_and_tiled(monkeypatch, grid, kw, D, dtyp
     out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
     assert lse.dtype == torch.float32 and out.dtype == dtype
     assert rel_err(out, out_ref) < 2e-2 and rel_err(lse, lse_ref) < 2e-2
-    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
-    out_t, lse_t = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
-    assert rel_err(out, out_t) < 2e-2 and rel_err(lse, lse_t) < 2e-2
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
+    out_g, lse_g = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert rel_err(out, out_g) < 2e-2 and rel_err(lse, lse_g) < 2e-2
     monkeypatch.delenv("POSATTN_CUDA_KERNEL")
     g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
@@ -192,3 +194,59 @@ def test_fast_offset_kernel_orders_its_adds(monkeypatch, grid, kw):
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
     for name, t in grads().items():
         assert rel_err(first[name], t) < 2e-2, name
+
+
+def test_kernel_choice_is_checked(monkeypatch):
+    """POSATTN_CUDA_KERNEL: fast insists on the fast kernels (a ValueError saying why where they
+    cannot take the call), tiled is gone (a ValueError saying so), a misspelt value is an error."""
+    x = make_relpos_inputs([4, 4], D=64, Dv=64, dtype=torch.float32, device="cuda")
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "fastest")
+    with pytest.raises(ValueError, match="POSATTN_CUDA_KERNEL must be .auto., .general. or .fast., got .fastest."):
+        ops.relpos_attention(**x, grid=[4, 4])
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    with pytest.raises(ValueError, match="the tiled CUDA kernels were removed on 2026-11-29"):
+        ops.relpos_attention(**x, grid=[4, 4])
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "fast")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    with pytest.raises(ValueError, match="fast kernels cannot take this call: float32 goes through TF32"):
+        ops.relpos_attention(**x, grid=[4, 4])
+    with pytest.raises(ValueError, match="it takes float16, bfloat16 and"):
+        ops.relpos_attention(**{k: t.double() for k, t in x.items()}, grid=[4, 4])
+    xh = {k: t.half() for k, t in make_relpos_inputs([4, 4], D=48, Dv=48, device="cuda").items()}
+    with pytest.raises(ValueError, match=r"D == Dv in \{32, 64, 128\}"):
+        ops.relpos_attention(**xh, grid=[4, 4])
+    x4 = {k: t.half() for k, t in make_relpos_inputs([2, 3, 2, 3], D=32, Dv=32, device="cuda").items()}
+    with pytest.raises(ValueError, match="grids of at most 3 axes"):
+        ops.relpos_attention(**x4, grid=[2, 3, 2, 3])
+
+
+def test_more_than_three_axes_take_the_general_kernels(monkeypatch):
+    """A 4-D grid under auto: the general forward and backward (the fast kernels take 1-3 axes),
+    against the float64 reference."""
+    grid = [2, 3, 4, 5]
+    x = make_relpos_inputs(grid, B=1, H=2, D=32, Dv=32, sigma=True, requires_grad=True)
+    out_ref = reference.relpos_attention(**x, grid=grid, threshold=0.5)
+    xc = {
+        k: t.detach().to("cuda", torch.bfloat16 if k != "sigma" else torch.float32).requires_grad_()
+        for k, t in x.items()
+    }
+    plan = ops.relpos_plan(**xc, grid=grid, threshold=0.5, backward=True)
+    assert plan["backward"] == "general" and "at most 3 axes" in plan["reason"], plan
+    assert plan["offsets"] == "general", plan
+    out = ops.relpos_attention(**xc, grid=grid, threshold=0.5)
+    assert rel_err(out, out_ref) < 2e-2
+    g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = torch.autograd.grad((out_ref * g).sum(), list(x.values()))
+    got = torch.autograd.grad((out * g.to("cuda", torch.bfloat16)).sum(), list(xc.values()))
+    for name, a, b in zip(x, got, want):
+        assert rel_err(a, b) < 0.05, name
+
+
+def test_nan_and_fully_masked_rows():
+    """A NaN in one query gives that row NaN (out and lse), the others stay finite."""
+    x = make_relpos_inputs([6, 6], B=1, H=2, D=32, Dv=32, dtype=torch.float16, device="cuda")
+    x["q"][0, 1, 7, 3] = float("nan")
+    assert ops.relpos_plan(**x, grid=[6, 6])["forward"] == "fast"
+    out, lse = ops.relpos_attention(**x, grid=[6, 6], return_lse=True)
+    assert out[0, 1, 7].isnan().all() and lse[0, 1, 7].isnan()
+    assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, :7]).all()

@@ -95,28 +95,31 @@ def test_bad_arguments_raise_what_the_operator_raises():
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "dtype,D,path",
-    [(torch.float64, 8, "general"), (torch.bfloat16, 64, "tiled"), (torch.float16, 48, "general")],
+    [(torch.float64, 8, "general"), (torch.bfloat16, 64, "fast"), (torch.float16, 48, "general")],
 )
 def test_the_cuda_plan(dtype, D, path):
     q, k, v, qp, rel = inputs(dtype, "cuda", D)
     fwd = ops.relpos_plan(q, k, v, qp, rel, grid=GRID)
-    forward = "fast" if path == "tiled" else path  # (the fast kernels take what the tiled ones do here)
+    forward = path
     assert fwd["device"] == "cuda" and fwd["forward"] == forward and "error" not in fwd, fwd
     bwd = ops.relpos_plan(q, k, v, qp, rel, grid=GRID, backward=True)
     # d rel, d bias, d sigma: the fast offset kernel beside the fast backward (D = 64, 2-D: it fits)
     assert bwd["backward"] == forward and bwd["offsets"] == forward, bwd
     if path == "general":
         assert bwd["offsets"] == "general" and bwd["reason"].startswith("the fast kernels cannot take it")
-        assert fwd["reason"].startswith("the tiled kernels cannot take it"), fwd
+        assert fwd["reason"].startswith("the fast kernels cannot take it"), fwd
 
 
 @pytest.mark.cuda
 def test_the_cuda_plan_follows_the_environment(monkeypatch):
     q, k, v, qp, rel = inputs(torch.float64, "cuda")
-    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "fast")
     assert (
-        "POSATTN_CUDA_KERNEL=tiled, but the tiled kernel cannot take this call"
+        "POSATTN_CUDA_KERNEL=fast, but the fast kernels cannot take this call"
         in ops.relpos_plan(q, k, v, qp, rel, grid=GRID)["error"]
     )
+    monkeypatch.setenv("POSATTN_CUDA_KERNEL", "tiled")  # (removed on 2026-11-29: a clear error)
+    with pytest.raises(ValueError, match="the tiled CUDA kernels were removed"):
+        ops.relpos_plan(q, k, v, qp, rel, grid=GRID)
     monkeypatch.setenv("POSATTN_CUDA_KERNEL", "general")
     assert ops.relpos_plan(q, k, v, qp, rel, grid=GRID)["reason"] == "POSATTN_CUDA_KERNEL=general"

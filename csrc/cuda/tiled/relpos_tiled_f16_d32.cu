@@ -1,4 +1,0 @@
-// The tiled kernels of relpos_attention for __half inputs and D = 32 (see ../relpos_tiled.cuh).
-#include "../relpos_tiled_instance.cuh"
-
-template struct posattn::relpos::cuda_tiled::TiledKernels<__half, 32>;
