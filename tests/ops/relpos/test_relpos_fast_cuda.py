@@ -125,7 +125,7 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
     got = torch.autograd.grad((out * g.to("cuda", torch.float32)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, got, want):
-        assert rel_err(a, b) < 0.05, name  # (the tiled test's bound for its TF32 backward)
+        assert rel_err(a, b) < 0.05, name  # (TF32: 10 mantissa bits, summed over the keys)
     out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
     again = torch.autograd.grad((out * g.to("cuda", torch.float32)).sum() + lse.sum(), list(xc.values()))
     for name, a, b in zip(x, again, got):
@@ -134,14 +134,15 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     assert ops.relpos_plan(**xc, grid=grid, **args)["forward"] == "general"
 
 
-def test_calls_the_fast_forward_does_not_take_go_to_the_tiled_one():
+def test_calls_the_fast_forward_does_not_take_go_to_the_general_one():
     x = make_relpos_inputs([8, 8], B=1, H=2, D=64, Dv=64, sigma=True, dtype=torch.bfloat16, device="cuda")
     x["sigma"] = x["sigma"].float()
     assert ops.relpos_plan(**x, grid=[8, 8], threshold=0.2, window=2)["forward"] == "fast"
     nopos = {k: t for k, t in x.items() if k not in ("q_pos", "rel")}
     assert ops.relpos_plan(**nopos, grid=[8, 8], threshold=0.2)["forward"] == "fast"  # (the tables alone)
     x4 = make_relpos_inputs([2, 2, 2, 8], B=1, H=2, D=64, Dv=64, dtype=torch.bfloat16, device="cuda")
-    assert "at most 3 axes" in ops.relpos_plan(**x4, grid=[2, 2, 2, 8])["reason"]
+    plan4 = ops.relpos_plan(**x4, grid=[2, 2, 2, 8])
+    assert plan4["forward"] == "general" and "at most 3 axes" in plan4["reason"], plan4
 
 
 def test_non_finite_logits(monkeypatch):
@@ -240,13 +241,3 @@ def test_more_than_three_axes_take_the_general_kernels(monkeypatch):
     got = torch.autograd.grad((out * g.to("cuda", torch.bfloat16)).sum(), list(xc.values()))
     for name, a, b in zip(x, got, want):
         assert rel_err(a, b) < 0.05, name
-
-
-def test_nan_and_fully_masked_rows():
-    """A NaN in one query gives that row NaN (out and lse), the others stay finite."""
-    x = make_relpos_inputs([6, 6], B=1, H=2, D=32, Dv=32, dtype=torch.float16, device="cuda")
-    x["q"][0, 1, 7, 3] = float("nan")
-    assert ops.relpos_plan(**x, grid=[6, 6])["forward"] == "fast"
-    out, lse = ops.relpos_attention(**x, grid=[6, 6], return_lse=True)
-    assert out[0, 1, 7].isnan().all() and lse[0, 1, 7].isnan()
-    assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, :7]).all()
