@@ -24,8 +24,10 @@
 //                its 16 keys: dV += P^T dO, dK += dS'^T Q (ldmatrix.trans).
 // Two barriers per streamed box in the key-major kernel, one in the query-major (plus
 // one where the offset tile or the streamed box has a single stage: D = 64 on 3-D grids,
-// D = 128; the backward does not fit sm_90 at D = 128 on 3-D grids, which take the
-// general backward).
+// D = 128). At 16-bit D = 128 on 3-D grids the offset tile's rel rows come in two chunks
+// of 64 columns (BwdLayout::kDC; two barriers a chunk), the query-major kernel's d q_pos
+// taking them again after dS', the last chunk (still there) first. Float32 does not fit
+// sm_90 at D = 64 on 3-D grids nor at D = 128 (registers): the general backward.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -44,7 +46,6 @@ struct BwdLayout {
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
   static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
-  static constexpr int kRTile = kTileOffsets * kLd;
   static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the forward's
   static constexpr int kPbuf = 17 * kPLd;
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
@@ -53,18 +54,35 @@ struct BwdLayout {
   // stage the streamed box's (K, V; Q, q_pos, dO)
   static constexpr int kFixed = KEYS ? 2 : 3, kPer = KEYS ? 3 : 2;
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
-  static constexpr size_t bytes(int stages, int rel_stages) {
+  // (dc: the columns of the offset tile's rel rows held at a time)
+  static constexpr size_t bytes(int stages, int rel_stages, int dc = D) {
     const size_t tel = static_cast<size_t>((kFixed + stages * kPer) * kTile) +
-                       (POS ? rel_stages * kRTile : 0) +
+                       (POS ? rel_stages * kTileOffsets * (dc + kPad) : 0) +
                        (KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
     const size_t fl = POS ? kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
     return tel * sizeof(T) + fl * 4 + (KEYS ? 2 * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
   // two stages of the streamed box and of the offset tile where they fit, else one of the
-  // offset tile, else one of each (refilled after another barrier)
-  static constexpr int kStages = bytes(2, 1) <= kMaxSharedBytes ? 2 : 1;
+  // offset tile, else one of each (refilled after another barrier); else (POS) one of each
+  // with the offset tile's rel rows in chunks of kDC columns (the widest that fits: the
+  // positional products summed over the chunks; the query-major kernel's d q_pos takes them
+  // again, last chunk first, after dS')
+  static constexpr int chunk_columns() {
+    int dc = 0;  // (one return: nvcc warns of the loop after an early one)
+    // (16-bit types only: in float32 the query-major kernel spilled at D = 64 on 3-D grids, 96
+    // bytes of stack with chunks of 16, and at D = 128 its accumulators, 16 x D each for two
+    // gradients, leave too few registers)
+    for (int c = D / 2; POS && sizeof(T) == 2 && dc == 0 && c >= 16; c /= 2)
+      if (bytes(1, 1, c) <= kMaxSharedBytes) dc = c;
+    return dc;
+  }
+  static constexpr bool kWhole = bytes(1, 1) <= kMaxSharedBytes;
+  static constexpr int kDC = kWhole ? D : chunk_columns(), kRelChunks = kDC > 0 ? D / kDC : 1;
+  static constexpr int kStages = kWhole && bytes(2, 1) <= kMaxSharedBytes ? 2 : 1;
   static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kMaxSharedBytes ? 2 : 1;
-  static constexpr bool kFits = bytes(1, 1) <= kMaxSharedBytes;
+  static constexpr bool kFits = kDC > 0;
+  static constexpr int kRLd = (kDC > 0 ? kDC : D) + kPad;  // the offset tile's rows
+  static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
   static constexpr bool same_extents() {
@@ -210,7 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #else
   using L = BwdLayout<T, D, POS, NDIM, KEYS>;
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
-  constexpr int LD = L::kLd, KK = F::kK;
+  using LR = RelRows<L>;   // (the offset tile's rows)
+  constexpr int LD = L::kLd, KK = F::kK, DC = L::kDC > 0 ? L::kDC : D, RC = L::kRelChunks;
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -373,11 +392,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     __syncwarp();
   }
   // the offset tile between the query tile at qo and the key block at kb into rel stage
-  // rst: its rel rows and each warp's add / mul entries
-  const auto load_offsets = [&](int rst, const int* qo, const int* kb) {
-    load_offset_tile<T, D, NDIM, L>(smem + L::r_at(rst), rel, g.first_offset(qo, kb), U, rs, add, mul,
-                                    fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff,
-                                    lane);
+  // rst: its rel rows' columns [c DC, (c + 1) DC) (chunk c: all of them where RC = 1) and,
+  // with `tables`, each warp's add / mul entries
+  const auto load_offsets = [&](int rst, const int* qo, const int* kb, int c = 0, bool tables = true) {
+    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+                                         g.first_offset(qo, kb), U, rs, tables ? add : nullptr,
+                                         tables ? mul : nullptr, fsmem + L::table_at(rst, w, 0),
+                                         fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   const auto key_rows = [&](const int* kb) { return [&g, kb](const int* x) { return g.key_token(kb, x); }; };
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
@@ -479,19 +500,34 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       full = full && kb[a] >= lr.x && kend <= fr.y;
     }
 
-    // POS: the warp's positional products (the forward's)
+    // POS: the warp's positional products (the forward's), over RC chunks of the offset
+    // tile's columns (for_axes: a compile-time loop; each chunk after the first loaded once
+    // every warp is done with the one before)
     if constexpr (POS) {
-      if (active) {
-        // (tables only: unused, read from the unfilled stage; behind a branch on rel these
-        // loads made ptxas spill at D = 128)
-        uint32_t qpf[D / KK][4];
+      for_axes<RC>([&](auto chunk) {
+        constexpr int c = decltype(chunk)::value;
+        if constexpr (c > 0) {
+          warp::cp_async_wait<0>();
+          __syncthreads();  // chunk c visible to every warp
+        }
+        if (active) {
+          // (tables only: unused, read from the unfilled stage; behind a branch on rel these
+          // loads made ptxas spill at D = 128)
+          uint32_t qpf[DC / KK][4];
 #pragma unroll
-        for (int kk = 0; kk < D / KK; ++kk) F::load_a(qpf[kk], Qps + 16 * w * LD + KK * kk, LD, lane);
-        warp_positional_products<T, D, L, false>(
-            qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
-            fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
-        __syncwarp();
-      }
+          for (int kk = 0; kk < DC / KK; ++kk)
+            F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
+          warp_positional_products<T, DC, LR, false, c, RC>(
+              qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+              fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
+        }
+        if constexpr (c + 1 < RC) {
+          __syncthreads();  // every warp done with chunk c
+          load_offsets(0, qo, kb, c + 1, false);
+          warp::cp_async_commit();
+        }
+      });
+      if (active) __syncwarp();
       if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
         __syncthreads();  // every warp done with the offset tile: refill it with the next pair's
         if (j + 1 < total) {
@@ -536,24 +572,44 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
               box[pcol[i >> 1] - (lane / 4 + 8 * (i >> 1)) * (L::kPLd - L::kSLd) + kParts.col[nb] + (i & 1)] =
                   posattn::cuda::from_acc<T>(dp[nb][i]);
           __syncwarp();
-          const T* Rj = smem + L::r_at(rst);
+        }
+      }
+      if (POS && rel != nullptr) {
+        // the product per chunk of the offset tile's columns, the last chunk (still there from
+        // the positional products) first; each earlier one loaded once every warp is done with
+        // the one after it (RC = 1: the whole rows, no barrier)
+        const T* box = smem + L::kX + w * 16 * L::kSLd;
+        const T* Rj = smem + L::r_at(rst);
+        for_axes<RC>([&](auto back) {
+          constexpr int c = RC - 1 - decltype(back)::value;
+          if constexpr (c + 1 < RC) {
+            warp::cp_async_wait<0>();
+            __syncthreads();  // chunk c visible to every warp
+          }
+          if (active) {
 #pragma unroll 1
-          for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
-            uint32_t a[4];
-            F::load_a(a, box + KK * kk, L::kSLd, lane);
-            const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
+            for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
+              uint32_t a[4];
+              F::load_a(a, box + KK * kk, L::kSLd, lane);
+              const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
 #pragma unroll
-            for (int i = 0; i < F::kRowsPerLane; ++i)
-              rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * LD + F::bk_col(lane);
+              for (int i = 0; i < F::kRowsPerLane; ++i)
+                rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd += 2) {
-              uint32_t b[4];
-              F::load_b_krows(b, rows, 8 * nd);
-              F::mma(acc1[nd], a, {b[0], b[1]});
-              F::mma(acc1[nd + 1], a, {b[2], b[3]});
+              for (int nd = 0; nd < DC / 8; nd += 2) {
+                uint32_t b[4];
+                F::load_b_krows(b, rows, 8 * nd);
+                F::mma(acc1[c * DC / 8 + nd], a, {b[0], b[1]});
+                F::mma(acc1[c * DC / 8 + nd + 1], a, {b[2], b[3]});
+              }
             }
           }
-        }
+          if constexpr (c > 0) {
+            __syncthreads();  // every warp done with chunk c
+            load_offsets(0, qo, kb, c - 1, false);
+            warp::cp_async_commit();
+          }
+        });
       }
     } else {
       // P and dS' of the warp's 16 queries into the exchange (zeros where inactive)

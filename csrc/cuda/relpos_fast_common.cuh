@@ -205,6 +205,14 @@ inline bool has_offset_terms(const RelposParams& p) {
   return p.has_pos || p.has_bias || p.has_sigma;
 }
 
+// The offset tile's view of a forward or backward layout L whose offset tile may hold its rel
+// rows in chunks of columns: its rows kRLd apart (load_offset_tile and warp_positional_products
+// read L::kLd).
+template <typename L>
+struct RelRows : L {
+  static constexpr int kLd = L::kRLd;
+};
+
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
 // rows (D columns of rel's GD, from the column rel points at), zero-filled outside [0, U)
 // (none where rel is null: tables only); and the warp's add / mul entries (4-byte copies,
@@ -234,7 +242,9 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 
 // The warp's positional products into pbuf: column c of row i is (scale q_pos_i . rel[wrow
 // c] + add[c]) mul[c], with q_pos's A fragments qpf, the offset tile R; row 16 holds scale
-// mul[c] (has_mul). Tables only (R null, qpf unused): add[c] mul[c] in every row. UNROLL:
+// mul[c] (has_mul). Tables only (!with_rel: R and qpf unused): add[c] mul[c] in every row.
+// (R is never null: a null pointer here was converted to a shared address ahead of the branch,
+// which the simulator rejects, at 16-bit D = 128 on 3-D grids.) UNROLL:
 // the column loop unrolled (the forward) or not (the backward, whose accumulators leave
 // fewer registers). The caller syncs the warp before reading.
 // CHUNKS > 1: the D columns of q_pos (qpf) and R are chunk CHUNK of q_pos . rel's; the
@@ -243,12 +253,12 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
 // last finishes.
 template <typename T, int D, typename L, bool UNROLL, int CHUNK = 0, int CHUNKS = 1>
 __device__ __forceinline__ void warp_positional_products(const uint32_t (&qpf)[D / warp::Mma<T>::kK][4],
-                                                         const T* R, const int* wrow, const float* add_w,
-                                                         const float* mul_w, float* pbuf, int lane,
-                                                         float scale, bool has_add, bool has_mul) {
+                                                         const T* R, bool with_rel, const int* wrow,
+                                                         const float* add_w, const float* mul_w, float* pbuf,
+                                                         int lane, float scale, bool has_add, bool has_mul) {
   static_assert(CHUNK >= 0 && CHUNK < CHUNKS, "a chunk of the columns");
   constexpr bool kLast = CHUNK + 1 == CHUNKS;
-  if (R == nullptr) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
+  if (!with_rel) {  // 4 columns per lane and 16-byte stores (rows and tables 16-byte aligned)
     static_assert(L::kWarpCols % 4 == 0 && L::kPLd % 4 == 0 && L::kPbuf % 4 == 0, "float4 columns");
     // (the tables once, with the last chunk)
 #pragma unroll 1

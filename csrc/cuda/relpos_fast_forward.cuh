@@ -154,13 +154,6 @@ struct FwdLayout {
   static_assert(!kFits || kBytes <= kMaxSharedBytes, "sm_90's shared memory");
 };
 
-// The offset tile's view of a forward layout L: its rows kRLd apart (load_offset_tile and
-// warp_positional_products read L::kLd).
-template <typename L>
-struct RelRows : L {
-  static constexpr int kLd = L::kRLd;
-};
-
 // Grid (query tiles, H, B)
 // (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
 // spilled on the 1-D grid at D = 32; held to the blocks per SM that shared memory allows,
@@ -351,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     if constexpr (POS && !L::kQposSmem) {
       if (active) {
         warp_positional_products<T, D, LR, true>(
-            qpf, rel != nullptr ? smem + L::r_at(rst) : nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+            qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
             fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
         __syncwarp();  // the warp's products visible to its lanes
       }
@@ -380,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
               F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
           }
           warp_positional_products<T, DC, LR, true, c, RC>(
-              qpc, rel != nullptr ? smem + L::r_at(0) : nullptr, wrow, fsmem + L::table_at(0, w, 0),
+              qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
               fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
         }
         __syncthreads();  // every warp done with chunk c

@@ -502,8 +502,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
         }
         warp_positional_products<T, DC, L, false, c, kNC>(
-            qpf, pos ? smem + L::kR : nullptr, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1),
-            pbuf, lane, scale, has_add, has_mul);
+            qpf, smem + L::kR, pos, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf, lane,
+            scale, has_add, has_mul);
         warp_qk_and_dov<T, DC, LD, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
                                              w, lane);
       }

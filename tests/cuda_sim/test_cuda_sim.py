@@ -271,14 +271,12 @@ def _forward_path(c: Case) -> str:
 
 def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
-    shared memory fits (relpos_plan.cuh, fast_backward_refusal: with a term per offset, not
-    D = 128 on 3-D grids, nor in float32 D = 64 on 3-D grids or D = 128 on any; the control's
-    kernels fit there), else the general one (there is no tiled backward any more)."""
+    shared memory and registers allow (relpos_plan.cuh, fast_backward_refusal: with a term per
+    offset, not in float32 at D = 64 on 3-D grids or at D = 128 on any; the control's kernels fit
+    there; 16-bit D = 128 on 3-D grids with the offset tile in chunks), else the general one."""
     axes = len([n for n in c.grid if n > 1])
     terms = c.pos or c.bias or c.sigma
-    too_big = terms and (
-        axes >= 3 and (c.D == 128 or (c.D == 64 and c.dtype == F32)) or (c.D == 128 and c.dtype == F32)
-    )
+    too_big = terms and c.dtype == F32 and ((axes >= 3 and c.D == 64) or c.D == 128)
     if _forward_path(c) == "fast" and not too_big:
         return "fast"
     return "general"
@@ -655,9 +653,38 @@ AUTO = [
         backward=False,
     ),
     Case("fast-f16-d128-3d-add", F16, [6, 5, 9], path="auto", D=128, sigma=True, bias=True, B=1, H=1, backward=False),
-    # its backward: the general d q, d k, d v (the fast backward does not fit), then the fast offset
-    # kernel with its rows in four chunks of 32 columns, d rel in four quarters
-    Case("fast-f16-d128-3d-general-backward", F16, [2, 3, 5], path="auto", D=128, sigma=True, bias=True, B=1, H=1),
+    # its backward: the fast one with its offset tile in two chunks of 64 columns (the query-major
+    # kernel's d q_pos takes them again, last first), then the fast offset kernel with its rows in
+    # four chunks of 32 columns, d rel in four quarters; several tiles and key blocks, a window,
+    # causal, bitwise repeated; and the tables alone
+    Case("fast-f16-d128-3d-backward-chunks", F16, [2, 3, 5], path="auto", D=128, sigma=True, bias=True, B=1, H=1),
+    Case(
+        "fast-bf16-d128-3d-backward-chunks-window",
+        BF16,
+        [5, 6, 5],
+        path="auto",
+        D=128,
+        sigma=True,
+        threshold=0.4,
+        bias=True,
+        window=2,
+        causal=True,
+        B=1,
+        H=1,
+        repeats=2,
+    ),
+    Case(
+        "fast-f16-d128-3d-backward-chunks-nopos",
+        F16,
+        [4, 5, 6],
+        path="auto",
+        D=128,
+        pos=False,
+        bias=True,
+        sigma=True,
+        B=1,
+        H=1,
+    ),
     Case("fast-bf16-d32-2d-blocks", BF16, [17, 19], path="auto", D=32, sigma=True, span_mode="multiply", B=1, H=1),
     # the same kernel with its 50 blocks (25 tile offsets, 2 heads) running at once: without the
     # waits for the earlier overlapping blocks the adds race (2026-11-29: d bias 0.059 off, d rel
