@@ -25,9 +25,10 @@
 // Two barriers per streamed box in the key-major kernel, one in the query-major (plus
 // one where the offset tile or the streamed box has a single stage: D = 64 on 3-D grids,
 // D = 128). At 16-bit D = 128 on 3-D grids the offset tile's rel rows come in two chunks
-// of 64 columns (BwdLayout::kDC; two barriers a chunk), the query-major kernel's d q_pos
-// taking them again after dS', the last chunk (still there) first. Float32 does not fit
-// sm_90 at D = 64 on 3-D grids nor at D = 128 (registers): the general backward.
+// of 64 columns (BwdLayout::kDC; two barriers a chunk), at float32 D = 64 on 3-D grids in
+// four of 16, the query-major kernel's d q_pos taking them again after dS', the last chunk
+// (still there) first. Float32 at D = 128 does not fit sm_90 (registers): the general
+// backward.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -69,10 +70,9 @@ struct BwdLayout {
   // again, last chunk first, after dS')
   static constexpr int chunk_columns() {
     int dc = 0;  // (one return: nvcc warns of the loop after an early one)
-    // (16-bit types only: in float32 the query-major kernel spilled at D = 64 on 3-D grids, 96
-    // bytes of stack with chunks of 16, and at D = 128 its accumulators, 16 x D each for two
+    // (not float32 at D = 128: the query-major kernel's accumulators, 16 x D each for two
     // gradients, leave too few registers)
-    for (int c = D / 2; POS && sizeof(T) == 2 && dc == 0 && c >= 16; c /= 2)
+    for (int c = D / 2; POS && (sizeof(T) == 2 || D < 128) && dc == 0 && c >= 16; c /= 2)
       if (bytes(1, 1, c) <= kMaxSharedBytes) dc = c;
     return dc;
   }
@@ -82,6 +82,9 @@ struct BwdLayout {
   static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kMaxSharedBytes ? 2 : 1;
   static constexpr bool kFits = kDC > 0;
   static constexpr int kRLd = (kDC > 0 ? kDC : D) + kPad;  // the offset tile's rows
+  // the k-steps of Q K^T and dO V^T unrolled: half of them in the float32 query-major kernel
+  // with chunks (all: 64 bytes of spills at D = 64 on 3-D grids; half: none)
+  static constexpr int kQkUnroll = D / warp::Mma<T>::kK / (sizeof(T) == 4 && kRelChunks > 1 && !KEYS ? 2 : 1);
   static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
@@ -464,9 +467,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     const int stage = L::kStages == 2 ? (j - r0) & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
     warp::cp_async_wait<0>();
     __syncthreads();  // box j visible to every warp, every warp done with box j - 1's stage
-    int nx[NDIM];
-    origin_of(j + 1, nx);
+    // (the next box's origin computed where it is used: not held across the pair's work)
     if (L::kStages == 2 && j + 1 < total) {
+      int nx[NDIM];
+      origin_of(j + 1, nx);
       load_stream(stage ^ 1, nx);
       if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, KEYS ? nx : fo, KEYS ? fo : nx);
       warp::cp_async_commit();
@@ -501,36 +505,29 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     }
 
     // POS: the warp's positional products (the forward's), over RC chunks of the offset
-    // tile's columns (for_axes: a compile-time loop; each chunk after the first loaded once
-    // every warp is done with the one before)
+    // tile's columns
     if constexpr (POS) {
-      for_axes<RC>([&](auto chunk) {
-        constexpr int c = decltype(chunk)::value;
-        if constexpr (c > 0) {
-          warp::cp_async_wait<0>();
-          __syncthreads();  // chunk c visible to every warp
-        }
-        if (active) {
-          // (tables only: unused, read from the unfilled stage; behind a branch on rel these
-          // loads made ptxas spill at D = 128)
-          uint32_t qpf[DC / KK][4];
+      for_chunks<RC>(
+          [&](auto chunk) {
+            constexpr int c = decltype(chunk)::value;
+            if (!active) return;
+            // (tables only: unused, read from the unfilled stage; behind a branch on rel these
+            // loads made ptxas spill at D = 128)
+            uint32_t qpf[DC / KK][4];
 #pragma unroll
-          for (int kk = 0; kk < DC / KK; ++kk)
-            F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
-          warp_positional_products<T, DC, LR, false, c, RC>(
-              qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
-              fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
-        }
-        if constexpr (c + 1 < RC) {
-          __syncthreads();  // every warp done with chunk c
-          load_offsets(0, qo, kb, c + 1, false);
-          warp::cp_async_commit();
-        }
-      });
+            for (int kk = 0; kk < DC / KK; ++kk)
+              F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
+            warp_positional_products<T, DC, LR, false, c, RC>(
+                qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+                fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
+          },
+          [&](int next) { load_offsets(0, qo, kb, next, false); });
       if (active) __syncwarp();
       if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
         __syncthreads();  // every warp done with the offset tile: refill it with the next pair's
         if (j + 1 < total) {
+          int nx[NDIM];
+          origin_of(j + 1, nx);
           load_offsets(0, nx, fo);
           warp::cp_async_commit();
         }
@@ -540,8 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     float s[kBlockN / 8][4] = {};   // S, then P
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
     if (active) {
-      warp_logits_and_dp<T, D, POS, NDIM, L>(s, dp, Qs, dOs, Ks, Vs, w, lane, pbuf, pcol, ranges, qo, kb, g,
-                                             row_tok, scale, has_mul, p.causal, full);
+      warp_logits_and_dp<T, D, POS, NDIM, L, L::kQkUnroll>(s, dp, Qs, dOs, Ks, Vs, w, lane, pbuf, pcol,
+                                                           ranges, qo, kb, g, row_tok, scale, has_mul,
+                                                           p.causal, full);
       softmax_backward<NDIM, L, POS>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
                                      [](int, int, float, float) {});
     }
@@ -580,36 +578,28 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         // the one after it (RC = 1: the whole rows, no barrier)
         const T* box = smem + L::kX + w * 16 * L::kSLd;
         const T* Rj = smem + L::r_at(rst);
-        for_axes<RC>([&](auto back) {
-          constexpr int c = RC - 1 - decltype(back)::value;
-          if constexpr (c + 1 < RC) {
-            warp::cp_async_wait<0>();
-            __syncthreads();  // chunk c visible to every warp
-          }
-          if (active) {
+        for_chunks<RC, true>(
+            [&](auto chunk) {
+              constexpr int c = decltype(chunk)::value;
+              if (!active) return;
 #pragma unroll 1
-            for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
-              uint32_t a[4];
-              F::load_a(a, box + KK * kk, L::kSLd, lane);
-              const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
+              for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
+                uint32_t a[4];
+                F::load_a(a, box + KK * kk, L::kSLd, lane);
+                const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
 #pragma unroll
-              for (int i = 0; i < F::kRowsPerLane; ++i)
-                rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
+                for (int i = 0; i < F::kRowsPerLane; ++i)
+                  rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
 #pragma unroll
-              for (int nd = 0; nd < DC / 8; nd += 2) {
-                uint32_t b[4];
-                F::load_b_krows(b, rows, 8 * nd);
-                F::mma(acc1[c * DC / 8 + nd], a, {b[0], b[1]});
-                F::mma(acc1[c * DC / 8 + nd + 1], a, {b[2], b[3]});
+                for (int nd = 0; nd < DC / 8; nd += 2) {
+                  uint32_t b[4];
+                  F::load_b_krows(b, rows, 8 * nd);
+                  F::mma(acc1[c * DC / 8 + nd], a, {b[0], b[1]});
+                  F::mma(acc1[c * DC / 8 + nd + 1], a, {b[2], b[3]});
+                }
               }
-            }
-          }
-          if constexpr (c > 0) {
-            __syncthreads();  // every warp done with chunk c
-            load_offsets(0, qo, kb, c - 1, false);
-            warp::cp_async_commit();
-          }
-        });
+            },
+            [&](int next) { load_offsets(0, qo, kb, next, false); });
       }
     } else {
       // P and dS' of the warp's 16 queries into the exchange (zeros where inactive)
@@ -648,14 +638,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       // one stage: every warp done with the streamed box (the offset tile, dQpos's too): refill
       __syncthreads();
       if (j + 1 < total) {
+        int nx[NDIM];
+        origin_of(j + 1, nx);
         if constexpr (L::kStages == 1) load_stream(0, nx);
         if constexpr (POS && L::kRelStages == 1 && (L::kStages == 1 || !KEYS))
           load_offsets(0, KEYS ? nx : fo, KEYS ? fo : nx);
         warp::cp_async_commit();
       }
     }
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) so[a] = nx[a];
+    origin_of(j + 1, so);
   }
 
   warp::cp_async_wait<0>();  // (no copy left in flight at exit, also where nothing was visited)

@@ -205,6 +205,28 @@ inline bool has_offset_terms(const RelposParams& p) {
   return p.has_pos || p.has_bias || p.has_sigma;
 }
 
+// The offset tile's rows (or all of a pair's rows) in RC chunks of columns, a compile-time loop:
+// body(c) for chunk c = 0 ... RC - 1 (REVERSE: RC - 1 ... 0; c an integral_constant), each chunk
+// after the first waited for and made visible to every warp by a barrier before its body, and
+// `load(next)` issuing the next chunk's copies (committed here) once every warp is done with
+// this one. The first chunk is the caller's: copied before, or still there.
+template <int RC, bool REVERSE = false, typename Body, typename Load>
+__device__ __forceinline__ void for_chunks(Body&& body, Load&& load) {
+  for_axes<RC>([&](auto i) {
+    constexpr int k = decltype(i)::value, c = REVERSE ? RC - 1 - k : k;
+    if constexpr (k > 0) {
+      warp::cp_async_wait<0>();
+      __syncthreads();  // chunk c visible to every warp
+    }
+    body(std::integral_constant<int, c>{});
+    if constexpr (k + 1 < RC) {
+      __syncthreads();  // every warp done with chunk c
+      load(REVERSE ? c - 1 : c + 1);
+      warp::cp_async_commit();
+    }
+  });
+}
+
 // The offset tile's view of a forward or backward layout L whose offset tile may hold its rel
 // rows in chunks of columns: its rows kRLd apart (load_offset_tile and warp_positional_products
 // read L::kLd).

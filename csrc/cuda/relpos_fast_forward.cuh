@@ -356,32 +356,23 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
         }
       }
     } else if constexpr (POS) {
-      // the offset tile in RC chunks of DC columns (for_axes: a compile-time loop), q_pos's
-      // fragments of each from shared memory; each chunk after the first loaded once every
-      // warp is done with the one before
-      for_axes<RC>([&](auto chunk) {
-        constexpr int c = decltype(chunk)::value;
-        if constexpr (c > 0) {
-          warp::cp_async_wait<0>();
-          __syncthreads();  // chunk c visible to every warp
-        }
-        if (active) {
-          uint32_t qpc[DC / KK][4];
-          if (rel != nullptr) {
+      // the offset tile in RC chunks of DC columns, q_pos's fragments of each from shared memory
+      for_chunks<RC>(
+          [&](auto chunk) {
+            constexpr int c = decltype(chunk)::value;
+            if (!active) return;
+            uint32_t qpc[DC / KK][4];
+            if (rel != nullptr) {
 #pragma unroll
-            for (int kk = 0; kk < DC / KK; ++kk)
-              F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
-          }
-          warp_positional_products<T, DC, LR, true, c, RC>(
-              qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
-              fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
-        }
-        __syncthreads();  // every warp done with chunk c
-        if constexpr (c + 1 < RC) {
-          load_offsets(0, kb, c + 1);
-          warp::cp_async_commit();
-        }
-      });
+              for (int kk = 0; kk < DC / KK; ++kk)
+                F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
+            }
+            warp_positional_products<T, DC, LR, true, c, RC>(
+                qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
+                fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
+          },
+          [&](int next) { load_offsets(0, kb, next); });
+      __syncthreads();           // every warp done with the last chunk
       if (active) __syncwarp();  // the warp's products visible to its lanes
       // block j + 1's first chunk and (two stages) its keys, while this one is computed
       if (j + 1 < blocks) {

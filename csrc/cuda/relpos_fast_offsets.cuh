@@ -486,33 +486,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* Qp = smem + L::qpos_at(st);
     float s[kBlockN / 8][4] = {};   // S, then dA
     float dp[kBlockN / 8][4] = {};  // dP, then dS'
-    // the products over D, a chunk of columns at a time (for_axes: a compile-time loop; each
-    // chunk after the first is loaded once every warp is done with the one before)
-    for_axes<kNC>([&](auto chunk) {
-      constexpr int c = decltype(chunk)::value;
-      if constexpr (c > 0) {
-        warp::cp_async_wait<0>();
-        __syncthreads();  // chunk c visible to every warp
-      }
-      if (active) {
-        uint32_t qpf[DC / KK][4];
-        if (pos) {
+    // the products over D, a chunk of columns at a time
+    for_chunks<kNC>(
+        [&](auto chunk) {
+          constexpr int c = decltype(chunk)::value;
+          if (!active) return;
+          uint32_t qpf[DC / KK][4];
+          if (pos) {
 #pragma unroll
-          for (int kk = 0; kk < DC / KK; ++kk)
-            F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
-        }
-        warp_positional_products<T, DC, L, false, c, kNC>(
-            qpf, smem + L::kR, pos, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf, lane,
-            scale, has_add, has_mul);
-        warp_qk_and_dov<T, DC, LD, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
-                                             w, lane);
-      }
-      if constexpr (c + 1 < kNC) {
-        __syncthreads();  // every warp done with chunk c
-        load_chunk(c + 1, b, qo, kb);
-        warp::cp_async_commit();
-      }
-    });
+            for (int kk = 0; kk < DC / KK; ++kk)
+              F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
+          }
+          warp_positional_products<T, DC, L, false, c, kNC>(
+              qpf, smem + L::kR, pos, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf, lane,
+              scale, has_add, has_mul);
+          warp_qk_and_dov<T, DC, LD, kKUnroll>(s, dp, smem + L::kQ, smem + L::kDO, smem + L::kK, smem + L::kV,
+                                               w, lane);
+        },
+        [&](int next) { load_chunk(next, b, qo, kb); });
     if (active) {
       __syncwarp();  // (the positional products in pbuf)
       warp_finish_logits<true, NDIM, L>(s, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,

@@ -6,8 +6,8 @@
 // relpos_fast_backward.cuh) take float16 / bfloat16 calls, and float32 ones through TF32
 // where allowed, with D == Dv in {32, 64, 128} (q_pos optional; windows and span thresholds
 // included) on grids of 1-3 axes, on sm_80+ where their shared memory fits (the backward's
-// d q, d k, d v, d q_pos: not in float32 at D = 128 with a term per offset or at D = 64 on
-// 3-D grids with one, which take the general kernels);
+// d q, d k, d v, d q_pos: not in float32 at D = 128 with a term per offset, which takes the
+// general kernels);
 // d rel, d bias, d sigma of such calls come from the fast offset kernel
 // (relpos_fast_offsets.cuh) where its shared memory fits (all but float32 at D = 128 on 2-3
 // axes). The general kernels take every other call (float64, float32 without TF32, other

@@ -272,11 +272,10 @@ def _forward_path(c: Case) -> str:
 def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
     shared memory and registers allow (relpos_plan.cuh, fast_backward_refusal: with a term per
-    offset, not in float32 at D = 64 on 3-D grids or at D = 128 on any; the control's kernels fit
-    there; 16-bit D = 128 on 3-D grids with the offset tile in chunks), else the general one."""
-    axes = len([n for n in c.grid if n > 1])
+    offset, not in float32 at D = 128; the control's kernels fit there; 16-bit D = 128 and float32
+    D = 64 on 3-D grids with the offset tile in chunks), else the general one."""
     terms = c.pos or c.bias or c.sigma
-    too_big = terms and c.dtype == F32 and ((axes >= 3 and c.D == 64) or c.D == 128)
+    too_big = terms and c.dtype == F32 and c.D == 128
     if _forward_path(c) == "fast" and not too_big:
         return "fast"
     return "general"
@@ -791,9 +790,10 @@ AUTO = [
     ),
     Case("fast-tf32-d64-3d-window", F32, [5, 6, 7], path="auto", D=64, bias=True, window=2, B=1, H=1, backward=False),
     # the fast offset kernel's rows in chunks (csrc/cuda/relpos_fast_offsets.cuh, offsets_shape):
-    # float32 D = 32 on 3-D (two chunks of 16 columns, d rel in halves) after the fast backward;
-    # D = 64 on 3-D (four chunks, quarters) and D = 128 on 1-D (four chunks of 32, halves) after
-    # the general d q, d k, d v (the fast backward does not fit), D = 128 after the tiled forward
+    # float32 D = 32 on 3-D (two chunks of 16 columns, d rel in halves) and D = 64 on 3-D (four
+    # chunks, quarters) after the fast backward (at D = 64 its offset tile in four chunks too);
+    # D = 128 on 1-D (four chunks of 32, halves) after the general d q, d k, d v (the fast
+    # backward does not fit)
     Case(
         "fast-tf32-d32-3d-offsets-chunks",
         F32,
@@ -808,6 +808,25 @@ AUTO = [
         repeats=2,
     ),
     Case("fast-tf32-d64-3d-offsets-chunks", F32, [3, 5, 6], path="auto", D=64, sigma=True, causal=True, B=1, H=1),
+    # the fast backward at float32 D = 64 on 3-D grids: its offset tile's rel rows in four chunks
+    # of 16 columns (BwdLayout::kDC), d q_pos taking them again last first; several tiles and key
+    # blocks per tile, a window, a span box, bitwise repeated; and the tables alone
+    Case(
+        "fast-tf32-d64-3d-backward-chunks-window",
+        F32,
+        [5, 6, 5],
+        path="auto",
+        D=64,
+        sigma=True,
+        span_mode="multiply",
+        threshold=0.4,
+        bias=True,
+        window=2,
+        B=1,
+        H=1,
+        repeats=2,
+    ),
+    Case("fast-tf32-d64-3d-backward-chunks-nopos", F32, [4, 5, 6], path="auto", D=64, pos=False, bias=True, B=1, H=1),
     Case("fast-tf32-d128-1d-offsets-chunks", F32, [70], path="auto", D=128, sigma=True, bias=True, B=1, H=1),
     # float32 D = 128 with a term per offset: the fast forward with q_pos in shared memory and the
     # offset tile in chunks of columns (FwdLayout::shape: on 1 axis K and V in two stages, 4
