@@ -3,7 +3,8 @@ relpos_fast_backward.cuh and relpos_fast_offsets.cuh, FlashAttention-2-class: fl
 bfloat16, D == Dv in {32, 64, 128}, grids of 1-3 axes; q_pos, windows and span thresholds optional;
 the forward in float32 through TF32 too, at D = 128 with a term per offset its offset tile in chunks):
 the plan gives them every such call under POSATTN_CUDA_KERNEL=auto (the backward where its
-shared memory fits, at D = 128 on 3-D grids with its offset tile in chunks; the offset kernel after it, or after the general
+shared memory fits, at D = 128 on 3-D grids with its offset tile in chunks (in float32 at D = 64 on
+3-D grids, not at D = 128 with a term per offset); the offset kernel after it, or after the general
 backward where it does not fit, at every D on 1-3 axes: its rows in chunks where whole ones do
 not fit; in float32 not D = 128 on 2-3 axes); the output and lse match the float64
 reference and the general path, the gradients the reference, bitwise the same on a
@@ -100,9 +101,8 @@ def test_fast_forward_matches_reference_and_general(monkeypatch, grid, kw, D, dt
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     """float32 with TF32 allowed: the fast forward (at D = 128 with a term per offset its offset tile in
-    chunks) and the fast backward where it fits (not D = 128 with a term per offset, nor D = 64 on
-    3-D grids with one), d rel,
-    d bias, d sigma from the fast offset kernel but at D = 128 on 2-3 axes (there the general
+    chunks) and the fast backward where it fits (not D = 128 with a term per offset; at D = 64 on
+    3-D grids with one, its offset tile in chunks), d rel, d bias, d sigma from the fast offset kernel but at D = 128 on 2-3 axes (there the general
     one), deterministic; TF32 not allowed: the general path."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     inputs, args = split(kw)
@@ -114,7 +114,7 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     assert plan["forward"] == "fast", plan
     bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
     axes = len([n for n in grid if n > 1])
-    fits = not (terms and (D == 128 or (axes >= 3 and D == 64)))
+    fits = not (terms and D == 128)
     assert (bplan["backward"] == "fast") == fits, bplan
     if terms:  # (the fast offset kernel in float32: not D = 128 on 2-3 axes, where nothing fits)
         assert bplan["offsets"] == ("general" if D == 128 and axes >= 2 else "fast"), bplan
