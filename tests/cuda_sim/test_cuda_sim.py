@@ -756,11 +756,11 @@ AUTO = [
         backward=False,
     ),
     # float32 through TF32 on the fast forward and backward (d rel, d bias, d sigma from the fast
-    # offset kernel at D = 32 on 1-2 axes and D = 64 on 1, else the tiled one; the tiled-tf32-* and
-    # tiled-f32-* cases above take them too): 1-D tiles and key blocks with a tail, causal, a span
-    # box, the backward bitwise repeated; D = 64 on 1 axis with span multiply; 3-D with a window
-    # and its offset tile in one stage (forward only: the fast backward does not fit at D = 64 in
-    # 3-D); the control at D = 128; the tables alone with non-finite biases
+    # offset kernel; the tiled-tf32-* and tiled-f32-* cases above take them too): 1-D tiles and key
+    # blocks with a tail, causal, a span box, the backward bitwise repeated; D = 64 on 1 axis with
+    # span multiply; 3-D with a window and its offset tile in one stage (forward only: the chunked
+    # backward at D = 64 in 3-D has cases of its own below); the control at D = 128; the tables
+    # alone with non-finite biases
     Case(
         "fast-tf32-d32-1d-causal-span",
         F32,
