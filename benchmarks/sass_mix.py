@@ -196,23 +196,24 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
             REPO / "tests" / "cuda_sim" / "fast_forward.cu", [f"FAST_T={args.dtype}", f"FAST_D={args.d}"],
             work / "fast.cubin",
         )  # fmt: skip
+        # (the kernels of the layout class of sm_90, Li0EE: fast_forward.cu holds every class's)
         if args.backward:  # (fast_forward.cu holds the backward's kernels too)
             jobs += [
-                ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0E"),
-                ("fast dk/dv, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb1E"),
-                ("fast dq, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb0E"),
-                ("fast dk/dv, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb1E"),
-                ("fast dq, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb0E"),
-                ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1E"),
-                ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0E"),
-                ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1E"),
+                ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0ELi0EE"),
+                ("fast dk/dv, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb1ELi0EE"),
+                ("fast dq, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb0ELi0EE"),
+                ("fast dk/dv, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb1ELi0EE"),
+                ("fast dq, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb0ELi0EE"),
+                ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1ELi0EE"),
+                ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0ELi0EE"),
+                ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1ELi0EE"),
             ]  # (the tiled backward's WMMA kernels, against which BENCHMARKS.md compared these, are gone)
             return _run_jobs(jobs, cuobjdump)
         jobs += [
-            ("fast forward, FA2 control (2-D boxes)", fast, "fast_forward_kernel Lb0ELi2E"),
-            ("fast forward, positional (1-D)", fast, "fast_forward_kernel Lb1ELi1E"),
-            ("fast forward, positional (2-D)", fast, "fast_forward_kernel Lb1ELi2E"),
-            ("fast forward, positional (3-D)", fast, "fast_forward_kernel Lb1ELi3E"),
+            ("fast forward, FA2 control (2-D boxes)", fast, "fast_forward_kernel Lb0ELi2ELi0EE"),
+            ("fast forward, positional (1-D)", fast, "fast_forward_kernel Lb1ELi1ELi0EE"),
+            ("fast forward, positional (2-D)", fast, "fast_forward_kernel Lb1ELi2ELi0EE"),
+            ("fast forward, positional (3-D)", fast, "fast_forward_kernel Lb1ELi3ELi0EE"),
         ]  # (the tiled forward's WMMA kernel, against which BENCHMARKS.md compared these, is gone)
     return _run_jobs(jobs, cuobjdump)
 

@@ -43,8 +43,9 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
 
 def short_name(mangled: str) -> str:
-    if "fast_backward_kernel" in mangled:  # KEYS is the last template argument: ...Lb1EE
-        return "fast dk/dv" if "Lb1EE" in mangled else "fast dq"
+    if "fast_backward_kernel" in mangled:  # KEYS, then the layout class SC: ...Lb1ELi0EE
+        keys = re.search(r"Lb([01])ELi\d+EE", mangled)
+        return "fast dk/dv" if keys and keys.group(1) == "1" else "fast dq"
     for key, name in (
         ("fast_offsets_order_kernel", "fast offsets: their order's table"),
         ("fast_offsets_kernel", "fast offsets (d rel, d bias, d sigma)"),
@@ -79,9 +80,11 @@ def run(
     H: int = 1,
     terms: str = "pos",
     offsets: str = None,
+    smem_optin: int = simlib.PLAN_SMEM_OPTIN,
 ):
-    # terms: what the logits have per offset: "pos" (q_pos . rel), "bias" (a bias alone: the fast
-    # kernels' tables only), "none" (plain attention: the fast path runs its control's kernels)
+    # terms: what the logits have per offset: "pos" (q_pos . rel), "all" (q_pos . rel, a bias and a
+    # span, add), "bias" (a bias alone: the fast kernels' tables only), "none" (plain attention: the
+    # fast path runs its control's kernels)
     # path "fast": the plan's choice (POSATTN_CUDA_KERNEL=auto), "general": the general kernels;
     # offsets "general" forces the general offset kernel (d rel, d bias, d sigma)
     if path not in ("fast", "general"):
@@ -96,21 +99,24 @@ def run(
         gout=rand(1, H, N, D),
         glse=torch.zeros(1, H, N, dtype=torch.float32),
     )
-    if terms == "pos":
+    if terms in ("pos", "all"):
         arrays.update(q_pos=rand(1, H, N, D), rel=rand(H, U, D))
+    if terms == "all":
+        arrays.update(bias=rand(H, U), sigma=0.3 + 0.4 * torch.rand(H, len(grid), generator=g, dtype=torch.float64))
     elif terms == "bias":
         arrays.update(bias=rand(H, U))
     settings = dict(
         op="relpos",
-        **simlib.plan_settings("auto" if path == "fast" else "general"),
+        **simlib.plan_settings("auto" if path == "fast" else "general", smem_optin),
         general_offsets=int(offsets == "general"),
         B=1,
         H=H,
         D=D,
         Dv=D,
         grid=list(grid),
-        has_pos=int(terms == "pos"),
-        has_bias=int(terms == "bias"),
+        has_pos=int(terms in ("pos", "all")),
+        has_bias=int(terms in ("bias", "all")),
+        has_sigma=int(terms == "all"),
         scale=repr(D**-0.5),
         window=window,
         window_shift=1 if window else 0,
@@ -119,7 +125,7 @@ def run(
     )
     case = (
         workdir
-        / f"{path}-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+        / f"{path}-{smem_optin}-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
     )
     res = simlib.run_case(
         simlib.harness(dtype, D if path == "fast" else None),
@@ -156,9 +162,10 @@ def main():
     ap.add_argument("--heads", type=int, default=1, help="heads H (B = 1): H query tiles per tile of the grid")
     ap.add_argument(
         "--terms",
-        choices=("pos", "bias", "none"),
+        choices=("pos", "all", "bias", "none"),
         default="pos",
-        help="the logits' terms per offset: q_pos . rel (default), a bias alone, or none (plain attention)",
+        help="the logits' terms per offset: q_pos . rel (default), all (q_pos . rel, a bias and a span), a bias "
+        "alone, or none (plain attention)",
     )
     ap.add_argument(
         "--dtype", choices=sorted(DTYPES), default="bf16", help="the inputs' type (f32: through TF32 tensor cores)"
@@ -168,6 +175,14 @@ def main():
         "--offsets",
         choices=("general",),
         help="d rel, d bias, d sigma from this offset kernel, not the plan's",
+    )
+    ap.add_argument(
+        "--smem-optin",
+        type=int,
+        default=simlib.PLAN_SMEM_OPTIN,
+        help="the opt-in shared memory per block of the device the plan is made for: its class of fast "
+        f"layouts (default {simlib.SMEM_H100}, an H100's; {simlib.SMEM_A100}: an A100's; {simlib.SMEM_SM86}: an "
+        "RTX 30 / 40's, A10's, L4's)",
     )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
@@ -203,6 +218,7 @@ def main():
                     H=args.heads,
                     terms=args.terms,
                     offsets=args.offsets,
+                    smem_optin=args.smem_optin,
                 ),
                 jobs,
             )
@@ -220,7 +236,7 @@ def main():
         )
     print(
         f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = {args.dim}, "
-        f"B = 1, offsets: {args.offsets or 'the plan'}, "
+        f"B = 1, offsets: {args.offsets or 'the plan'}, smem_optin {args.smem_optin}, "
         f"H = {args.heads}, "
         f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )

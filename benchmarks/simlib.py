@@ -81,10 +81,11 @@ def _sources_hash(source: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def build(source: Path, name: str, defines: Sequence[str] = ()) -> Path:
+def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = False) -> Path:
     """The simulator binary `name` of the torch-free CUDA program `source` (compiled
     with -Icsrc, the -D`defines` and torch's half flags, PTX for compute_80), built
-    if it or a header of csrc/ changed. Safe to call from several processes at once."""
+    if it or a header of csrc/ changed. Safe to call from several processes at once.
+    host: a program with no kernel and no CUDA call (plan_table.cu), run on the CPU."""
     BUILD.mkdir(parents=True, exist_ok=True)
     binary = BUILD / f"{name}-{_sources_hash(source)}"
     with open(BUILD / f"{name}.lock", "w") as lock:
@@ -99,10 +100,7 @@ def build(source: Path, name: str, defines: Sequence[str] = ()) -> Path:
                 *FLAGS,
                 "-diag-suppress",
                 "177",
-                "-gencode",
-                "arch=compute_80,code=compute_80",
-                "-cudart",
-                "shared",
+                *([] if host else ["-gencode", "arch=compute_80,code=compute_80", "-cudart", "shared"]),
                 f"-I{CSRC}",
                 *(f"-D{d}" for d in defines),
                 "-o",
@@ -125,21 +123,27 @@ def harness(dtype: torch.dtype, fast_d: Optional[int] = None) -> Path:
 
 # ---- cases -----------------------------------------------------------------------
 
-# The device the relpos cases plan for (case.txt's smem_optin): an H100 / H200, whose
-# opt-in shared memory per block this is. The harness makes the extension's plan
-# (csrc/cuda/relpos_plan.cuh) for it, and runs and reports what the plan chose.
-PLAN_SMEM_OPTIN = 232448
+# The devices the relpos cases plan for (case.txt's smem_optin: the opt-in shared memory per
+# block): by default an H100 / H200's. The harness makes the extension's plan
+# (csrc/cuda/relpos_plan.cuh) for it, runs what the plan chose (the fast kernels in the layouts
+# of the device's class, csrc/cuda/relpos_fast_common.cuh) and reports it. The simulator itself
+# enforces no such limit: the launchers refuse a layout larger than smem_optin.
+SMEM_H100 = 232448  # sm_90: H100, H200
+SMEM_A100 = 166912  # sm_80: A100
+SMEM_SM86 = 101376  # sm_86 / sm_89: RTX 30 / 40, A10, L4, L40
+PLAN_SMEM_OPTIN = SMEM_H100
 
 
-def plan_settings(path: str) -> Dict[str, object]:
-    """case.txt lines that make the harness plan a relpos call as the extension does on
-    an H100 / H200: path "auto" with POSATTN_CUDA_KERNEL=auto (the fast kernels where they
-    take the call, else the general ones), "fast" with POSATTN_CUDA_KERNEL=fast, "general"
-    with POSATTN_CUDA_KERNEL=general."""
+def plan_settings(path: str, smem_optin: int = PLAN_SMEM_OPTIN) -> Dict[str, object]:
+    """case.txt lines that make the harness plan a relpos call as the extension does on a
+    device with `smem_optin` bytes of opt-in shared memory per block (default an H100 / H200's):
+    path "auto" with POSATTN_CUDA_KERNEL=auto (the fast kernels where they take the call, else
+    the general ones), "fast" with POSATTN_CUDA_KERNEL=fast, "general" with
+    POSATTN_CUDA_KERNEL=general."""
     requests = {"auto": "auto", "fast": "fast", "general": "general"}
     if path not in requests:
         raise ValueError(f"path must be one of {sorted(requests)}, got {path!r}")
-    return dict(request=requests[path], smem_optin=PLAN_SMEM_OPTIN)
+    return dict(request=requests[path], smem_optin=int(smem_optin))
 
 
 def write_tensor(path: Path, t: torch.Tensor) -> None:
@@ -185,13 +189,20 @@ def run(
     rundir=None,
     extra_env: Optional[Dict[str, str]] = None,
 ):
-    """Runs `binary` on the simulator (timing: GPGPU-Sim's cycle model, much slower;
-    rundir: keep the simulator's run directory, with its log, there; extra_env: more
-    environment variables for the program); the process."""
+    """Runs `binary` on the simulator (timing: GPGPU-Sim's cycle model, much slower; else
+    with the race check on, fatal; rundir: keep the simulator's run directory, with its log,
+    there; extra_env: more environment variables for the program); the process."""
     env = dict(os.environ, **(extra_env or {}))
     env.pop("GPUSIM_TIMING", None)
     if timing:
         env["GPUSIM_TIMING"] = "1"
+    else:
+        # the kit's race check (its README, "Race check"): a shared-memory hazard between warps or
+        # lanes of a block (a missing barrier, __syncwarp or cp.async wait) ends the run with status
+        # 97, which the tests see as a failure; GPUSIM_RACECHECK=0 in the environment turns it off
+        env.setdefault("GPUSIM_RACECHECK", "fatal")
+        if env["GPUSIM_RACECHECK"] == "0":
+            del env["GPUSIM_RACECHECK"]
     env.pop("GPUSIM_RUNDIR", None)
     if rundir is not None:
         env["GPUSIM_RUNDIR"] = str(rundir)

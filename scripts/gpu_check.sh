@@ -11,7 +11,11 @@
 #             kernel (scripts/gpu_sanitize_cases.py)
 #   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
 #   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
-# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [profile]
+#   small     the sanitizers and the relpos benchmark again with the plan made for a smaller GPU
+#             (POSATTN_CUDA_SMEM_OPTIN=$GPU_CHECK_SMEM_OPTIN, default 101376: an RTX 30 / 40's, A10's,
+#             L4's; 166912: an A100's): what those devices run, measured here (not in the default run;
+#             its benchmark table: bench_small.md)
+# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [profile] [small]
 #   (default: build test sanitize bench)
 # Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
 # GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64"; "--dtype float32
@@ -19,7 +23,7 @@
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
 # device, versions and each step's status and seconds), build.log, pytest.log,
 # sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json (profile: ncu.log
-# instead of build.log when run alone). Steps share one
+# instead of build.log when run alone; small: bench_small.md). Steps share one
 # deadline (GPU_CHECK_SECONDS, default 560 s: a device call is limited to 600 s); a step
 # that would not fit is skipped and says so, and a later call can run it alone
 # (`bash scripts/gpu_check.sh bench`: the build stays on a warm machine, and `build` is
@@ -120,12 +124,21 @@ print("CUDA kernels registered")'
         --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
+    small)
+      small=${GPU_CHECK_SMEM_OPTIN:-101376}
+      for tool in memcheck racecheck; do
+        run "small-sanitize-$tool" "${GPU_CHECK_SANITIZE_SECONDS:-150}" "$OUT/sanitizer.log" env POSATTN_CUDA_SMEM_OPTIN="$small" \
+          compute-sanitizer --tool "$tool" --error-exitcode 1 "$PY" scripts/gpu_sanitize_cases.py
+      done
+      run small-bench "${GPU_CHECK_BENCH_SECONDS:-300}" "$OUT/bench.log" env POSATTN_CUDA_SMEM_OPTIN="$small" \
+        "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 ${GPU_CHECK_BENCH_ARGS:-} --markdown "$OUT/bench_small.md"
+      ;;
     profile)
       run profile 240 "$OUT/ncu.log" ncu --set basic --kernel-name "regex:relpos|fast_forward|fast_backward|fast_offsets" --launch-count 12 \
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, profile)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, profile, small)" >&2
       exit 2
       ;;
   esac

@@ -44,7 +44,13 @@ struct CudaPlan {
   int64_t dsig_partials = 0;
   int64_t offset_order = 0;  // the fast offset kernel's ordering ints (RelposTensors::offset_order)
   size_t smem = 0;           // the largest dynamic shared memory per block among its launches
-  std::string error;         // not empty: the call cannot run on this device (a ValueError with this text)
+  // the device it was made for: its opt-in shared memory per block, the class of fast layouts
+  // that follows from it (its name; empty: below the smallest), and the layout each fast kernel
+  // family runs in (empty where it does not run)
+  size_t smem_optin = 0;
+  std::string layout_class;
+  std::string forward_layout, backward_layout, offsets_layout;
+  std::string error;  // not empty: the call cannot run on this device (a ValueError with this text)
 };
 
 inline const char* kernels_name(CudaPlan::Kernels k) {
@@ -83,6 +89,11 @@ inline std::string describe(const CudaPlan& p, bool backward) {
     s += "offsets_reason: " + p.offsets_reason + "\n";
   }
   s += "smem: " + std::to_string(p.smem) + "\n";
+  s += "smem_optin: " + std::to_string(p.smem_optin) + "\n";
+  if (!p.layout_class.empty()) s += "layout_class: " + p.layout_class + "\n";
+  if (!p.forward_layout.empty()) s += "forward_layout: " + p.forward_layout + "\n";
+  if (!p.backward_layout.empty()) s += "backward_layout: " + p.backward_layout + "\n";
+  if (!p.offsets_layout.empty()) s += "offsets_layout: " + p.offsets_layout + "\n";
   if (!p.error.empty()) s += "error: " + p.error + "\n";
   return s;
 }

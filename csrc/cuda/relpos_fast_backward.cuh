@@ -36,8 +36,10 @@
 
 namespace posattn::relpos::cuda_fast {
 
-template <typename T, int D, bool POS, int NDIM, bool KEYS>
+// SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
+template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC = 0>
 struct BwdLayout {
+  static constexpr size_t kBudget = smem_budget(SC);
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
   // (16 bytes of row padding, as the forward's: for float the strides of kLd, kSLd and kXLd are
   // 4 mod 8 words, which keeps the TF32 fragments' 32-bit loads free of bank conflicts)
@@ -52,8 +54,10 @@ struct BwdLayout {
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
   static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
   // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per
-  // stage the streamed box's (K, V; Q, q_pos, dO)
-  static constexpr int kFixed = KEYS ? 2 : 3, kPer = KEYS ? 3 : 2;
+  // stage the streamed box's (K, V; Q, q_pos, dO); the control's (!POS) without q_pos, dO the
+  // query box's kDO-th
+  static constexpr int kDO = POS ? 2 : 1;
+  static constexpr int kFixed = KEYS ? 2 : kDO + 1, kPer = KEYS ? kDO + 1 : 2;
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
   // (dc: the columns of the offset tile's rel rows held at a time)
   static constexpr size_t bytes(int stages, int rel_stages, int dc = D) {
@@ -73,13 +77,13 @@ struct BwdLayout {
     // (not float32 at D = 128: the query-major kernel's accumulators, 16 x D each for two
     // gradients, leave too few registers)
     for (int c = D / 2; POS && (sizeof(T) == 2 || D < 128) && dc == 0 && c >= 16; c /= 2)
-      if (bytes(1, 1, c) <= kMaxSharedBytes) dc = c;
+      if (bytes(1, 1, c) <= kBudget) dc = c;
     return dc;
   }
-  static constexpr bool kWhole = bytes(1, 1) <= kMaxSharedBytes;
+  static constexpr bool kWhole = bytes(1, 1) <= kBudget;
   static constexpr int kDC = kWhole ? D : chunk_columns(), kRelChunks = kDC > 0 ? D / kDC : 1;
-  static constexpr int kStages = kWhole && bytes(2, 1) <= kMaxSharedBytes ? 2 : 1;
-  static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kMaxSharedBytes ? 2 : 1;
+  static constexpr int kStages = kWhole && bytes(2, 1) <= kBudget ? 2 : 1;
+  static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kBudget ? 2 : 1;
   static constexpr bool kFits = kDC > 0;
   static constexpr int kRLd = (kDC > 0 ? kDC : D) + kPad;  // the offset tile's rows
   // the k-steps of Q K^T and dO V^T unrolled: half of them in the float32 query-major kernel
@@ -116,7 +120,22 @@ struct BwdLayout {
   static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
   static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0,
                 "the regions aligned (float2, int2)");
+  static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
+  // what makes one layout another: its chunks and stages
+  static constexpr int kKey = kFits ? (kDC * 4 + kStages) * 4 + kRelStages : -1;
 };
+
+// The largest class (the smallest SC) whose layout of this kernel is class SC's: the one
+// instance that runs both (relpos_fast_common.cuh).
+template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC>
+constexpr int bwd_canonical_class() {
+  if constexpr (SC > 0) {
+    if constexpr (BwdLayout<T, D, POS, NDIM, KEYS, SC - 1>::kKey ==
+                  BwdLayout<T, D, POS, NDIM, KEYS, SC>::kKey)
+      return bwd_canonical_class<T, D, POS, NDIM, KEYS, SC - 1>();
+  }
+  return SC;
+}
 
 // The warp's products over D columns of a (query tile, key block) pair, added to s and dp:
 // Q K^T (Qs, Ks) and dO V^T (dOs, Vs), the tile's and the key block's rows at row stride LD.
@@ -224,12 +243,12 @@ __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], flo
 }
 
 // Grid (fixed boxes, H, B)
-template <typename T, int D, bool POS, int NDIM, bool KEYS>
+template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC>
 __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
-  using L = BwdLayout<T, D, POS, NDIM, KEYS>;
+  using L = BwdLayout<T, D, POS, NDIM, KEYS, SC>;
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   using LR = RelRows<L>;   // (the offset tile's rows)
   constexpr int LD = L::kLd, KK = F::kK, DC = L::kDC > 0 ? L::kDC : D, RC = L::kRelChunks;
@@ -414,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       const auto tok = [&](unsigned r) { return query_token(so, static_cast<int>(r)); };
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 0), q, tok);
       if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 1), qp, tok);
-      load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 2), dout, tok);
+      load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, L::kDO), dout, tok);
       if (threadIdx.x < kBlockM) {
         float* rows = reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64;
         const int r = tok(threadIdx.x);
@@ -429,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     const auto tok = [&](unsigned r) { return query_token(fo, static_cast<int>(r)); };
     load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
     if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(1), qp, tok);
-    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(2), dout, tok);
+    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(L::kDO), dout, tok);
     fill_ranges(fo);
   } else {
     load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::fixed_at(0), k, smem + L::fixed_at(1), v,
@@ -478,8 +497,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     const int* qo = KEYS ? so : fo;  // this pair's query tile and key block
     const int* kb = KEYS ? fo : so;
     const T* Qs = KEYS ? smem + L::staged_at(stage, 0) : smem + L::fixed_at(0);
-    const T* Qps = KEYS ? smem + L::staged_at(stage, 1) : smem + L::fixed_at(1);
-    const T* dOs = KEYS ? smem + L::staged_at(stage, 2) : smem + L::fixed_at(2);
+    const T* Qps = KEYS ? smem + L::staged_at(stage, 1) : smem + L::fixed_at(1);  // (POS only)
+    const T* dOs = KEYS ? smem + L::staged_at(stage, L::kDO) : smem + L::fixed_at(L::kDO);
     const T* Ks = KEYS ? smem + L::fixed_at(0) : smem + L::staged_at(stage, 0);
     const T* Vs = KEYS ? smem + L::fixed_at(1) : smem + L::staged_at(stage, 1);
     if constexpr (KEYS) {
@@ -669,12 +688,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #endif
 }
 
-// Launches both backward kernels over every (batch, head) and box. The caller has checked
-// sm_80+ and the shared memory (fast_backward_bytes) within the device's opt-in
-// limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), gout 16-byte
-// aligned, dq, dk, dv (dq_pos) aligned to two elements, and gout, rowd, lse, dq, dk, dv given.
+// Launches both backward kernels over every (batch, head) and box, each in its layout of the
+// class of a device with `optin` bytes of opt-in shared memory per block (smem_class_of; their
+// canonical instances). The caller has checked sm_80+ and that both layouts fit
+// (fast_backward_layout); this checks the rest: the layouts within `optin`, check_fast_call's
+// (relpos_fast_common.cuh), gout 16-byte aligned, dq, dk, dv (dq_pos) aligned to two elements,
+// and gout, rowd, lse, dq, dk, dv given.
 template <typename T, int D, bool POS, int NDIM>
-cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                 cudaStream_t stream) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
@@ -685,67 +707,94 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   if (misaligned(t.gout, 16) || misaligned(t.dq, kPair) || misaligned(t.dk, kPair) ||
       misaligned(t.dv, kPair) || misaligned(t.dqpos, kPair))
     return cudaErrorInvalidValue;
+  const int sc = smem_class_of(optin);
+  if (sc < 0) return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.dq == nullptr || t.dk == nullptr ||
       t.dv == nullptr)
     return cudaErrorInvalidValue;
-  using QL = BwdLayout<T, D, POS, NDIM, false>;
-  using KL = BwdLayout<T, D, POS, NDIM, true>;
-  if constexpr (!QL::kFits || !KL::kFits) {
-    return cudaErrorInvalidValue;  // (the plan never gives it such a call)
-  } else {
-    const dim3 grid(static_cast<unsigned>(boxes), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-    cudaError_t e = cudaSuccess;
-    const auto launch = [&](auto kernel, size_t bytes) {
-      if (e != cudaSuccess) return;
-      if (bytes > 48 * 1024)
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (e != cudaSuccess) return;
-      kernel<<<grid, kThreads, bytes, stream>>>(p, t);
-      e = cudaGetLastError();
-    };
-    launch(fast_backward_kernel<T, D, POS, NDIM, false>, QL::kBytes);
-    launch(fast_backward_kernel<T, D, POS, NDIM, true>, KL::kBytes);
-    return e;
-  }
+  return by_smem_class(sc, [&](auto c) -> cudaError_t {
+    constexpr int QC = bwd_canonical_class<T, D, POS, NDIM, false, decltype(c)::value>();
+    constexpr int KC = bwd_canonical_class<T, D, POS, NDIM, true, decltype(c)::value>();
+    using QL = BwdLayout<T, D, POS, NDIM, false, QC>;
+    using KL = BwdLayout<T, D, POS, NDIM, true, KC>;
+    if constexpr (!QL::kFits || !KL::kFits) {
+      return cudaErrorInvalidValue;  // (the plan never gives it such a call)
+    } else {
+      if (QL::kBytes > optin || KL::kBytes > optin) return cudaErrorInvalidValue;
+      const dim3 grid(static_cast<unsigned>(boxes), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+      cudaError_t e = cudaSuccess;
+      const auto launch = [&](auto kernel, size_t bytes) {
+        if (e != cudaSuccess) return;
+        if (bytes > 48 * 1024)
+          e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess) return;
+        kernel<<<grid, kThreads, bytes, stream>>>(p, t);
+        e = cudaGetLastError();
+      };
+      launch(fast_backward_kernel<T, D, POS, NDIM, false, QC>, QL::kBytes);
+      launch(fast_backward_kernel<T, D, POS, NDIM, true, KC>, KL::kBytes);
+      return e;
+    }
+  });
 }
 
 template <typename T, int D, bool POS>
-cudaError_t launch_fast_backward_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t launch_fast_backward_by_rank(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                          cudaStream_t stream) {
-  if (p.g.ndim == 3) return launch_fast_backward<T, D, POS, 3>(p, t, stream);
-  if (p.g.ndim == 2) return launch_fast_backward<T, D, POS, 2>(p, t, stream);
-  return launch_fast_backward<T, D, POS, 1>(p, t, stream);
+  if (p.g.ndim == 3) return launch_fast_backward<T, D, POS, 3>(p, t, optin, stream);
+  if (p.g.ndim == 2) return launch_fast_backward<T, D, POS, 2>(p, t, optin, stream);
+  return launch_fast_backward<T, D, POS, 1>(p, t, optin, stream);
 }
 
 // The backward of a call the plan gave the fast path: the positional instance where the call
 // has a term per offset (has_offset_terms; q_pos and rel null where it has none: d q_pos not
 // written), else the control's.
 template <typename T, int D>
-cudaError_t launch_fast_backward_call(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  return has_offset_terms(p) ? launch_fast_backward_by_rank<T, D, true>(p, t, stream)
-                             : launch_fast_backward_by_rank<T, D, false>(p, t, stream);
+cudaError_t launch_fast_backward_call(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                      cudaStream_t stream) {
+  return has_offset_terms(p) ? launch_fast_backward_by_rank<T, D, true>(p, t, optin, stream)
+                             : launch_fast_backward_by_rank<T, D, false>(p, t, optin, stream);
 }
 
-// The larger shared memory of the backward's two kernels (POS: the positional ones, else the
-// control's) on a grid of NDIM axes, or 0 where one does not fit sm_90's (the plan's check).
-template <typename T, int D, bool POS, int NDIM>
-constexpr size_t fast_backward_bytes_() {
-  using Q = BwdLayout<T, D, POS, NDIM, false>;
-  using K = BwdLayout<T, D, POS, NDIM, true>;
-  if (!Q::kFits || !K::kFits) return 0;
-  return Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes;
+// The layouts of the backward's two kernels (POS: the positional ones, else the control's) in
+// class SC on a grid of NDIM axes (the plan's check and report): bytes 0 where one does not fit.
+struct BwdLayoutInfo {
+  // per kernel (0: query-major, d q and d q_pos; 1: key-major, d k and d v): the offset tile's
+  // columns at a time, the streamed box's stages and the offset tile's, the bytes
+  int dc[2] = {}, stages[2] = {}, rel_stages[2] = {};
+  size_t kernel_bytes[2] = {};
+  size_t bytes = 0;  // the larger, 0 where either does not fit
+};
+template <typename T, int D, bool POS, int NDIM, int SC>
+constexpr BwdLayoutInfo fast_backward_layout_() {
+  using Q = BwdLayout<T, D, POS, NDIM, false, SC>;
+  using K = BwdLayout<T, D, POS, NDIM, true, SC>;
+  BwdLayoutInfo i{};
+  if (Q::kFits && K::kFits)
+    i = BwdLayoutInfo{{Q::kDC, K::kDC},
+                      {Q::kStages, K::kStages},
+                      {Q::kRelStages, K::kRelStages},
+                      {Q::kBytes, K::kBytes},
+                      Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes};
+  return i;
 }
-// The same for a call on a grid of `ndim` axes; pos: it has a term per offset (has_offset_terms).
-template <typename T, int D>
-constexpr size_t fast_backward_bytes(int ndim, bool pos) {
+template <typename T, int D, int SC>
+constexpr BwdLayoutInfo fast_backward_layout_sc(int ndim, bool pos) {
   if (pos)
-    return ndim == 3   ? fast_backward_bytes_<T, D, true, 3>()
-           : ndim == 2 ? fast_backward_bytes_<T, D, true, 2>()
-                       : fast_backward_bytes_<T, D, true, 1>();
-  return ndim == 3   ? fast_backward_bytes_<T, D, false, 3>()
-         : ndim == 2 ? fast_backward_bytes_<T, D, false, 2>()
-                     : fast_backward_bytes_<T, D, false, 1>();
+    return ndim == 3   ? fast_backward_layout_<T, D, true, 3, SC>()
+           : ndim == 2 ? fast_backward_layout_<T, D, true, 2, SC>()
+                       : fast_backward_layout_<T, D, true, 1, SC>();
+  return ndim == 3   ? fast_backward_layout_<T, D, false, 3, SC>()
+         : ndim == 2 ? fast_backward_layout_<T, D, false, 2, SC>()
+                     : fast_backward_layout_<T, D, false, 1, SC>();
+}
+// The same for a call on a grid of `ndim` axes in class sc; pos: it has a term per offset.
+template <typename T, int D>
+constexpr BwdLayoutInfo fast_backward_layout(int ndim, bool pos, int sc) {
+  return sc == 0   ? fast_backward_layout_sc<T, D, 0>(ndim, pos)
+         : sc == 1 ? fast_backward_layout_sc<T, D, 1>(ndim, pos)
+                   : fast_backward_layout_sc<T, D, 2>(ndim, pos);
 }
 
 }  // namespace posattn::relpos::cuda_fast

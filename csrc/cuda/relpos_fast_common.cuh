@@ -10,7 +10,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "../core/grid_index.h"
 #include "../core/relpos_params.h"
@@ -22,9 +24,38 @@
 namespace posattn::relpos::cuda_fast {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kBlockM = 16 * kWarps;            // queries per tile
-constexpr int kBlockN = 64;                     // keys per key block
-constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
+constexpr int kBlockM = 16 * kWarps;  // queries per tile
+constexpr int kBlockN = 64;           // keys per key block
+
+// The classes of devices the fast layouts are sized for, by their opt-in shared memory per
+// block: 0, sm_90 (H100, H200): 227 KiB; 1, sm_80 (A100; also Jetson Orin): 163 KiB; 2,
+// sm_86 / sm_89 / sm_120 (RTX 30 / 40 / 50, A10, A40, L4, L40): 99 KiB. Each layout (FwdLayout,
+// BwdLayout, offsets_shape) takes its class SC and picks the widest shape within its budget; a
+// device runs the largest class its limit admits (smem_class_of), and a class whose layout is
+// a larger class's runs that one's kernel (fwd_canonical_class, bwd_canonical_class; the offset
+// kernel's instances are its shapes'): one instance per distinct layout.
+constexpr int kSmemClasses = 3;
+constexpr __host__ __device__ size_t smem_budget(int sc) {
+  return sc == 0 ? size_t{227} * 1024 : sc == 1 ? size_t{163} * 1024 : size_t{99} * 1024;
+}
+constexpr const char* smem_class_name(int sc) {
+  return sc == 0 ? "227 KiB (sm_90)" : sc == 1 ? "163 KiB (sm_80)" : "99 KiB (sm_86, sm_89, sm_120)";
+}
+// The class of a device with `optin` bytes of opt-in shared memory per block: -1 below the
+// smallest (the fast kernels then do not run).
+constexpr int smem_class_of(size_t optin) {
+  int sc = -1;
+  for (int c = kSmemClasses - 1; c >= 0; --c)
+    if (smem_budget(c) <= optin) sc = c;
+  return sc;
+}
+// Calls fn(std::integral_constant<int, SC>{}) for class sc (0 ... kSmemClasses - 1).
+template <typename Fn>
+decltype(auto) by_smem_class(int sc, Fn&& fn) {
+  if (sc == 0) return fn(std::integral_constant<int, 0>{});
+  if (sc == 1) return fn(std::integral_constant<int, 1>{});
+  return fn(std::integral_constant<int, 2>{});
+}
 
 // Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
 // copies: D columns of row r from row token(r) of the row-major (., GD) matrix g, zero-filled

@@ -31,11 +31,15 @@
 // a row's ranges (the grid's end included) or after its causal limit are masked only on
 // the key blocks where the warp has any. One barrier per key block (two where the offset
 // tile has one stage, as two do not fit sm_90's shared memory: D = 128 on 2-D and 3-D
-// grids). Float32 at D = 128 (FwdLayout::shape): q_pos's rows stay in shared memory (with
-// Q's fragments in registers its would not fit beside O's), the offset tile comes in
-// chunks of columns (RC of DC: the products summed over them, each chunk loaded once every
-// warp is done with the one before: two barriers a chunk) and on 2-3 axes K and V in one
-// stage (loaded once every warp is done with the last block: a barrier more, no overlap).
+// grids). Where whole rows do not fit the device's class of shared memory (FwdLayout::shape,
+// relpos_fast_common.cuh: float32 at D = 128 on sm_90, more on the smaller classes) the offset
+// tile comes in chunks of columns (RC of DC: the products summed over them, each chunk loaded
+// once every warp is done with the one before: two barriers a chunk), q_pos's fragments held
+// in registers or loaded per chunk from its rows in shared memory (float32 at D = 128, whose
+// fragments would not fit the registers beside Q's and O's; and with one stage of K and V where
+// the positional buffers cannot hold both Q and q_pos to copy them in), and where two do not
+// fit K and V in one stage (loaded once every warp is done with the last block: a barrier
+// more, no overlap).
 // Positions within a (batch, head) in 32 bits, offsets into the tensors in 64.
 #pragma once
 
@@ -63,7 +67,13 @@ struct FwdShape {
   bool qpos_smem = false;
 };
 
-template <typename T, int D, bool POS, int NDIM>
+constexpr bool operator==(const FwdShape& a, const FwdShape& b) {
+  return a.kv_stages == b.kv_stages && a.rel_stages == b.rel_stages && a.dc == b.dc &&
+         a.qpos_smem == b.qpos_smem;
+}
+
+// SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
+template <typename T, int D, bool POS, int NDIM, int SC = 0>
 struct FwdLayout {
   static_assert(D % 16 == 0 && D <= 128, "D a multiple of 16, at most 128");
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
@@ -85,6 +95,7 @@ struct FwdLayout {
   static constexpr int kPbuf = 17 * kPLd;
   // per warp and row: its key range [lo, hi] along each axis (int2: window, span box)
   static constexpr size_t kRangeBytes = static_cast<size_t>(kWarps) * 16 * NDIM * sizeof(int2);
+  static constexpr size_t kBudget = smem_budget(SC);
   // T: K and V per stage, q_pos's tile (qpos_smem), the offset tile per stage (dc + kPad
   // columns a row); floats: the warps' positional buffers and add / mul tables (per rel
   // stage); ints: the warps' column maps; the ranges
@@ -98,24 +109,28 @@ struct FwdLayout {
            kRangeBytes;
   }
   // the shape: whole rows in two stages of each where they fit, else one stage of the offset
-  // tile; else (and where Q's and q_pos's fragments would not fit the registers with O's:
-  // float32 at D = 128) q_pos in shared memory, the offset tile in chunks, K and V in two
-  // stages where they fit with the widest chunk, else in one (Q then copied in through the
-  // warps' positional buffers, which are not used before its fragments are read)
+  // tile; else the offset tile in chunks, K and V in two stages where they fit with the widest
+  // chunk, else in one (Q, and q_pos where it goes to registers, then copied in through the
+  // warps' positional buffers, which are not used before their fragments are read: they must
+  // hold them), each chunk width first with q_pos in registers, then in shared memory (always
+  // there where Q's and q_pos's fragments would not fit the registers with O's: float32 at
+  // D = 128)
   static constexpr FwdShape shape() {
     FwdShape f{};  // (one return: nvcc warns of the loop after an early one)
-    if (!POS) {
-      f = FwdShape{2, 0, D, false};
-    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 2, D, false}) <= kMaxSharedBytes) {
+    if (!POS) {    // (K, V in two stages, the ranges)
+      if (static_cast<size_t>(4 * kTile) * sizeof(T) + kRangeBytes <= kBudget) f = FwdShape{2, 0, D, false};
+    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 2, D, false}) <= kBudget) {
       f = FwdShape{2, 2, D, false};
-    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 1, D, false}) <= kMaxSharedBytes) {
+    } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 1, D, false}) <= kBudget) {
       f = FwdShape{2, 1, D, false};
     } else {
+      const bool regs = !(sizeof(T) == 4 && D == 128);
       for (int kv = 2; kv >= 1 && f.kv_stages == 0; --kv)
         for (int dc = D; dc >= 16 && f.kv_stages == 0; dc /= 2)
-          if (D % dc == 0 && bytes(FwdShape{kv, 1, dc, true}) <= kMaxSharedBytes &&
-              (kv == 2 || kWarps * kPbuf * sizeof(float) >= kTile * sizeof(T)))
-            f = FwdShape{kv, 1, dc, true};
+          for (int qs = regs ? 0 : 1; qs <= 1 && f.kv_stages == 0; ++qs)
+            if (D % dc == 0 && bytes(FwdShape{kv, 1, dc, qs == 1}) <= kBudget &&
+                (kv == 2 || kWarps * kPbuf * sizeof(float) >= (qs == 1 ? 1 : 2) * kTile * sizeof(T)))
+              f = FwdShape{kv, 1, dc, qs == 1};
     }
     return f;
   }
@@ -124,6 +139,9 @@ struct FwdLayout {
   static constexpr int kKVStages = kFits ? kShape.kv_stages : 2, kRelStages = kFits ? kShape.rel_stages : 1;
   static constexpr int kDC = kFits ? kShape.dc : D, kRelChunks = D / kDC;
   static constexpr bool kQposSmem = kShape.qpos_smem;
+  // the positional products chunk by chunk (for_chunks: the offset tile in chunks, or q_pos's
+  // fragments from shared memory), K and V of the next block copied after the last chunk
+  static constexpr bool kChunked = kQposSmem || kRelChunks > 1;
   static constexpr int kRLd = kDC + kPad;  // the offset tile's rows
   static constexpr int kRTile = kTileOffsets * kRLd;
   // in elements of T: K0 V0 (K1 V1), q_pos's tile (qpos_smem), then (POS) the offset tile's
@@ -131,12 +149,12 @@ struct FwdLayout {
   // later, or with one stage of K and V from the warps' positional buffers
   static __device__ __forceinline__ int k_at(int stage) { return 2 * stage * kTile; }
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
-  static constexpr int kQposAt = kQposSmem ? 2 * kKVStages * kTile : 3 * kTile;
   static constexpr int kR0 = 2 * kKVStages * kTile + (kQposSmem ? kTile : 0);
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   static constexpr size_t kTBytes =
       static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : 4 * kTile) * sizeof(T);
   static constexpr int kQ = kKVStages == 2 ? 2 * kTile : static_cast<int>(kTBytes / sizeof(T));
+  static constexpr int kQposAt = kQposSmem ? 2 * kKVStages * kTile : kQ + kTile;
   static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
   // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
   // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
@@ -151,19 +169,30 @@ struct FwdLayout {
   static constexpr size_t kBytes = kRangesAt + kRangeBytes;
   static_assert(kRangesAt % alignof(int2) == 0, "the ranges aligned");
   static_assert(!kFits || kBytes == (POS ? bytes(kShape) : kBytes), "the regions as bytes() counts them");
-  static_assert(!kFits || kBytes <= kMaxSharedBytes, "sm_90's shared memory");
+  static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
 };
+
+// The largest class (the smallest SC) whose forward layout is class SC's: the one instance
+// that runs both (relpos_fast_common.cuh).
+template <typename T, int D, bool POS, int NDIM, int SC>
+constexpr int fwd_canonical_class() {
+  if constexpr (SC > 0) {
+    if constexpr (FwdLayout<T, D, POS, NDIM, SC - 1>::kShape == FwdLayout<T, D, POS, NDIM, SC>::kShape)
+      return fwd_canonical_class<T, D, POS, NDIM, SC - 1>();
+  }
+  return SC;
+}
 
 // Grid (query tiles, H, B)
 // (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
 // spilled on the 1-D grid at D = 32; held to the blocks per SM that shared memory allows,
 // the control spilled at D = 64 and 128. Occupancy against registers is for ncu on a GPU.)
-template <typename T, int D, bool POS, int NDIM>
+template <typename T, int D, bool POS, int NDIM, int SC>
 __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync with bf16, ldmatrix and cp.async need sm_80; the host never launches this below it
 #else
-  using L = FwdLayout<T, D, POS, NDIM>;
+  using L = FwdLayout<T, D, POS, NDIM, SC>;
   using LR = RelRows<L>;   // (the offset tile's rows)
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   constexpr int LD = L::kLd, KK = F::kK, DC = L::kDC, RC = L::kRelChunks;
@@ -321,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     }
     // the next key block into the other stage, while this one is computed (where the offset
     // tile comes in chunks, after them: a chunk's wait would wait for it too)
-    if (L::kKVStages == 2 && !L::kQposSmem && j + 1 < blocks) {
+    if (L::kKVStages == 2 && !L::kChunked && j + 1 < blocks) {
       load_keys(stage ^ 1, kn);
       if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn, 0);
       warp::cp_async_commit();
@@ -341,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 
     // POS: the warp's positional products first (S's registers are not live yet):
     // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
-    if constexpr (POS && !L::kQposSmem) {
+    if constexpr (POS && !L::kChunked) {
       if (active) {
         warp_positional_products<T, D, LR, true>(
             qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
@@ -357,6 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       }
     } else if constexpr (POS) {
       // the offset tile in RC chunks of DC columns, q_pos's fragments of each from shared memory
+      // or from its registers
       for_chunks<RC>(
           [&](auto chunk) {
             constexpr int c = decltype(chunk)::value;
@@ -364,8 +394,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
             uint32_t qpc[DC / KK][4];
             if (rel != nullptr) {
 #pragma unroll
-              for (int kk = 0; kk < DC / KK; ++kk)
-                F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
+              for (int kk = 0; kk < DC / KK; ++kk) {
+                if constexpr (L::kQposSmem) {
+                  F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
+                } else {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) qpc[kk][e] = qpf[c * (DC / KK) + kk][e];
+                }
+              }
             }
             warp_positional_products<T, DC, LR, true, c, RC>(
                 qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
@@ -505,70 +541,90 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 #endif
 }
 
-// Launches the forward over every (batch, head) and query tile. The caller has checked
-// sm_80+ and FwdLayout<T, D, POS, NDIM>::kBytes of shared memory within the device's
-// opt-in limit; this checks the rest: check_fast_call's (relpos_fast_common.cuh), out
-// aligned to two elements (the paired stores), out and lse given. cudaErrorInvalidValue where one
-// fails.
+// Launches the forward over every (batch, head) and query tile, in the layout of the class of
+// a device with `optin` bytes of opt-in shared memory per block (smem_class_of; its canonical
+// instance). The caller has checked sm_80+ and that the layout fits (fast_forward_layout); this
+// checks the rest: the layout within `optin`, check_fast_call's (relpos_fast_common.cuh), out
+// aligned to two elements (the paired stores), out and lse given. cudaErrorInvalidValue where
+// one fails.
 template <typename T, int D, bool POS, int NDIM>
-cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                cudaStream_t stream) {
   int64_t tiles = 0;
   const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &tiles);
   if (bad != cudaSuccess) return bad;
   if (reinterpret_cast<uintptr_t>(t.out) % (2 * sizeof(T)) != 0) return cudaErrorInvalidValue;
+  const int sc = smem_class_of(optin);
+  if (sc < 0) return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
-  using L = FwdLayout<T, D, POS, NDIM>;
-  if constexpr (!L::kFits) {
-    return cudaErrorInvalidValue;  // (the plan never gives it such a call)
-  } else {
-    auto kernel = fast_forward_kernel<T, D, POS, NDIM>;
-    if (L::kBytes > 48 * 1024) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
-      if (e != cudaSuccess) return e;
+  return by_smem_class(sc, [&](auto c) -> cudaError_t {
+    constexpr int SC = fwd_canonical_class<T, D, POS, NDIM, decltype(c)::value>();
+    using L = FwdLayout<T, D, POS, NDIM, SC>;
+    if constexpr (!L::kFits) {
+      return cudaErrorInvalidValue;  // (the plan never gives it such a call)
+    } else {
+      if (L::kBytes > optin) return cudaErrorInvalidValue;
+      auto kernel = fast_forward_kernel<T, D, POS, NDIM, SC>;
+      if (L::kBytes > 48 * 1024) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+        if (e != cudaSuccess) return e;
+      }
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+      kernel<<<grid, kThreads, L::kBytes, stream>>>(p, t);
+      return cudaGetLastError();
     }
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-    kernel<<<grid, kThreads, L::kBytes, stream>>>(p, t);
-    return cudaGetLastError();
-  }
+  });
 }
 
 // launch_fast_forward for the call's grid rank (p.g.ndim: 2 or 3, else 1: the tokens in a
 // row, which the control takes on any grid).
 template <typename T, int D, bool POS>
-cudaError_t launch_fast_forward_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t launch_fast_forward_by_rank(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                         cudaStream_t stream) {
-  if (p.g.ndim == 3) return launch_fast_forward<T, D, POS, 3>(p, t, stream);
-  if (p.g.ndim == 2) return launch_fast_forward<T, D, POS, 2>(p, t, stream);
-  return launch_fast_forward<T, D, POS, 1>(p, t, stream);
+  if (p.g.ndim == 3) return launch_fast_forward<T, D, POS, 3>(p, t, optin, stream);
+  if (p.g.ndim == 2) return launch_fast_forward<T, D, POS, 2>(p, t, optin, stream);
+  return launch_fast_forward<T, D, POS, 1>(p, t, optin, stream);
 }
 
 // The forward of a call the plan gave the fast path: the positional instance where the call
 // has a term per offset (has_offset_terms), else the control's (plain attention, its windows
 // and causal masking included).
 template <typename T, int D>
-cudaError_t launch_fast_forward_call(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  return has_offset_terms(p) ? launch_fast_forward_by_rank<T, D, true>(p, t, stream)
-                             : launch_fast_forward_by_rank<T, D, false>(p, t, stream);
+cudaError_t launch_fast_forward_call(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                     cudaStream_t stream) {
+  return has_offset_terms(p) ? launch_fast_forward_by_rank<T, D, true>(p, t, optin, stream)
+                             : launch_fast_forward_by_rank<T, D, false>(p, t, optin, stream);
 }
 
-// Shared memory of the forward on a grid of `ndim` axes (the plan's check; 0: more than sm_90
-// has); pos: the call has a term per offset (the positional kernel; else the control's).
-template <typename T, int D, bool POS, int NDIM>
-constexpr size_t fast_forward_bytes_() {
-  using L = FwdLayout<T, D, POS, NDIM>;
-  return L::kFits ? L::kBytes : 0;
+// The forward's layout in class sc on a grid of `ndim` axes (the plan's check and report); pos:
+// the call has a term per offset (the positional kernel; else the control's). shape.kv_stages
+// 0: it does not fit the class.
+struct FwdLayoutInfo {
+  FwdShape shape;
+  size_t bytes = 0;  // 0: it does not fit
+};
+template <typename T, int D, bool POS, int NDIM, int SC>
+constexpr FwdLayoutInfo fast_forward_layout_() {
+  using L = FwdLayout<T, D, POS, NDIM, SC>;
+  return L::kFits ? FwdLayoutInfo{L::kShape, L::kBytes} : FwdLayoutInfo{};
+}
+template <typename T, int D, int SC>
+constexpr FwdLayoutInfo fast_forward_layout_sc(int ndim, bool pos) {
+  if (pos)
+    return ndim == 3   ? fast_forward_layout_<T, D, true, 3, SC>()
+           : ndim == 2 ? fast_forward_layout_<T, D, true, 2, SC>()
+                       : fast_forward_layout_<T, D, true, 1, SC>();
+  return ndim == 3   ? fast_forward_layout_<T, D, false, 3, SC>()
+         : ndim == 2 ? fast_forward_layout_<T, D, false, 2, SC>()
+                     : fast_forward_layout_<T, D, false, 1, SC>();
 }
 template <typename T, int D>
-constexpr size_t fast_forward_bytes(int ndim, bool pos) {
-  if (pos)
-    return ndim == 3   ? fast_forward_bytes_<T, D, true, 3>()
-           : ndim == 2 ? fast_forward_bytes_<T, D, true, 2>()
-                       : fast_forward_bytes_<T, D, true, 1>();
-  return ndim == 3   ? fast_forward_bytes_<T, D, false, 3>()
-         : ndim == 2 ? fast_forward_bytes_<T, D, false, 2>()
-                     : fast_forward_bytes_<T, D, false, 1>();
+constexpr FwdLayoutInfo fast_forward_layout(int ndim, bool pos, int sc) {
+  return sc == 0   ? fast_forward_layout_sc<T, D, 0>(ndim, pos)
+         : sc == 1 ? fast_forward_layout_sc<T, D, 1>(ndim, pos)
+                   : fast_forward_layout_sc<T, D, 2>(ndim, pos);
 }
 
 }  // namespace posattn::relpos::cuda_fast

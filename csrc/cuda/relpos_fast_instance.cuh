@@ -10,26 +10,26 @@
 namespace posattn::relpos::cuda_fast {
 
 template <typename T, int D>
-cudaError_t FastKernels<T, D>::forward(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t FastKernels<T, D>::forward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                        cudaStream_t stream) {
-  return launch_fast_forward_call<T, D>(p, t, stream);
+  return launch_fast_forward_call<T, D>(p, t, optin, stream);
 }
 
 template <typename T, int D>
-cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t FastKernels<T, D>::backward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                         cudaStream_t stream) {
-  return launch_fast_backward_call<T, D>(p, t, stream);
+  return launch_fast_backward_call<T, D>(p, t, optin, stream);
 }
 
 template <typename T, int D>
-cudaError_t FastKernels<T, D>::offsets(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t FastKernels<T, D>::offsets(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                        cudaStream_t stream) {
-  return launch_fast_offsets_by_rank<T, D>(p, t, stream);
+  return launch_fast_offsets_by_rank<T, D>(p, t, optin, stream);
 }
 
 template <typename T, int D>
 cudaError_t FastKernels<T, D>::attributes(cudaFuncAttributes* attr) {
-  return cudaFuncGetAttributes(attr, fast_forward_kernel<T, D, false, 1>);
+  return cudaFuncGetAttributes(attr, fast_forward_kernel<T, D, false, 1, 0>);
 }
 
 }  // namespace posattn::relpos::cuda_fast

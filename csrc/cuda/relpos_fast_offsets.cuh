@@ -111,7 +111,6 @@ struct OffLayout {
   static constexpr size_t kIntsAt = kTBytes + static_cast<size_t>(kFloats) * 4;
   static constexpr size_t kRangesAt = kIntsAt + 3 * kWarps * kWarpCols * 4;
   static constexpr size_t kBytes = kRangesAt + kWarps * 16 * NDIM * 8;
-  static constexpr bool kFits = kBytes <= kMaxSharedBytes;
   static_assert(16 * kXLd * sizeof(T) <= kPbuf * 4, "a warp's rows of X fit its pbuf");
   static_assert(kTBytes % 16 == 0 && kPbuf % 4 == 0 && kIntsAt % 8 == 0 && kAcc % 2 == 0,
                 "the regions aligned (uint4, float2, int2)");
@@ -692,75 +691,93 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The shape of the fast offset kernel's blocks: the columns of d rel a block takes (da) and of
-// its inputs in shared memory at a time (dc); da = 0 where no shape fits sm_90's shared memory
-// (the plan then gives the call the general one).
+// its inputs in shared memory at a time (dc); da = 0 where no shape fits the class's shared
+// memory (the plan then gives the call the general one). The kernel's instance is the shape's:
+// classes with one shape share it.
 struct OffShape {
   int da, dc;
 };
-template <typename T, int D, int NDIM, int DA, int DC>
+template <typename T, int D, int NDIM, int DA, int DC, int SC>
 constexpr bool offsets_fit() {
   if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0)
     return false;
   else
-    return OffLayout<T, D, NDIM, DA, DC>::kFits;
+    return OffLayout<T, D, NDIM, DA, DC>::kBytes <= smem_budget(SC);
 }
 // Whole rows first, with D columns of d rel, else D / 2 (as before chunks existed: 3-D grids
 // at D = 64, 1-D at D = 128); else rows in chunks, the most columns of d rel first (the
 // fewest blocks recomputing each pair), then the widest chunks (the fewest barriers):
 // 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 and 64 on 3-D
-// (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); never float32 D = 128 on 2-3.
-template <typename T, int D, int NDIM>
+// (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); never float32 D = 128 on 2-3
+// (class 0, sm_90's 227 KiB; the smaller classes: what fits their budget).
+template <typename T, int D, int NDIM, int SC = 0>
 constexpr OffShape offsets_shape() {
-  if constexpr (offsets_fit<T, D, NDIM, D, D>())
+  if constexpr (offsets_fit<T, D, NDIM, D, D, SC>())
     return {D, D};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D>())
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D, SC>())
     return {D / 2, D};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2>())
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2, SC>())
     return {D, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4>())
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4, SC>())
     return {D, D / 4};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2>())
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2, SC>())
     return {D / 2, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4>())
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4, SC>())
     return {D / 2, D / 4};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2>())
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2, SC>())
     return {D / 4, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4>())
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4, SC>())
     return {D / 4, D / 4};
   else
     return {0, D};
 }
-template <typename T, int D, int NDIM>
+template <typename T, int D, int NDIM, int SC>
 constexpr size_t fast_offsets_bytes_() {
-  constexpr OffShape s = offsets_shape<T, D, NDIM>();
+  constexpr OffShape s = offsets_shape<T, D, NDIM, SC>();
   if constexpr (s.da == 0)
     return 0;
   else
     return OffLayout<T, D, NDIM, s.da, s.dc>::kBytes;
 }
-// The fast offset kernel's shared memory on a grid of `ndim` axes, 0 where it does not fit
-// sm_90's (the plan's check).
+template <typename T, int D, int SC>
+constexpr size_t fast_offsets_bytes_sc(int ndim) {
+  return ndim == 3   ? fast_offsets_bytes_<T, D, 3, SC>()
+         : ndim == 2 ? fast_offsets_bytes_<T, D, 2, SC>()
+                     : fast_offsets_bytes_<T, D, 1, SC>();
+}
+// The fast offset kernel's shared memory on a grid of `ndim` axes in class sc, 0 where it does
+// not fit (the plan's check), and its shape.
 template <typename T, int D>
-constexpr size_t fast_offsets_bytes(int ndim) {
-  return ndim == 3   ? fast_offsets_bytes_<T, D, 3>()
-         : ndim == 2 ? fast_offsets_bytes_<T, D, 2>()
-                     : fast_offsets_bytes_<T, D, 1>();
+constexpr size_t fast_offsets_bytes(int ndim, int sc) {
+  return sc == 0   ? fast_offsets_bytes_sc<T, D, 0>(ndim)
+         : sc == 1 ? fast_offsets_bytes_sc<T, D, 1>(ndim)
+                   : fast_offsets_bytes_sc<T, D, 2>(ndim);
+}
+template <typename T, int D, int SC>
+constexpr OffShape fast_offsets_shape_sc(int ndim) {
+  return ndim == 3   ? offsets_shape<T, D, 3, SC>()
+         : ndim == 2 ? offsets_shape<T, D, 2, SC>()
+                     : offsets_shape<T, D, 1, SC>();
+}
+template <typename T, int D>
+constexpr OffShape fast_offsets_shape(int ndim, int sc) {
+  return sc == 0   ? fast_offsets_shape_sc<T, D, 0>(ndim)
+         : sc == 1 ? fast_offsets_shape_sc<T, D, 1>(ndim)
+                   : fast_offsets_shape_sc<T, D, 2>(ndim);
 }
 
-// The fast offset kernel's work items (blocks) of a call: H x tile offsets x column blocks (D /
-// offsets_shape's da with q_pos, else 1). t.offset_order holds fast_offset_order_ints: its ticket, a
-// flag per item and (grids of 2-3 axes) the order's table, a tile offset number per rank.
+// The fast offset kernel's work items (blocks) of a call in class sc: H x tile offsets x column
+// blocks (D / offsets_shape's da with q_pos, else 1). t.offset_order holds fast_offset_order_ints:
+// its ticket, a flag per item and (grids of 2-3 axes) the order's table, a tile offset number per
+// rank.
 template <typename T, int D>
-int64_t fast_offset_items(const RelposParams& p) {
-  const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
-  const int da = ndim == 3   ? offsets_shape<T, D, 3>().da
-                 : ndim == 2 ? offsets_shape<T, D, 2>().da
-                             : offsets_shape<T, D, 1>().da;
+int64_t fast_offset_items(const RelposParams& p, int sc) {
+  const int da = fast_offsets_shape<T, D>(p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1, sc).da;
   return p.H * fast_offset_tiles(p).count * (p.has_pos && da != 0 ? D / da : 1);
 }
 template <typename T, int D>
-int64_t fast_offset_order_ints(const RelposParams& p) {
-  return 1 + fast_offset_items<T, D>(p) + (p.g.ndim > 1 ? fast_offset_tiles(p).count : 0);
+int64_t fast_offset_order_ints(const RelposParams& p, int sc) {
+  return 1 + fast_offset_items<T, D>(p, sc) + (p.g.ndim > 1 ? fast_offset_tiles(p).count : 0);
 }
 
 // d rel (t.drel), d bias (t.dbias, where the call has one) through the float32 accumulators
@@ -769,11 +786,11 @@ int64_t fast_offset_order_ints(const RelposParams& p) {
 // general one: it needs the inputs, lse and rowd), with the offset tables filled;
 // with q_pos and rel null (a bias or span and no q_pos) d bias and d sigma only, one block per
 // tile offset.
-// The caller has checked the shared memory (fast_offsets_bytes) against the device's limit.
-template <typename T, int D, int NDIM>
-cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  constexpr OffShape kShape = offsets_shape<T, D, NDIM>();
-  constexpr int DA = kShape.da, DC = kShape.dc;
+// In the shape DA, DC of class SC (offsets_shape; DA 0: none fits), which the caller has
+// checked against the device's limit `optin` (fast_offsets_bytes; and this: the layout within it).
+template <typename T, int D, int NDIM, int SC, int DA, int DC>
+cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                      cudaStream_t stream) {
   using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DC>;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
@@ -790,6 +807,7 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
   if constexpr (DA == 0) {
     return cudaErrorInvalidValue;  // (the plan never gives it such a call)
   } else {
+    if (L::kBytes > optin) return cudaErrorInvalidValue;
     const OffsetTiles ot = offset_tiles<NDIM>(p);
     cudaError_t e = pos ? cudaMemsetAsync(t.drel_acc, 0, sizeof(float) * p.H * p.U * D, stream) : cudaSuccess;
     if (e == cudaSuccess && p.has_bias)
@@ -799,8 +817,8 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
       e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
-    const int64_t items = fast_offset_items<T, D>(p);
-    if (fast_offset_order_ints<T, D>(p) >= INT_MAX) return cudaErrorInvalidValue;
+    const int64_t items = fast_offset_items<T, D>(p, SC);
+    if (fast_offset_order_ints<T, D>(p, SC) >= INT_MAX) return cudaErrorInvalidValue;
     if (e == cudaSuccess) e = cudaMemsetAsync(t.offset_order, 0, sizeof(int) * (1 + items), stream);
     if constexpr (NDIM > 1) {
       if (e == cudaSuccess && p.B > 0) {
@@ -819,12 +837,26 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
   }
 }
 
+// The fast offset kernel in the shape of the class of a device with `optin` bytes of opt-in
+// shared memory per block (smem_class_of).
+template <typename T, int D, int NDIM>
+cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
+                                cudaStream_t stream) {
+  const int sc = smem_class_of(optin);
+  if (sc < 0) return cudaErrorInvalidValue;
+  return by_smem_class(sc, [&](auto c) {
+    constexpr int SC = decltype(c)::value;
+    constexpr OffShape s = offsets_shape<T, D, NDIM, SC>();
+    return launch_fast_offsets_shape<T, D, NDIM, SC, s.da, s.dc>(p, t, optin, stream);
+  });
+}
+
 template <typename T, int D>
-cudaError_t launch_fast_offsets_by_rank(const RelposParams& p, const RelposTensors<T>& t,
+cudaError_t launch_fast_offsets_by_rank(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                         cudaStream_t stream) {
-  if (p.g.ndim == 3) return launch_fast_offsets<T, D, 3>(p, t, stream);
-  if (p.g.ndim == 2) return launch_fast_offsets<T, D, 2>(p, t, stream);
-  return launch_fast_offsets<T, D, 1>(p, t, stream);
+  if (p.g.ndim == 3) return launch_fast_offsets<T, D, 3>(p, t, optin, stream);
+  if (p.g.ndim == 2) return launch_fast_offsets<T, D, 2>(p, t, optin, stream);
+  return launch_fast_offsets<T, D, 1>(p, t, optin, stream);
 }
 
 }  // namespace posattn::relpos::cuda_fast

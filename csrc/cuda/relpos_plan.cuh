@@ -5,13 +5,13 @@
 // follow one rule. The fast kernels (FlashAttention-2-class, relpos_fast_forward.cuh,
 // relpos_fast_backward.cuh) take float16 / bfloat16 calls, and float32 ones through TF32
 // where allowed, with D == Dv in {32, 64, 128} (q_pos optional; windows and span thresholds
-// included) on grids of 1-3 axes, on sm_80+ where their shared memory fits (the backward's
-// d q, d k, d v, d q_pos: not in float32 at D = 128 with a term per offset, which takes the
-// general kernels);
-// d rel, d bias, d sigma of such calls come from the fast offset kernel
-// (relpos_fast_offsets.cuh) where its shared memory fits (all but float32 at D = 128 on 2-3
-// axes). The general kernels take every other call (float64, float32 without TF32, other
-// head dims, more axes) and what the fast ones do not.
+// included) on grids of 1-3 axes, on sm_80+, in the layouts of the device's class of shared
+// memory per block (relpos_fast_common.cuh, smem_class_of: 227, 163 or 99 KiB) where the call's
+// fits (the backward's d q, d k, d v, d q_pos: never in float32 at D = 128 with a term per
+// offset, which takes the general kernels); d rel, d bias, d sigma of such calls come from the
+// fast offset kernel (relpos_fast_offsets.cuh) where its layout fits (on sm_90: all but float32
+// at D = 128 on 2-3 axes). The general kernels take every other call (float64, float32 without
+// TF32, other head dims, more axes) and what the fast ones do not.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,13 +78,6 @@ void by_fast_type_and_dim(DType dt, int64_t D, Fn fn) {
 
 namespace plan_detail {
 
-inline std::string smem_refusal(size_t need, const CudaDevice& dev, const char* what, int64_t D) {
-  if (need <= dev.smem_optin) return "";
-  return std::string(what) + " needs " + std::to_string(need) +
-         " bytes of shared memory per block for D = " + std::to_string(D) + ", more than the device's " +
-         std::to_string(dev.smem_optin);
-}
-
 inline std::string blocks_error(int64_t blocks, const char* what, const char* remedy) {
   return "relpos_attention (CUDA): " + std::string(what) + " needs " + std::to_string(blocks) +
          " thread blocks, more than a launch allows (" + std::to_string(INT_MAX) + "); " + remedy;
@@ -107,64 +100,101 @@ inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool align
   return std::string();
 }
 
-// Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory.
+// The class of the device's fast layouts (relpos_fast_common.cuh), or why it has none.
+inline std::string smem_class_refusal(const CudaDevice& dev, int* sc) {
+  *sc = cuda_fast::smem_class_of(dev.smem_optin);
+  if (*sc >= 0) return "";
+  return "the device has " + std::to_string(dev.smem_optin) +
+         " bytes of opt-in shared memory per block, less than its smallest layouts' class (" +
+         std::to_string(cuda_fast::smem_budget(cuda_fast::kSmemClasses - 1)) + ")";
+}
+
+inline std::string lacks_layout(const char* what, int64_t D, int ndim, int sc) {
+  return std::string(what) + " has no layout within " + cuda_fast::smem_class_name(sc) +
+         " of shared memory per block for D = " + std::to_string(D) + " on a grid of " +
+         std::to_string(ndim < 1 ? 1 : ndim) + " axes";
+}
+
+// Why the fast forward cannot take the call (empty: it can); `smem`: its shared memory; `layout`:
+// its shape in the device's class.
 inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
-                                size_t* smem) {
+                                size_t* smem, std::string* layout) {
   std::string why = fast_call_refusal(p, dt, aligned16, dev);
+  int sc = -1;
+  if (why.empty()) why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    *smem = cuda_fast::fast_forward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
-    if (*smem == 0)  // (FwdLayout::kFits)
-      why = "its forward needs more shared memory per block than sm_90 has for D = " + std::to_string(D);
-    else
-      why = smem_refusal(*smem, dev, "it", D);
+    const bool pos = cuda_fast::has_offset_terms(p);
+    const cuda_fast::FwdLayoutInfo l = cuda_fast::fast_forward_layout<CT, D>(p.g.ndim, pos, sc);
+    *smem = l.bytes;
+    if (l.bytes == 0) {
+      why = lacks_layout("its forward", D, p.g.ndim, sc);
+      return;
+    }
+    const cuda_fast::FwdShape& f = l.shape;
+    *layout = "K, V in " + std::to_string(f.kv_stages) + " stage(s)" +
+              (pos ? ", the offset tile in " + std::to_string(f.rel_stages) + " stage(s) of " +
+                         std::to_string(f.dc) + " columns" + (f.qpos_smem ? ", q_pos in shared memory" : "")
+                   : std::string()) +
+              " (" + std::to_string(l.bytes) + " bytes)";
   });
   return why;
 }
 
 // Why the fast backward cannot take a call the fast forward takes (empty: it can); `smem`:
-// the larger of its kernels' shared memory.
-inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev,
-                                         size_t* smem) {
+// the larger of its kernels' shared memory; `layout`: their shape in the device's class.
+inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
+                                         std::string* layout) {
   std::string why;
+  const int sc = cuda_fast::smem_class_of(dev.smem_optin);  // (fast_refusal checked it)
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    const size_t bytes = cuda_fast::fast_backward_bytes<CT, D>(p.g.ndim, cuda_fast::has_offset_terms(p));
-    if (bytes == 0) {
-      why = "its backward needs more shared memory per block than sm_90 has for D = " + std::to_string(D) +
-            " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
-    } else {
-      *smem = std::max(*smem, bytes);
-      why = smem_refusal(bytes, dev, "its backward", D);
+    const bool pos = cuda_fast::has_offset_terms(p);
+    const cuda_fast::BwdLayoutInfo l = cuda_fast::fast_backward_layout<CT, D>(p.g.ndim, pos, sc);
+    if (l.bytes == 0) {
+      why = lacks_layout("its backward", D, p.g.ndim, sc);
+      return;
     }
+    *smem = std::max(*smem, l.bytes);
+    for (int k = 0; k < 2; ++k)
+      *layout += std::string(k == 0 ? "d q: " : "; d k, d v: ") + "the streamed box in " +
+                 std::to_string(l.stages[k]) + " stage(s)" +
+                 (pos ? ", the offset tile in " + std::to_string(l.rel_stages[k]) + " stage(s) of " +
+                            std::to_string(l.dc[k]) + " columns"
+                      : std::string()) +
+                 " (" + std::to_string(l.kernel_bytes[k]) + " bytes)";
   });
   return why;
 }
 
 // Why the fast offset kernel cannot compute d rel, d bias, d sigma of a call the fast
 // kernels take (fast_call_refusal; empty: it can); `smem`: its shared memory; `ints`: its ordering ints
-// (fast_offset_order_ints: a ticket, a flag per block, the order's table).
+// (fast_offset_order_ints: a ticket, a flag per block, the order's table); `layout`: its shape.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
-                                        int64_t* ints) {
-  std::string why;
+                                        int64_t* ints, std::string* layout) {
+  int sc = -1;
+  std::string why = smem_class_refusal(dev, &sc);
+  if (!why.empty()) return why;
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim);
-    *ints = cuda_fast::fast_offset_order_ints<CT, D>(p);
+    *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim, sc);
+    *ints = cuda_fast::fast_offset_order_ints<CT, D>(p, sc);
     if (*ints >= INT_MAX) {
       why =
           "the fast offset kernel needs more thread blocks (with their ordering flags) than a launch allows";
       return;
     }
-    if (*smem == 0)  // (offsets_shape)
-      why = "the fast offset kernel needs more shared memory per block than sm_90 has for D = " +
-            std::to_string(D) + " on a grid of " + std::to_string(p.g.ndim < 1 ? 1 : p.g.ndim) + " axes";
-    else
-      why = smem_refusal(*smem, dev, "the fast offset kernel", D);
+    if (*smem == 0) {  // (offsets_shape)
+      why = lacks_layout("the fast offset kernel", D, p.g.ndim, sc);
+      return;
+    }
+    const cuda_fast::OffShape s = cuda_fast::fast_offsets_shape<CT, D>(p.g.ndim, sc);
+    *layout = std::to_string(s.da) + " columns of d rel a block, inputs in chunks of " +
+              std::to_string(s.dc) + " columns (" + std::to_string(*smem) + " bytes)";
   });
   return why;
 }
@@ -193,6 +223,9 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   using Kernels = CudaPlan::Kernels;
   CudaPlan plan;
   plan.has_offsets = backward && cuda_fast::has_offset_terms(p);
+  plan.smem_optin = dev.smem_optin;
+  const int sc = cuda_fast::smem_class_of(dev.smem_optin);
+  if (sc >= 0) plan.layout_class = cuda_fast::smem_class_name(sc);
   // d rel, d bias, d sigma from the fast offset kernel where the call is one the fast kernels
   // take and the kernel fits (after the fast backward, or after the general one where that
   // does not fit: it needs the inputs, lse and rowd only); else the general one, saying why
@@ -201,13 +234,15 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
                                                          : fast_call_refusal(p, dt, aligned16, dev);
     size_t osmem = 0;
     int64_t order_ints = 0;
-    if (why.empty()) why = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints);
+    std::string layout;
+    if (why.empty()) why = fast_offsets_refusal(p, dt, dev, &osmem, &order_ints, &layout);
     if (!why.empty()) {
       plan.offsets_reason = "the general path computes them (not the fast offset kernel: " + why + ")";
       return;
     }
     plan.offsets = Kernels::kFast;
     plan.offsets_reason = "the fast offset kernel takes it";
+    plan.offsets_layout = layout;
     plan.dsig_partials = cuda_fast::fast_offset_tiles(p).count;
     plan.offset_order = order_ints;
     plan.smem = std::max(plan.smem, osmem);
@@ -215,16 +250,18 @@ inline CudaPlan plan_cuda(const RelposParams& p, DType dt, bool backward, bool a
   std::string not_fast = "POSATTN_CUDA_KERNEL=general";  // why the fast kernels do not take the call
   if (request != KernelRequest::kGeneral) {
     size_t smem = 0;
-    not_fast = fast_refusal(p, dt, aligned16, dev, &smem);
+    std::string fwd_layout, bwd_layout;
+    not_fast = fast_refusal(p, dt, aligned16, dev, &smem, &fwd_layout);
     if (request == KernelRequest::kFast && !not_fast.empty()) {
       plan.error =
           "relpos_attention: POSATTN_CUDA_KERNEL=fast, but the fast kernels cannot take this call: " +
           not_fast;
       return plan;
     }
-    if (not_fast.empty() && backward) not_fast = fast_backward_refusal(p, dt, dev, &smem);
+    if (not_fast.empty() && backward) not_fast = fast_backward_refusal(p, dt, dev, &smem, &bwd_layout);
     if (not_fast.empty()) {
       plan.path = Kernels::kFast;
+      (backward ? plan.backward_layout : plan.forward_layout) = backward ? bwd_layout : fwd_layout;
       plan.path_reason =
           request == KernelRequest::kFast ? "POSATTN_CUDA_KERNEL=fast" : "the fast kernels take it";
       plan.smem = smem;

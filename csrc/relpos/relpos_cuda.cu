@@ -46,10 +46,26 @@ bool tensor_core_code() {
   return known == 2;
 }
 
+// The device's opt-in shared memory per block, or less where POSATTN_CUDA_SMEM_OPTIN says so: the
+// plan then chooses the kernels and layouts a device with that limit runs (an A100's 166912, an
+// RTX's 101376), so that one GPU measures and tests what the smaller ones get.
+size_t planned_smem_optin() {
+  const size_t optin = device_smem_optin();
+  const char* env = std::getenv("POSATTN_CUDA_SMEM_OPTIN");
+  if (env == nullptr || *env == '\0') return optin;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  TORCH_CHECK_VALUE(*env >= '0' && *env <= '9' && *end == '\0' && v > 0 && v <= optin,
+                    "POSATTN_CUDA_SMEM_OPTIN must be a number of bytes from 1 to the device's opt-in shared "
+                    "memory per block (",
+                    optin, "), got '", env, "'");
+  return static_cast<size_t>(v);
+}
+
 // The current device as the plan sees it.
 CudaDevice cuda_device() {
   CudaDevice dev;
-  dev.smem_optin = device_smem_optin();
+  dev.smem_optin = planned_smem_optin();
   dev.tensor_cores = tensor_core_code();
   dev.allow_tf32 = at::globalContext().allowTF32CuBLAS();
   return dev;
@@ -92,9 +108,10 @@ void by_fast_dim(int64_t D, Fn fn) {
 // The fast kernels' forward or backward (d q, d k, d v, d q_pos, unless `offsets_only`; with
 // `offsets`, d rel, d bias, d sigma too): the per-offset terms (bias, span) as float32 tables,
 // then the kernels.
+// The layouts follow the device's shared memory the plan was made for (plan.smem_optin).
 template <typename T>
-void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool offsets, cudaStream_t stream,
-                 bool offsets_only = false) {
+void launch_fast(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, bool backward, bool offsets,
+                 cudaStream_t stream, bool offsets_only = false) {
   const RelposParams& p = c.params;
   const auto table = [&](bool has) {
     return has ? at::empty({p.H, p.U}, c.q.options().dtype(at::kFloat)) : at::Tensor();
@@ -106,8 +123,10 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool of
       cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));
   by_fast_dim(p.D, [&](auto d) {
     using K = cuda_fast::FastKernels<T, decltype(d)::value>;
-    if (!offsets_only) check_launch(backward ? K::backward(p, t, stream) : K::forward(p, t, stream));
-    if (backward && offsets) check_launch(K::offsets(p, t, stream));
+    const size_t optin = plan.smem_optin;
+    if (!offsets_only)
+      check_launch(backward ? K::backward(p, t, optin, stream) : K::forward(p, t, optin, stream));
+    if (backward && offsets) check_launch(K::offsets(p, t, optin, stream));
   });
   // (the tables' memory goes back to the caching allocator on this stream, after the kernels)
 }
@@ -115,7 +134,7 @@ void launch_fast(const RelposCall& c, RelposTensors<T> t, bool backward, bool of
 template <typename T>
 void launch_forward(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, cudaStream_t stream) {
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
-    if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, t, false, false, stream);
+    if (plan.path == CudaPlan::Kernels::kFast) return launch_fast(c, plan, t, false, false, stream);
   }
   check_launch(cuda_general::launch_forward<T>(c.params, t, stream));
 }
@@ -128,9 +147,9 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
   if constexpr (!std::is_same<T, double>::value) {  // (float32: through TF32)
     const bool fast_offsets = plan.has_offsets && plan.offsets == Kernels::kFast;
     if (plan.path == Kernels::kFast)
-      launch_fast(c, t, true, fast_offsets, stream);
+      launch_fast(c, plan, t, true, fast_offsets, stream);
     else if (fast_offsets)  // (beside the general d q, d k, d v below: other outputs)
-      launch_fast(c, t, true, true, stream, /*offsets_only=*/true);
+      launch_fast(c, plan, t, true, true, stream, /*offsets_only=*/true);
   }
   if (plan.path == Kernels::kGeneral) {
     check_launch(cuda_general::launch_backward_dq<T>(p, t, stream));

@@ -195,8 +195,12 @@ def relpos_plan(*args, backward: bool = False, **kwargs) -> Dict[str, str]:
     instruction set, :func:`cpu_capability`), ``forward`` and ``backward`` ("tiled"
     or "window"); on CUDA ``forward`` or ``backward`` ("fast" or "general"), with
     ``backward`` also ``offsets`` (which kernel computes d rel, d bias and d sigma)
-    and ``offsets_reason``, ``smem`` (bytes of shared memory per block) and
-    ``error`` where the call cannot run; ``reason`` (why that kernel: the other
+    and ``offsets_reason``, ``smem`` (bytes of shared memory per block),
+    ``smem_optin`` (the device's opt-in limit per block) and ``layout_class`` (the
+    class of fast layouts it takes: "227 KiB (sm_90)", "163 KiB (sm_80)" or "99 KiB
+    (sm_86, sm_89)"), ``forward_layout`` / ``backward_layout`` / ``offsets_layout``
+    where the fast kernels run (their stages, chunks and bytes), and ``error`` where
+    the call cannot run; ``reason`` (why that kernel: the other
     kernel's refusal, or ``POSATTN_CPU_KERNEL`` / ``POSATTN_CUDA_KERNEL``). With
     ``window_dilation``, ``op_calls`` counts the operator's calls (one per sub-grid
     shape) and the plan is that of the first; with ``additional_keys``,

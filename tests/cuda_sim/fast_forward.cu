@@ -20,6 +20,8 @@
 // backward's kernels (relpos_fast_backward.cuh: d q, d k, d v, d q_pos) from that forward
 // with dO uniform, and prints "dq_err E" ... "dqpos_err E" against the float64
 // reference (relative to each gradient's largest value; nan for a row not written).
+// FAST_SMEM_OPTIN: the opt-in shared memory per block of the device whose layouts run
+// (relpos_fast_common.cuh, smem_class_of; default sm_90's 232448).
 // Run by tests/cuda_sim/test_fast_forward.py.
 #include <cuda_runtime.h>
 
@@ -155,6 +157,8 @@ int main(int argc, char** argv) {
   Device<double> dsigma(sigma_in);
   posattn::RelposTensors<T> t;
   t.q = dq.p, t.k = dk.p, t.v = dv.p, t.out = dout.p, t.lse = dlse.p;
+  const size_t optin = getenv("FAST_SMEM_OPTIN") != nullptr ? strtoull(getenv("FAST_SMEM_OPTIN"), nullptr, 10)
+                                                            : posattn::relpos::cuda_fast::smem_budget(0);
   if (span) t.sigma = dsigma.p;
   if (pos) {
     Device<T> dqpos(qpos), drel(rel);
@@ -162,10 +166,10 @@ int main(int argc, char** argv) {
     t.qpos = dqpos.p, t.rel = drel.p;
     if (has_bias || span == 1) t.offset_add = dadd.p;
     if (span == 2) t.offset_mul = dmul.p;
-    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, true>(p, t, nullptr)));
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, true>(p, t, optin, nullptr)));
     CHECK_CUDA(cudaDeviceSynchronize());
   } else {
-    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, false>(p, t, nullptr)));
+    CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_forward_by_rank<T, kD, false>(p, t, optin, nullptr)));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
   const std::vector<T> out = dout.get();
@@ -192,9 +196,11 @@ int main(int argc, char** argv) {
       t.qpos = dqpos.p, t.rel = drel.p, t.dqpos = gqp.p;
       t.offset_add = has_bias || span == 1 ? dadd.p : nullptr;
       t.offset_mul = span == 2 ? dmul.p : nullptr;
-      CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, true>(p, t, nullptr)));
+      CHECK_CUDA(
+          (posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, true>(p, t, optin, nullptr)));
     } else {
-      CHECK_CUDA((posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, false>(p, t, nullptr)));
+      CHECK_CUDA(
+          (posattn::relpos::cuda_fast::launch_fast_backward_by_rank<T, kD, false>(p, t, optin, nullptr)));
     }
     CHECK_CUDA(cudaDeviceSynchronize());
     g_q = gq.get(), g_k = gk.get(), g_v = gv.get();

@@ -236,6 +236,9 @@ RelposRun relpos_setup(const Case& c) {
     r.bwd.dsig_partials = posattn::relpos::cuda_general::offset_blocks_per_head(r.p);
   if (!r.fwd.error.empty()) fail("the plan refuses the forward: " + r.fwd.error);
   if (r.backward && !r.bwd.error.empty()) fail("the plan refuses the backward: " + r.bwd.error);
+  // (the simulator enforces no opt-in limit: the device's is checked here, and by the launchers)
+  if (r.fwd.smem > dev.smem_optin || (r.backward && r.bwd.smem > dev.smem_optin))
+    fail("the plan needs more shared memory per block than the case's device has");
   return r;
 }
 
@@ -253,8 +256,9 @@ void check_fast_dim(const posattn::RelposParams& p) {
 // The entry point's steps for the fast kernels' forward or backward (relpos/relpos_cuda.cu,
 // launch_fast; with `offsets`, the fast offset kernel too, or alone with `offsets_only`): the
 // per-offset tables, then the kernels, with the tables in t meanwhile.
-void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool backward, bool offsets,
-              bool offsets_only = false) {
+// The layouts follow the case's device (`optin`: its smem_optin).
+void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size_t optin, bool backward,
+              bool offsets, bool offsets_only = false) {
 #if defined(HARNESS_FAST_D)
   if constexpr (!std::is_same<T, double>::value) {  // (float: through TF32)
     namespace fast = rp::cuda_fast;
@@ -263,17 +267,18 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, bool
     t.offset_mul = mul.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
     if (backward && !offsets_only)
-      check(fast::launch_fast_backward_call<T, HARNESS_FAST_D>(p, t, nullptr), "fast backward launch");
+      check(fast::launch_fast_backward_call<T, HARNESS_FAST_D>(p, t, optin, nullptr), "fast backward launch");
     if (backward && offsets)
-      check(fast::launch_fast_offsets_by_rank<T, HARNESS_FAST_D>(p, t, nullptr), "fast offsets launch");
+      check(fast::launch_fast_offsets_by_rank<T, HARNESS_FAST_D>(p, t, optin, nullptr),
+            "fast offsets launch");
     if (!backward)
-      check(fast::launch_fast_forward_call<T, HARNESS_FAST_D>(p, t, nullptr), "fast forward launch");
+      check(fast::launch_fast_forward_call<T, HARNESS_FAST_D>(p, t, optin, nullptr), "fast forward launch");
     check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)
     t.offset_add = t.offset_mul = nullptr;
     return;
   }
 #endif
-  (void)p, (void)t, (void)backward, (void)offsets, (void)offsets_only;
+  (void)p, (void)t, (void)optin, (void)backward, (void)offsets, (void)offsets_only;
   fail("the plan gave the fast kernels a type they do not take");
 }
 
@@ -308,7 +313,7 @@ int run_relpos(const Case& c) {
   t.lse = lse.p;
   if (run.fwd.path == Kernels::kFast) {
     check_fast_dim(p);
-    run_fast(p, t, false, false);
+    run_fast(p, t, run.fwd.smem_optin, false, false);
   } else {
     check(rp::cuda_general::launch_forward<T>(p, t, nullptr), "general forward launch");
   }
@@ -318,7 +323,8 @@ int run_relpos(const Case& c) {
   write_array("out", out_h);
   write_array("lse", lse_h);
   std::ofstream res(g_dir + "/result.txt");
-  res << "forward " << rp::kernels_name(run.fwd.path) << "\n";
+  res << "forward " << rp::kernels_name(run.fwd.path) << "\nlayout_class " << run.fwd.layout_class << "\n";
+  if (!run.fwd.forward_layout.empty()) res << "forward_layout " << run.fwd.forward_layout << "\n";
   if (!run.backward) return 0;
 
   // the glue's host-side work: D_i = dO_i . out_i - d lse_i
@@ -368,9 +374,9 @@ int run_relpos(const Case& c) {
 #if defined(HARNESS_FAST_D)
     if constexpr (!std::is_same<T, double>::value) {
       if (plan.path == Kernels::kFast)
-        run_fast(p, t, true, fast_offsets);
+        run_fast(p, t, plan.smem_optin, true, fast_offsets);
       else if (fast_offsets)
-        run_fast(p, t, true, true, /*offsets_only=*/true);
+        run_fast(p, t, plan.smem_optin, true, true, /*offsets_only=*/true);
     }
 #endif
     if (plan.path == Kernels::kGeneral) {
@@ -409,6 +415,8 @@ int run_relpos(const Case& c) {
   res << "backward " << rp::kernels_name(plan.path) << "\noffsets "
       << (plan.has_offsets ? rp::kernels_name(plan.offsets) : "none") << "\nbackward_repeats " << runs.size()
       << "\nbitwise_equal " << (same ? 1 : 0) << "\n";
+  if (!plan.backward_layout.empty()) res << "backward_layout " << plan.backward_layout << "\n";
+  if (!plan.offsets_layout.empty()) res << "offsets_layout " << plan.offsets_layout << "\n";
   return 0;
 }
 

@@ -26,6 +26,12 @@ pytestmark = [
 ]
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+# the fast layouts' class of each device the cases plan for (csrc/cuda/relpos_fast_common.cuh)
+SMEM_CLASS_NAMES = {
+    simlib.SMEM_H100: "227 KiB (sm_90)",
+    simlib.SMEM_A100: "163 KiB (sm_80)",
+    simlib.SMEM_SM86: "99 KiB (sm_86, sm_89, sm_120)",
+}
 # error relative to the largest reference value of a tensor
 FWD_TOL = {F64: 1e-12, F32: 1e-5, F16: 2e-3, BF16: 1e-2}
 GRAD_TOL = {F64: 1e-10, F32: 5e-5, F16: 4e-3, BF16: 2e-2}
@@ -63,6 +69,8 @@ class Case:
         seed: int = 0,
         scale: Optional[float] = None,
         timing: bool = False,
+        smem_optin: int = simlib.PLAN_SMEM_OPTIN,
+        expect: Optional[tuple] = None,
     ):
         self.name, self.dtype, self.grid, self.path = name, dtype, list(grid), path
         self.B, self.H, self.D, self.Dv = B, H, D, D if Dv is None else Dv
@@ -79,6 +87,13 @@ class Case:
         # run in the simulator's timing mode, where a launch's blocks run at once (functional mode
         # runs them one after another): ~10x slower
         self.timing = timing
+        # the device the plan is made for (its opt-in shared memory per block) and, on a device
+        # other than an H100's, the kernels it must choose: (forward, backward, offsets), each
+        # "fast" or "general" (offsets "none" without a term per offset), as test_plan_table.py's
+        # table has them; on an H100 the rules below (_forward_path ...) say it
+        self.smem_optin, self.expect = smem_optin, expect
+        if (smem_optin != simlib.PLAN_SMEM_OPTIN) != (expect is not None):
+            raise ValueError(f"{name}: a case on another device names the kernels it expects, and only it")
 
     def __repr__(self):
         return self.name
@@ -220,7 +235,7 @@ def run_relpos(c: Case, tmp_path: Path):
     glse = (torch.randn(c.B, c.H, N, generator=g, dtype=F64) * (0.5 if c.glse else 0.0)).to(acc).to(F64)
     settings = dict(
         op="relpos",
-        **simlib.plan_settings(c.path),
+        **simlib.plan_settings(c.path, c.smem_optin),
         B=c.B,
         H=c.H,
         D=c.D,
@@ -307,11 +322,13 @@ def check_relpos(c: Case, tmp_path: Path):
     errors = {"out": _rel_err("out", out, out_ref), "lse": _rel_err("lse", lse, lse_ref)}
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors  # (False for a NaN error)
     plan = run.result()  # the kernels the harness ran: the extension's plan for this call
-    assert plan["forward"] == _forward_path(c), plan
+    want = c.expect or (_forward_path(c), _backward_path(c), _offsets_kernel(c))
+    assert plan["layout_class"] == SMEM_CLASS_NAMES[c.smem_optin], plan
+    assert plan["forward"] == want[0], plan
     if not c.backward:
         return errors
-    assert plan["backward"] == _backward_path(c), plan
-    assert plan["offsets"] == _offsets_kernel(c), plan
+    assert plan["backward"] == want[1], plan
+    assert plan["offsets"] == want[2], plan
     U = math.prod(2 * n - 1 for n in c.grid)
     shapes = dict(
         q=(c.B, c.H, N, c.D),
@@ -904,6 +921,349 @@ AUTO = [
         special="nonfinite",
     ),
 ]
+
+
+# The fast kernels in the layouts of smaller devices (csrc/cuda/relpos_fast_common.cuh: the
+# plan picks each kernel's layout by the device's class of shared memory): an A100's 163 KiB and
+# the 99 KiB of sm_86 / sm_89 (RTX 30 / 40, A10, L4, L40), each a layout that class 0 (sm_90) does
+# not have: fewer stages, the offset tile in chunks, q_pos in shared memory, the control's backward
+# in one stage. `expect`: the kernels the plan gives (forward, backward, offsets), as
+# test_plan_table.py's table has them; forward-only cases where the backward is the general one.
+SM86, SM80 = simlib.SMEM_SM86, simlib.SMEM_A100
+FFF, FGG = ("fast", "fast", "fast"), ("fast", "general", "general")
+SMALL_DEVICES = [
+    # every kernel (forward, d q, d k d v, offsets) in the 99 KiB layouts: the forward in whole rows (one
+    # stage of the offset tile), the backward's kernels in one stage and chunks of 32 / 16, the offset
+    # kernel's 32 columns of d rel in chunks of 16
+    Case(
+        "fast-bf16-d64-1d-sm86",
+        BF16,
+        [150],
+        path="auto",
+        D=64,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        causal=True,
+        repeats=2,
+        B=1,
+        H=1,
+        smem_optin=SM86,
+        expect=FFF,
+    ),
+    Case(
+        "fast-bf16-d32-1d-sm86",
+        BF16,
+        [100],
+        path="auto",
+        D=32,
+        sigma=True,
+        bias=True,
+        window=20,
+        B=1,
+        H=2,
+        smem_optin=SM86,
+        expect=FFF,
+    ),
+    # forwards: the offset tile in chunks, q_pos in registers (two stages of K and V; one, Q and q_pos
+    # through the positional buffers) or in shared memory
+    Case(
+        "fast-f16-d32-2d-sm86",
+        F16,
+        [17, 19],
+        path="auto",
+        D=32,
+        sigma=True,
+        span_mode="multiply",
+        window=3,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-bf16-d32-3d-sm86",
+        BF16,
+        [5, 6, 7],
+        path="auto",
+        D=32,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-bf16-d64-2d-sm86",
+        BF16,
+        [12, 13],
+        path="auto",
+        D=64,
+        sigma=True,
+        window=2,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-bf16-d64-3d-sm86",
+        BF16,
+        [5, 6, 5],
+        path="auto",
+        D=64,
+        sigma=True,
+        threshold=0.4,
+        causal=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    # (without q_pos: the tables alone through the chunks, one stage of K and V, and two)
+    Case(
+        "fast-bf16-d64-3d-nopos-sm86",
+        BF16,
+        [5, 6, 5],
+        path="auto",
+        D=64,
+        pos=False,
+        sigma=True,
+        bias=True,
+        span_mode="multiply",
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-f16-d32-3d-nopos-sm86",
+        F16,
+        [5, 6, 7],
+        path="auto",
+        D=32,
+        pos=False,
+        bias=True,
+        window=2,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-f16-d128-1d-sm86",
+        F16,
+        [90],
+        path="auto",
+        D=128,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-f16-d128-2d-sm86",
+        F16,
+        [9, 10],
+        path="auto",
+        D=128,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d32-1d-sm86",
+        F32,
+        [100],
+        path="auto",
+        D=32,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d32-2d-sm86",
+        F32,
+        [9, 11],
+        path="auto",
+        D=32,
+        sigma=True,
+        span_mode="multiply",
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d64-1d-sm86",
+        F32,
+        [130],
+        path="auto",
+        D=64,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d64-2d-sm86",
+        F32,
+        [9, 11],
+        path="auto",
+        D=64,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM86,
+        expect=FGG,
+    ),
+    # the control's backward in one stage
+    Case(
+        "fast-bf16-d128-3d-plain-sm86",
+        BF16,
+        [4, 5, 5],
+        path="auto",
+        D=128,
+        pos=False,
+        causal=True,
+        B=1,
+        H=1,
+        smem_optin=SM86,
+        expect=("fast", "fast", "none"),
+    ),
+    # the A100's: whole rows with fewer stages, or chunks wider than sm_86's
+    Case(
+        "fast-bf16-d64-2d-sm80",
+        BF16,
+        [12, 13],
+        path="auto",
+        D=64,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        repeats=2,
+        B=1,
+        H=1,
+        smem_optin=SM80,
+        expect=FFF,
+    ),
+    Case("fast-f16-d128-2d-sm80", F16, [9, 10], path="auto", D=128, sigma=True, B=1, H=1, smem_optin=SM80, expect=FFF),
+    Case(
+        "fast-bf16-d64-3d-sm80",
+        BF16,
+        [5, 6, 5],
+        path="auto",
+        D=64,
+        bias=True,
+        window=1,
+        B=1,
+        H=1,
+        smem_optin=SM80,
+        expect=FFF,
+    ),
+    Case(
+        "fast-bf16-d32-3d-sm80",
+        BF16,
+        [4, 5, 6],
+        path="auto",
+        D=32,
+        sigma=True,
+        causal=True,
+        B=1,
+        H=1,
+        smem_optin=SM80,
+        expect=FFF,
+    ),
+    Case(
+        "fast-bf16-d128-1d-sm80",
+        BF16,
+        [130],
+        path="auto",
+        D=128,
+        sigma=True,
+        causal=True,
+        B=1,
+        H=1,
+        smem_optin=SM80,
+        expect=FFF,
+    ),
+    Case(
+        "fast-bf16-d128-3d-sm80",
+        BF16,
+        [4, 5, 6],
+        path="auto",
+        D=128,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM80,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d64-1d-sm80",
+        F32,
+        [100],
+        path="auto",
+        D=64,
+        sigma=True,
+        bias=True,
+        B=1,
+        H=1,
+        smem_optin=SM80,
+        expect=FFF,
+    ),
+    Case("fast-tf32-d32-2d-sm80", F32, [9, 11], path="auto", D=32, bias=True, B=1, H=1, smem_optin=SM80, expect=FFF),
+    Case(
+        "fast-tf32-d64-3d-sm80",
+        F32,
+        [4, 5, 6],
+        path="auto",
+        D=64,
+        bias=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM80,
+        expect=FGG,
+    ),
+    Case(
+        "fast-tf32-d128-2d-sm80",
+        F32,
+        [9, 10],
+        path="auto",
+        D=128,
+        sigma=True,
+        B=1,
+        H=1,
+        backward=False,
+        smem_optin=SM80,
+        expect=FGG,
+    ),
+]
+AUTO += SMALL_DEVICES
 
 
 assert EXTENDED <= {c.name for c in GENERAL + AUTO}, "EXTENDED names a case that is not there"

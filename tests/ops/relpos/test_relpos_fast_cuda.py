@@ -240,3 +240,51 @@ def test_more_than_three_axes_take_the_general_kernels(monkeypatch):
     got = torch.autograd.grad((out * g.to("cuda", torch.bfloat16)).sum(), list(xc.values()))
     for name, a, b in zip(x, got, want):
         assert rel_err(a, b) < 0.05, name
+
+
+@pytest.mark.parametrize(
+    "optin,grid,D,cls,fast",
+    [
+        # an RTX 30 / 40's, A10's, L4's 99 KiB: 16-bit D = 64 on 1-D grids runs every kernel fast in the
+        # small layouts (one stage, chunks), on 2-D grids the forward only
+        (101376, [150], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "fast", "fast")),
+        (101376, [12, 13], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "general", "general")),
+        # an A100's 163 KiB: 16-bit D = 64 on 2-D grids, all fast
+        (166912, [12, 13], 64, "163 KiB (sm_80)", ("fast", "fast", "fast")),
+    ],
+)
+def test_smaller_devices_layouts(monkeypatch, optin, grid, D, cls, fast):
+    """POSATTN_CUDA_SMEM_OPTIN plans as on a device with less shared memory per block: the layouts
+    of its class (benchmarks/plan_table.py's table), against the float64 reference, the backward
+    bitwise repeatable; a value above the device's or not a number is a ValueError."""
+    monkeypatch.setenv("POSATTN_CUDA_SMEM_OPTIN", str(optin))
+    x = make_relpos_inputs(grid, B=2, H=3, D=D, Dv=D, sigma=True, bias=True, requires_grad=True)
+    args = dict(threshold=0.3, causal=True)
+    out_ref, lse_ref = reference.relpos_attention(**x, grid=grid, return_lse=True, **args)
+    xc = {
+        k: t.detach().to("cuda", torch.bfloat16 if k != "sigma" else torch.float32).requires_grad_()
+        for k, t in x.items()
+    }
+    plan = ops.relpos_plan(**xc, grid=grid, **args)
+    bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
+    assert plan["layout_class"] == cls and plan["smem_optin"] == str(optin), plan
+    assert (plan["forward"], bplan["backward"], bplan["offsets"]) == fast, bplan
+    assert int(plan["smem"]) <= optin and int(bplan["smem"]) <= optin, bplan
+    out, lse = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+    assert rel_err(out, out_ref) < 2e-2 and rel_err(lse, lse_ref) < 2e-2
+    g = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = torch.autograd.grad((out_ref * g).sum() + lse_ref.sum(), list(x.values()))
+
+    def grads():
+        o, s = ops.relpos_attention(**xc, grid=grid, return_lse=True, **args)
+        return torch.autograd.grad((o * g.to("cuda", torch.bfloat16)).sum() + s.sum(), list(xc.values()))
+
+    got = grads()
+    for name, a, b in zip(x, got, want):
+        assert rel_err(a, b) < 0.05, name
+    for name, a, b in zip(x, grads(), got):
+        assert torch.equal(a, b), name
+    for bad in ("10000000", "lots", "-5"):
+        monkeypatch.setenv("POSATTN_CUDA_SMEM_OPTIN", bad)
+        with pytest.raises(ValueError, match="POSATTN_CUDA_SMEM_OPTIN must be a number of bytes"):
+            ops.relpos_plan(**xc, grid=grid, **args)

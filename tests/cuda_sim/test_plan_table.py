@@ -1,0 +1,68 @@
+"""The CUDA plan on each class of GPU (benchmarks/plan_table.py over tests/cuda_sim/plan_table.cu:
+the extension's own plan, csrc/cuda/relpos_plan.cuh, for a device's opt-in shared memory per
+block), checked without a GPU: on an H100 the fast kernels take what they always took; a smaller
+device runs no more fast than a larger one; no plan asks for more shared memory than its device
+has; and the README's table is the plan's (it cannot drift from the layouts)."""
+
+from __future__ import annotations
+
+import re
+
+import plan_table
+import pytest
+import simlib
+
+pytestmark = [
+    pytest.mark.cuda_sim,
+    pytest.mark.skipif(simlib.nvcc() is None, reason="nvcc not found (set CUDA_HOME)"),
+]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    table = plan_table.rows()
+    assert len(table) == 3 * 3 * 3 * 3 * len(plan_table.DEVICES)  # dtypes, D, axes, terms, devices
+    return table
+
+
+def test_h100_runs_every_fast_call_but_float32_d128_backward(rows):
+    for r in rows:
+        if r.smem_optin != simlib.SMEM_H100:
+            continue
+        assert r.forward == "fast", r
+        f32_d128_terms = r.dtype == "f32" and r.D == 128 and r.terms != "plain"
+        # float32 D = 128 with a term per offset: the general d q, d k, d v (registers), and on 2-3 axes
+        # the general d rel too (no offset-kernel layout within 227 KiB)
+        assert r.backward == ("general" if f32_d128_terms else "fast"), r
+        want = "none" if r.terms == "plain" else "general" if f32_d128_terms and r.axes > 1 else "fast"
+        assert r.offsets == want, r
+
+
+def test_a_smaller_device_runs_no_more_fast(rows):
+    by = {(r.dtype, r.D, r.axes, r.terms, r.smem_optin): r for r in rows}
+    order = [optin for optin, _ in plan_table.DEVICES]  # largest first
+    for r in rows:
+        i = order.index(r.smem_optin)
+        if i == 0:
+            continue
+        larger = by[(r.dtype, r.D, r.axes, r.terms, order[i - 1])]
+        for kernels in ("forward", "backward", "offsets"):
+            if getattr(r, kernels) == "fast":
+                assert getattr(larger, kernels) == "fast", (kernels, r, larger)
+
+
+def test_no_plan_asks_for_more_shared_memory_than_its_device_has(rows):
+    for r in rows:
+        assert r.forward_smem <= r.smem_optin and r.backward_smem <= r.smem_optin, r
+        # (the fast layouts' own sizes: more than the 48 KiB every device gives)
+        if r.forward == "fast" and r.terms != "plain":
+            assert r.forward_smem > 48 * 1024, r
+
+
+def test_readme_table_is_the_plans(rows):
+    readme = (simlib.REPO / "README.md").read_text()
+    m = re.search(r"<!-- plan_table -->\n(.*?)<!-- /plan_table -->", readme, re.S)
+    assert m, "README.md has no <!-- plan_table --> section"
+    assert m.group(1) == plan_table.markdown(rows), (
+        "README.md's table is not the plan's: paste `python benchmarks/plan_table.py` between its markers"
+    )
