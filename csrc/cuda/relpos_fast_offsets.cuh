@@ -731,39 +731,32 @@ constexpr OffShape offsets_shape() {
   else
     return {0, D};
 }
+// The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
+// check and report): bytes 0 where no shape fits.
+struct OffLayoutInfo {
+  OffShape shape{0, 0};
+  size_t bytes = 0;
+};
 template <typename T, int D, int NDIM, int SC>
-constexpr size_t fast_offsets_bytes_() {
+constexpr OffLayoutInfo fast_offsets_layout_() {
   constexpr OffShape s = offsets_shape<T, D, NDIM, SC>();
   if constexpr (s.da == 0)
-    return 0;
+    return OffLayoutInfo{s, 0};
   else
-    return OffLayout<T, D, NDIM, s.da, s.dc>::kBytes;
+    return OffLayoutInfo{s, OffLayout<T, D, NDIM, s.da, s.dc>::kBytes};
 }
 template <typename T, int D, int SC>
-constexpr size_t fast_offsets_bytes_sc(int ndim) {
-  return ndim == 3   ? fast_offsets_bytes_<T, D, 3, SC>()
-         : ndim == 2 ? fast_offsets_bytes_<T, D, 2, SC>()
-                     : fast_offsets_bytes_<T, D, 1, SC>();
+constexpr OffLayoutInfo fast_offsets_layout_sc(int ndim) {
+  return ndim == 3   ? fast_offsets_layout_<T, D, 3, SC>()
+         : ndim == 2 ? fast_offsets_layout_<T, D, 2, SC>()
+                     : fast_offsets_layout_<T, D, 1, SC>();
 }
-// The fast offset kernel's shared memory on a grid of `ndim` axes in class sc, 0 where it does
-// not fit (the plan's check), and its shape.
+// The same on a grid of `ndim` axes in class sc.
 template <typename T, int D>
-constexpr size_t fast_offsets_bytes(int ndim, int sc) {
-  return sc == 0   ? fast_offsets_bytes_sc<T, D, 0>(ndim)
-         : sc == 1 ? fast_offsets_bytes_sc<T, D, 1>(ndim)
-                   : fast_offsets_bytes_sc<T, D, 2>(ndim);
-}
-template <typename T, int D, int SC>
-constexpr OffShape fast_offsets_shape_sc(int ndim) {
-  return ndim == 3   ? offsets_shape<T, D, 3, SC>()
-         : ndim == 2 ? offsets_shape<T, D, 2, SC>()
-                     : offsets_shape<T, D, 1, SC>();
-}
-template <typename T, int D>
-constexpr OffShape fast_offsets_shape(int ndim, int sc) {
-  return sc == 0   ? fast_offsets_shape_sc<T, D, 0>(ndim)
-         : sc == 1 ? fast_offsets_shape_sc<T, D, 1>(ndim)
-                   : fast_offsets_shape_sc<T, D, 2>(ndim);
+constexpr OffLayoutInfo fast_offsets_layout(int ndim, int sc) {
+  return sc == 0   ? fast_offsets_layout_sc<T, D, 0>(ndim)
+         : sc == 1 ? fast_offsets_layout_sc<T, D, 1>(ndim)
+                   : fast_offsets_layout_sc<T, D, 2>(ndim);
 }
 
 // The fast offset kernel's work items (blocks) of a call in class sc: H x tile offsets x column
@@ -772,7 +765,7 @@ constexpr OffShape fast_offsets_shape(int ndim, int sc) {
 // rank.
 template <typename T, int D>
 int64_t fast_offset_items(const RelposParams& p, int sc) {
-  const int da = fast_offsets_shape<T, D>(p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1, sc).da;
+  const int da = fast_offsets_layout<T, D>(p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1, sc).shape.da;
   return p.H * fast_offset_tiles(p).count * (p.has_pos && da != 0 ? D / da : 1);
 }
 template <typename T, int D>
@@ -787,7 +780,7 @@ int64_t fast_offset_order_ints(const RelposParams& p, int sc) {
 // with q_pos and rel null (a bias or span and no q_pos) d bias and d sigma only, one block per
 // tile offset.
 // In the shape DA, DC of class SC (offsets_shape; DA 0: none fits), which the caller has
-// checked against the device's limit `optin` (fast_offsets_bytes; and this: the layout within it).
+// checked against the device's limit `optin` (fast_offsets_layout; and this: the layout within it).
 template <typename T, int D, int NDIM, int SC, int DA, int DC>
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {

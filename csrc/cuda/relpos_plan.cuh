@@ -181,20 +181,20 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
-    *smem = cuda_fast::fast_offsets_bytes<CT, D>(p.g.ndim, sc);
+    const cuda_fast::OffLayoutInfo l = cuda_fast::fast_offsets_layout<CT, D>(p.g.ndim, sc);
+    *smem = l.bytes;
     *ints = cuda_fast::fast_offset_order_ints<CT, D>(p, sc);
     if (*ints >= INT_MAX) {
       why =
           "the fast offset kernel needs more thread blocks (with their ordering flags) than a launch allows";
       return;
     }
-    if (*smem == 0) {  // (offsets_shape)
+    if (l.bytes == 0) {  // (offsets_shape)
       why = lacks_layout("the fast offset kernel", D, p.g.ndim, sc);
       return;
     }
-    const cuda_fast::OffShape s = cuda_fast::fast_offsets_shape<CT, D>(p.g.ndim, sc);
-    *layout = std::to_string(s.da) + " columns of d rel a block, inputs in chunks of " +
-              std::to_string(s.dc) + " columns (" + std::to_string(*smem) + " bytes)";
+    *layout = std::to_string(l.shape.da) + " columns of d rel a block, inputs in chunks of " +
+              std::to_string(l.shape.dc) + " columns (" + std::to_string(l.bytes) + " bytes)";
   });
   return why;
 }
