@@ -36,6 +36,18 @@
 
 namespace posattn::relpos::cuda_fast {
 
+// How a backward kernel keeps its inputs in shared memory (BwdLayout): the streamed box in
+// `stages` (2: box j + 1 copied while box j is computed), the offset tile in `rel_stages`, its
+// rel rows dc columns at a time (dc < D: chunks, one stage of each); `alias`: the query-major
+// kernel's dS' box, or the key-major kernel's rows of P and dS', in the warp's positional
+// buffer (spent by then; the box zeroed per pair); `qpos_regs`: q_pos's fragments held in
+// registers, its rows copied in through the warps' positional buffers (the query-major kernel
+// once, the key-major one per query tile: one stage). stages 0: no shape fits.
+struct BwdShape {
+  int stages = 0, rel_stages = 0, dc = 0;
+  bool alias = false, qpos_regs = false;
+};
+
 // SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
 template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC = 0>
 struct BwdLayout {
@@ -53,38 +65,62 @@ struct BwdLayout {
   static constexpr int kPbuf = 17 * kPLd;
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
   static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
-  // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per
-  // stage the streamed box's (K, V; Q, q_pos, dO); the control's (!POS) without q_pos, dO the
-  // query box's kDO-th
-  static constexpr int kDO = POS ? 2 : 1;
-  static constexpr int kFixed = KEYS ? 2 : kDO + 1, kPer = KEYS ? kDO + 1 : 2;
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
-  // (dc: the columns of the offset tile's rel rows held at a time)
-  static constexpr size_t bytes(int stages, int rel_stages, int dc = D) {
-    const size_t tel = static_cast<size_t>((kFixed + stages * kPer) * kTile) +
-                       (POS ? rel_stages * kTileOffsets * (dc + kPad) : 0) +
-                       (KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
-    const size_t fl = POS ? kWarps * kPbuf + rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
+  // (a warp's share of what the aliases put in its positional buffer, bytes)
+  static constexpr size_t kAliasBytes = KEYS ? 2 * 16 * kXLd * sizeof(T) : 16 * kSLd * sizeof(T);
+  static constexpr size_t kPbufBytes = static_cast<size_t>(kPbuf) * 4;
+  // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per stage the
+  // streamed box's (K, V; Q, q_pos, dO); without q_pos (the control, or q_pos in registers)
+  // dO the query box's second
+  static constexpr int query_tiles(bool qpos_regs) { return POS && !qpos_regs ? 3 : 2; }
+  static constexpr size_t bytes(BwdShape f) {
+    const int fixed = KEYS ? 2 : query_tiles(f.qpos_regs), per = KEYS ? query_tiles(f.qpos_regs) : 2;
+    const size_t tel = static_cast<size_t>((fixed + f.stages * per) * kTile) +
+                       (POS ? f.rel_stages * kTileOffsets * (f.dc + kPad) : 0) +
+                       (f.alias ? 0
+                        : KEYS  ? 2 * 64 * kXLd
+                                : (POS ? kWarps * 16 * kSLd : 0));
+    const size_t fl =
+        POS ? kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
     return tel * sizeof(T) + fl * 4 + (KEYS ? 2 * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
-  // two stages of the streamed box and of the offset tile where they fit, else one of the
-  // offset tile, else one of each (refilled after another barrier); else (POS) one of each
-  // with the offset tile's rel rows in chunks of kDC columns (the widest that fits: the
-  // positional products summed over the chunks; the query-major kernel's d q_pos takes them
-  // again, last chunk first, after dS')
-  static constexpr int chunk_columns() {
-    int dc = 0;  // (one return: nvcc warns of the loop after an early one)
-    // (not float32 at D = 128: the query-major kernel's accumulators, 16 x D each for two
-    // gradients, leave too few registers)
-    for (int c = D / 2; POS && (sizeof(T) == 2 || D < 128) && dc == 0 && c >= 16; c /= 2)
-      if (bytes(1, 1, c) <= kBudget) dc = c;
-    return dc;
+  // the shape: two stages of the streamed box and of the offset tile where they fit, else one
+  // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
+  // each with the offset tile's rel rows in chunks (the widest that fits: the positional
+  // products summed over the chunks; the query-major kernel's d q_pos takes them again, last
+  // chunk first, after dS'). Where none of those fits (the smaller classes), the same order
+  // again with the aliases, then with q_pos in registers too (the key-major kernel's with one
+  // stage). Not float32 at D = 128 in chunks, nor q_pos in registers at D = 128 or float32
+  // D = 64: the query-major kernel's accumulators, 16 x D each for two gradients, leave too
+  // few registers.
+  static constexpr bool admits(BwdShape f) {
+    if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1 || (sizeof(T) == 4 && D == 128)))
+      return false;
+    if (f.alias && (!POS || kAliasBytes > kPbufBytes)) return false;
+    if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
+                        16 * kLd * sizeof(T) > kPbufBytes))
+      return false;
+    return bytes(f) <= kBudget;
   }
-  static constexpr bool kWhole = bytes(1, 1) <= kBudget;
-  static constexpr int kDC = kWhole ? D : chunk_columns(), kRelChunks = kDC > 0 ? D / kDC : 1;
-  static constexpr int kStages = kWhole && bytes(2, 1) <= kBudget ? 2 : 1;
-  static constexpr int kRelStages = kStages == 2 && bytes(2, 2) <= kBudget ? 2 : 1;
-  static constexpr bool kFits = kDC > 0;
+  static constexpr BwdShape shape() {
+    BwdShape f{};  // (one return: nvcc warns of the loop after an early one)
+    constexpr int kStaged[3][2] = {{2, 2}, {2, 1}, {1, 1}};
+    for (int mode = 0; mode < 3 && f.stages == 0; ++mode)
+      for (int k = 0; k < 3 && f.stages == 0; ++k)
+        for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
+          const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2};
+          if (admits(c)) f = c;
+        }
+    return f;
+  }
+  static constexpr BwdShape kShape = shape();
+  static constexpr bool kFits = kShape.stages > 0;
+  static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs;
+  static constexpr int kDC = kFits ? kShape.dc : 0, kRelChunks = kDC > 0 ? D / kDC : 1;
+  static constexpr int kStages = kFits ? kShape.stages : 1, kRelStages = kFits ? kShape.rel_stages : 1;
+  // the query box's tiles: q_pos (POS, in shared memory) 1, dO kDO
+  static constexpr int kDO = query_tiles(kQposRegs) - 1;
+  static constexpr int kFixed = KEYS ? 2 : kDO + 1, kPer = KEYS ? kDO + 1 : 2;
   static constexpr int kRLd = (kDC > 0 ? kDC : D) + kPad;  // the offset tile's rows
   // the k-steps of Q K^T and dO V^T unrolled: half of them in the float32 query-major kernel
   // with chunks (all: 64 bytes of spills at D = 64 on 3-D grids; half: none)
@@ -105,7 +141,7 @@ struct BwdLayout {
   static constexpr int kR0 = (kFixed + kStages * kPer) * kTile;
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);  // exchange (KEYS) or dS' boxes
-  static constexpr int kTElems = kX + (KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
+  static constexpr int kTElems = kX + (kAlias ? 0 : KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp its positional products, per stage, warp and table its add / mul
   // entries; then ints: per warp its columns' offset rows (woff) and tile rows (wrow)
@@ -118,11 +154,13 @@ struct BwdLayout {
   static constexpr size_t kRowsAt = kTBytes + static_cast<size_t>(kFloats + kInts) * 4;
   static constexpr size_t kRangesAt = kRowsAt + (KEYS ? 2 * 2 * 64 * 4 : 0);
   static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
-  static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0,
-                "the regions aligned (float2, int2)");
+  static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0 && kPbuf % 4 == 0,
+                "the regions aligned (uint4, float2, int2)");
+  static_assert(!kFits || kBytes == bytes(kShape), "the regions as bytes() counts them");
   static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
-  // what makes one layout another: its chunks and stages
-  static constexpr int kKey = kFits ? (kDC * 4 + kStages) * 4 + kRelStages : -1;
+  // what makes one layout another: its chunks, stages, aliases
+  static constexpr int kKey =
+      kFits ? (((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs : -1;
 };
 
 // The largest class (the smallest SC) whose layout of this kernel is class SC's: the one
@@ -406,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
     fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
-    if constexpr (!KEYS) {  // the warp's dS' box: entries no row ever writes stay 0
+    if constexpr (!KEYS && !L::kAlias) {  // the warp's dS' box: entries no row ever writes stay 0
       T* box = smem + L::kX + w * 16 * L::kSLd;
       for (int i = lane; i < 16 * L::kSLd * static_cast<int>(sizeof(T)) / 4; i += 32)
         reinterpret_cast<uint32_t*>(box)[i] = 0u;
@@ -423,6 +461,35 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
                                          fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   const auto key_rows = [&](const int* kb) { return [&g, kb](const int* x) { return g.key_token(kb, x); }; };
+  // q_pos's rows of the query tile: its slot, or (kQposRegs) each warp's 16 in its positional
+  // buffer, read into registers before its products overwrite them
+  const auto load_qpos = [&](T* slot, auto tok) {
+    if constexpr (L::kQposRegs)
+      load_rows_async<T, D, LD, kBlockM, D, L::kPbuf * 4 / static_cast<int>(sizeof(T))>(
+          reinterpret_cast<T*>(fsmem), qp, tok);
+    else
+      load_rows_async<T, D, LD, kBlockM>(slot, qp, tok);
+  };
+  uint32_t qpr[POS && L::kQposRegs ? D / KK : 1][4] = {};  // (kQposRegs: the warp's q_pos fragments)
+  const auto read_qpos = [&] {
+    if constexpr (POS && L::kQposRegs) {
+      if (qp != nullptr) {
+#pragma unroll
+        for (int kk = 0; kk < D / KK; ++kk)
+          F::load_a(qpr[kk], reinterpret_cast<const T*>(pbuf) + KK * kk, LD, lane);
+      }
+      __syncwarp();  // (the warp's products overwrite its buffer next)
+    }
+  };
+  // query-major: the warp's dS' box; key-major: warp v's 16 rows of P of the exchange, dS'
+  // kDS elements after them (kAlias: both in the warp's positional buffer)
+  const auto dq_box = [&]() -> T* {
+    return L::kAlias ? reinterpret_cast<T*>(pbuf) : smem + L::kX + w * 16 * L::kSLd;
+  };
+  const auto x_rows = [&](int v) -> T* {
+    return L::kAlias ? reinterpret_cast<T*>(fsmem + v * L::kPbuf) : smem + L::kX + 16 * v * L::kXLd;
+  };
+  constexpr int kDS = L::kAlias ? 16 * L::kXLd : 64 * L::kXLd;
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
   // with (KEYS) the rows' lse in base 2 and rowd (-inf and 0 outside the grid)
   const auto load_stream = [&](int st, const int* so) {
@@ -432,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     } else {
       const auto tok = [&](unsigned r) { return query_token(so, static_cast<int>(r)); };
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 0), q, tok);
-      if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 1), qp, tok);
+      if (POS && qp != nullptr) load_qpos(smem + L::staged_at(st, 1), tok);
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, L::kDO), dout, tok);
       if (threadIdx.x < kBlockM) {
         float* rows = reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64;
@@ -447,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   if constexpr (!KEYS) {
     const auto tok = [&](unsigned r) { return query_token(fo, static_cast<int>(r)); };
     load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
-    if (POS && qp != nullptr) load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(1), qp, tok);
+    if (POS && qp != nullptr) load_qpos(smem + L::fixed_at(1), tok);
     load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(L::kDO), dout, tok);
     fill_ranges(fo);
   } else {
@@ -481,6 +548,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   // the accumulators: query-major dQ and dQpos of the warp's queries, key-major dK and
   // dV of its keys (16 x D each: n-blocks of 8 columns)
   float acc0[D / 8][4] = {}, acc1[D / 8][4] = {};
+  if constexpr (POS && L::kQposRegs && !KEYS) {
+    warp::cp_async_wait<0>();
+    __syncthreads();  // every thread's copies of q_pos's rows visible
+    read_qpos();
+  }
 
   for (int j = r0; j < total; ++j) {
     const int stage = L::kStages == 2 ? (j - r0) & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
@@ -513,6 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         rowd[r] = rows[64 + i];
       }
       __syncwarp();
+      read_qpos();  // (kQposRegs: this query tile's, copied in with its rows)
     }
     bool active = true, full = true;
 #pragma unroll
@@ -534,8 +607,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             // loads made ptxas spill at D = 128)
             uint32_t qpf[DC / KK][4];
 #pragma unroll
-            for (int kk = 0; kk < DC / KK; ++kk)
-              F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
+            for (int kk = 0; kk < DC / KK; ++kk) {
+              if constexpr (L::kQposRegs) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qpf[kk][e] = qpr[c * (DC / KK) + kk][e];
+              } else {
+                F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
+              }
+            }
             warp_positional_products<T, DC, LR, false, c, RC>(
                 qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
                 fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
@@ -581,7 +660,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         if (POS && rel != nullptr) {
           // dQpos += box(dS') rel_box: dS' into the warp's offset box (pair (i, j) at the
           // forward's skewed column; a permutation of the row's columns), then the product
-          T* box = smem + L::kX + w * 16 * L::kSLd;
+          T* box = dq_box();
+          if constexpr (L::kAlias) {  // (in the warp's positional buffer: zeroed once its lanes are done with
+                                      // it)
+            __syncwarp();
+            for (int i = lane; i < 16 * L::kSLd * static_cast<int>(sizeof(T)) / 16; i += 32)
+              reinterpret_cast<uint4*>(box)[i] = make_uint4(0u, 0u, 0u, 0u);
+            __syncwarp();
+          }
 #pragma unroll
           for (int nb = 0; nb < kBlockN / 8; ++nb)
 #pragma unroll
@@ -595,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         // the product per chunk of the offset tile's columns, the last chunk (still there from
         // the positional products) first; each earlier one loaded once every warp is done with
         // the one after it (RC = 1: the whole rows, no barrier)
-        const T* box = smem + L::kX + w * 16 * L::kSLd;
+        const T* box = dq_box();
         const T* Rj = smem + L::r_at(rst);
         for_chunks<RC, true>(
             [&](auto chunk) {
@@ -621,25 +707,27 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             [&](int next) { load_offsets(0, qo, kb, next, false); });
       }
     } else {
-      // P and dS' of the warp's 16 queries into the exchange (zeros where inactive)
-      T* X = smem + L::kX;
+      // P and dS' of the warp's 16 queries into the exchange (zeros where inactive): rows of
+      // query i at x_rows(i / 16) + i % 16 rows, dS' kDS elements after P
+      if constexpr (L::kAlias) __syncwarp();  // (the warp's lanes done with its positional buffer)
+      T* X = x_rows(w);
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int at = (16 * w + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
+          const int at = (lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
           F::store2(X + at, s[nb][2 * r], s[nb][2 * r + 1]);
-          F::store2(X + 64 * L::kXLd + at, dp[nb][2 * r], dp[nb][2 * r + 1]);
+          F::store2(X + kDS + at, dp[nb][2 * r], dp[nb][2 * r + 1]);
         }
       }
       __syncthreads();  // every warp's P and dS' rows written
       // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
 #pragma unroll
       for (int kk = 0; kk < kBlockM / KK; ++kk) {
-        const int at = KK * kk * L::kXLd + 16 * w;
+        const T* Xk = x_rows(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w;
         uint32_t pa[4], da[4];
-        F::load_a_trans(pa, X + at, L::kXLd, lane);
-        F::load_a_trans(da, X + 64 * L::kXLd + at, L::kXLd, lane);
+        F::load_a_trans(pa, Xk, L::kXLd, lane);
+        F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
           const int bt = KK * kk * LD + 8 * nd;
@@ -763,6 +851,7 @@ struct BwdLayoutInfo {
   // per kernel (0: query-major, d q and d q_pos; 1: key-major, d k and d v): the offset tile's
   // columns at a time, the streamed box's stages and the offset tile's, the bytes
   int dc[2] = {}, stages[2] = {}, rel_stages[2] = {};
+  bool alias[2] = {}, qpos_regs[2] = {};  // (BwdShape)
   size_t kernel_bytes[2] = {};
   size_t bytes = 0;  // the larger, 0 where either does not fit
 };
@@ -775,6 +864,8 @@ constexpr BwdLayoutInfo fast_backward_layout_() {
     i = BwdLayoutInfo{{Q::kDC, K::kDC},
                       {Q::kStages, K::kStages},
                       {Q::kRelStages, K::kRelStages},
+                      {Q::kAlias, K::kAlias},
+                      {Q::kQposRegs, K::kQposRegs},
                       {Q::kBytes, K::kBytes},
                       Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes};
   return i;

@@ -59,11 +59,12 @@ decltype(auto) by_smem_class(int sc, Fn&& fn) {
 
 // Rows 0 ... ROWS - 1 of a box into shared memory (row stride LD) by 16-byte cp.async
 // copies: D columns of row r from row token(r) of the row-major (., GD) matrix g, zero-filled
-// where token(r) < 0 (GD > D: a chunk of the columns, g pointing at its first). The caller
-// commits the group.
+// where token(r) < 0 (GD > D: a chunk of the columns, g pointing at its first). WS > 0: each
+// warp's 16 rows in a region of their own, row r at (r / 16) WS + (r % 16) LD (the backward's
+// q_pos rows in the warps' positional buffers). The caller commits the group.
 // A thread copies one fixed 16-byte chunk of every kStep-th row (unsigned row indices: no
 // sign fix-ups in the row decode).
-template <typename T, int D, int LD, int ROWS, int GD = D, typename RowFn>
+template <typename T, int D, int LD, int ROWS, int GD = D, int WS = 0, typename RowFn>
 __device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, RowFn token) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T)),
                 kChunks = D / kPer;  // elements per copy, copies per row
@@ -75,7 +76,8 @@ __device__ __forceinline__ void load_rows_async(T* s, const T* __restrict__ g, R
 #pragma unroll 1  // (unrolled, the copies' addresses would hold registers the math needs)
   for (unsigned r = threadIdx.x / kChunks; r < ROWS; r += kStep) {
     const int row = token(r);
-    warp::cp_async_16(sc + r * LD, row >= 0 ? gc + static_cast<int64_t>(row) * GD : g, row >= 0);
+    const unsigned at = WS > 0 ? r / 16 * WS + r % 16 * LD : r * LD;
+    warp::cp_async_16(sc + at, row >= 0 ? gc + static_cast<int64_t>(row) * GD : g, row >= 0);
   }
 }
 

@@ -163,7 +163,11 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
       *layout += std::string(k == 0 ? "d q: " : "; d k, d v: ") + "the streamed box in " +
                  std::to_string(l.stages[k]) + " stage(s)" +
                  (pos ? ", the offset tile in " + std::to_string(l.rel_stages[k]) + " stage(s) of " +
-                            std::to_string(l.dc[k]) + " columns"
+                            std::to_string(l.dc[k]) + " columns" +
+                            (l.alias[k] ? (k == 0 ? ", dS' in" : ", P and dS' in") +
+                                              std::string(" the positional buffers")
+                                        : std::string()) +
+                            (l.qpos_regs[k] ? ", q_pos in registers" : "")
                       : std::string()) +
                  " (" + std::to_string(l.kernel_bytes[k]) + " bytes)";
   });

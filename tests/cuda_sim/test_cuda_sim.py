@@ -930,7 +930,7 @@ AUTO = [
 # in one stage. `expect`: the kernels the plan gives (forward, backward, offsets), as
 # test_plan_table.py's table has them; forward-only cases where the backward is the general one.
 SM86, SM80 = simlib.SMEM_SM86, simlib.SMEM_A100
-FFF, FGG = ("fast", "fast", "fast"), ("fast", "general", "general")
+FFF, FFG, FGG = ("fast", "fast", "fast"), ("fast", "fast", "general"), ("fast", "general", "general")
 
 
 def _on(optin: int, expect: tuple, name: str, dtype: torch.dtype, grid: List[int], **kw) -> Case:
@@ -959,20 +959,25 @@ SMALL_DEVICES = [
     _on(SM86, FFF, "fast-bf16-d32-1d-sm86", BF16, [100], D=32, sigma=True, bias=True, window=20, H=2),
     # forwards: the offset tile in chunks, q_pos in registers (two stages of K and V; one, Q and q_pos
     # through the positional buffers) or in shared memory
+    # (and their backward: the key-major kernel's P and dS' in the positional buffers, the
+    # query-major's dS' box there too, q_pos in registers; d rel still the general kernel's)
+    _on(SM86, FFG, "fast-f16-d32-2d-sm86", F16, [17, 19], D=32, sigma=True, span_mode="multiply", window=3),
+    _on(SM86, FFG, "fast-bf16-d32-3d-sm86", BF16, [5, 6, 7], D=32, bias=True),
+    _on(SM86, FFG, "fast-bf16-d64-2d-sm86", BF16, [12, 13], D=64, sigma=True, window=2),
     _on(
         SM86,
-        FGG,
-        "fast-f16-d32-2d-sm86",
-        F16,
-        [17, 19],
-        D=32,
+        FFG,
+        "fast-bf16-d64-2d-causal-sm86",
+        BF16,
+        [17, 12],
+        D=64,
         sigma=True,
-        span_mode="multiply",
-        window=3,
-        backward=False,
+        bias=True,
+        threshold=0.3,
+        causal=True,
+        H=2,
+        repeats=2,
     ),
-    _on(SM86, FGG, "fast-bf16-d32-3d-sm86", BF16, [5, 6, 7], D=32, bias=True, backward=False),
-    _on(SM86, FGG, "fast-bf16-d64-2d-sm86", BF16, [12, 13], D=64, sigma=True, window=2, backward=False),
     _on(
         SM86,
         FGG,
@@ -999,7 +1004,7 @@ SMALL_DEVICES = [
         span_mode="multiply",
         backward=False,
     ),
-    _on(SM86, FGG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2, backward=False),
+    _on(SM86, FFG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
     _on(SM86, FGG, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True, backward=False),
     _on(SM86, FGG, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True, backward=False),
     _on(SM86, FGG, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, bias=True, backward=False),
@@ -1018,6 +1023,9 @@ SMALL_DEVICES = [
     _on(SM80, FFF, "fast-tf32-d64-1d-sm80", F32, [100], D=64, sigma=True, bias=True),
     _on(SM80, FFF, "fast-tf32-d32-2d-sm80", F32, [9, 11], D=32, bias=True),
     _on(SM80, FGG, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
+    # (the backward with P and dS' in the positional buffers)
+    _on(SM80, FFG, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
+    _on(SM80, FFG, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
     _on(SM80, FGG, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True, backward=False),
 ]
 AUTO += SMALL_DEVICES
