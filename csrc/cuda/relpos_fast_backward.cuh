@@ -28,7 +28,10 @@
 // of 64 columns (BwdLayout::kDC; two barriers a chunk), at float32 D = 64 on 3-D grids in
 // four of 16, the query-major kernel's d q_pos taking them again after dS', the last chunk
 // (still there) first. Float32 at D = 128 does not fit sm_90 (registers): the general
-// backward.
+// backward. The smaller classes of shared memory (BwdShape) put the dS' box, or the key-major
+// kernel's rows of P and dS', in the warp's positional buffer (spent once softmax_backward has
+// read it; the next pair's products come after the next barrier), and keep q_pos's fragments in
+// registers, its rows copied in through the same buffers.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -82,7 +85,7 @@ struct BwdLayout {
                                 : (POS ? kWarps * 16 * kSLd : 0));
     const size_t fl =
         POS ? kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
-    return tel * sizeof(T) + fl * 4 + (KEYS ? 2 * 2 * 64 * 4 : 0) + kRangeInts * 4;
+    return tel * sizeof(T) + fl * 4 + (KEYS ? f.stages * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
   // the shape: two stages of the streamed box and of the offset tile where they fit, else one
   // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
@@ -92,11 +95,12 @@ struct BwdLayout {
   // again with the aliases, then with q_pos in registers too (the key-major kernel's with one
   // stage). Not float32 at D = 128 in chunks, nor q_pos in registers at D = 128 or float32
   // D = 64: the query-major kernel's accumulators, 16 x D each for two gradients, leave too
-  // few registers.
+  // few registers; nor the aliases with more than 4 chunks (16-bit D = 128 on 3-D grids in an
+  // A100's class: 8 chunks of 16 columns, whose query-major kernel spilled 8 bytes on sm_80).
   static constexpr bool admits(BwdShape f) {
     if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1 || (sizeof(T) == 4 && D == 128)))
       return false;
-    if (f.alias && (!POS || kAliasBytes > kPbufBytes)) return false;
+    if (f.alias && (!POS || kAliasBytes > kPbufBytes || D / f.dc > 4)) return false;
     if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
                         16 * kLd * sizeof(T) > kPbufBytes))
       return false;
@@ -150,9 +154,9 @@ struct BwdLayout {
   }
   static constexpr int kFloats = POS ? kWarps * kPbuf + kRelStages * kWarps * 2 * kWarpCols : 0;
   static constexpr int kInts = POS ? 2 * kWarps * kWarpCols : 0;
-  // key-major: per stage the query tile's lse (base 2) and rowd, 64 floats each
+  // key-major: per stage of the streamed box the query tile's lse (base 2) and rowd, 64 floats each
   static constexpr size_t kRowsAt = kTBytes + static_cast<size_t>(kFloats + kInts) * 4;
-  static constexpr size_t kRangesAt = kRowsAt + (KEYS ? 2 * 2 * 64 * 4 : 0);
+  static constexpr size_t kRangesAt = kRowsAt + (KEYS ? kStages * 2 * 64 * 4 : 0);
   static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
   static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0 && kPbuf % 4 == 0,
                 "the regions aligned (uint4, float2, int2)");
@@ -710,12 +714,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       // P and dS' of the warp's 16 queries into the exchange (zeros where inactive): rows of
       // query i at x_rows(i / 16) + i % 16 rows, dS' kDS elements after P
       if constexpr (L::kAlias) __syncwarp();  // (the warp's lanes done with its positional buffer)
-      T* X = x_rows(w);
+      T* X = L::kAlias ? x_rows(w) : smem + L::kX;
+      const int xr = L::kAlias ? 0 : 16 * w;
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int at = (lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
+          const int at = (xr + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
           F::store2(X + at, s[nb][2 * r], s[nb][2 * r + 1]);
           F::store2(X + kDS + at, dp[nb][2 * r], dp[nb][2 * r + 1]);
         }
@@ -724,7 +729,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
 #pragma unroll
       for (int kk = 0; kk < kBlockM / KK; ++kk) {
-        const T* Xk = x_rows(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w;
+        const T* Xk = L::kAlias ? x_rows(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
+                                : smem + L::kX + KK * kk * L::kXLd + 16 * w;
         uint32_t pa[4], da[4];
         F::load_a_trans(pa, Xk, L::kXLd, lane);
         F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
