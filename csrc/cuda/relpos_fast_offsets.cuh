@@ -72,8 +72,11 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 // not fit: a block per part, each recomputing the logits). DC: the columns of Q, dO, K, V and
 // the offset tile's rel rows in shared memory at a time (D, or a chunk of D where the whole
 // rows do not fit: the logits and dP summed over D / DC chunks, each loaded after the last
-// one's products, the rel rows per pair); q_pos's rows are whole.
-template <typename T, int D, int NDIM, int DA = D, int DC = D>
+// one's products, the rel rows per pair); q_pos's rows are whole. AR: d rel's accumulators in
+// registers (each warp's chunks of the tile offset box), not in shared memory: written at the end
+// into the inputs' region, spent by then (the smaller classes' layouts, where the shared ones do not
+// fit; at most 32 registers a thread).
+template <typename T, int D, int NDIM, int DA = D, int DC = D, bool AR = false>
 struct OffLayout {
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
   static_assert(D % DC == 0 && DC % 16 == 0, "chunks of 16 columns or more");
@@ -103,7 +106,11 @@ struct OffLayout {
   // per tile offset (d bias's, d quad's), the pair's lse and rowd
   static constexpr int kTables = kWarps * kPbuf;
   static constexpr int kAcc = kTables + kWarps * 2 * kWarpCols;
-  static constexpr int kSums = kAcc + kRows * kALd;
+  static constexpr int kSums = kAcc + (AR ? 0 : kRows * kALd);
+  // AR: a warp's chunks of the tile offset box (w, w + 4, ...), each thread's registers for them
+  static constexpr int kWarpChunks = (kChunks + kWarps - 1) / kWarps;
+  static constexpr int kAccRegs = kWarpChunks * DA / 2;
+  static constexpr bool kAccInInputs = static_cast<size_t>(kRows) * kALd * 4 <= kTBytes;
   static constexpr int kRowsF = kSums + 2 * kRows;
   static constexpr int kFloats = kRowsF + 2 * kBlockM;
   // ints: per warp its columns' offset rows (woff), tile offset box rows (wrow) and rows with
@@ -249,13 +256,15 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
 // One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
 // above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
 // block 0); its done flag set when its adds are in memory.
-template <typename T, int D, int NDIM, int DA, int DC>
+template <typename T, int D, int NDIM, int DA, int DC, bool AR = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
-  using L = OffLayout<T, D, NDIM, DA, DC>;
+  using L = OffLayout<T, D, NDIM, DA, DC, AR>;
+  static_assert(!AR || (L::kAccInInputs && L::kAccRegs <= 32),
+                "AR: the accumulators' registers and end region");
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   constexpr int LD = L::kLd, QLD = L::kQLd, KK = F::kK, kNC = L::kChunksD;
   // float: the logits' k-steps two at a time (all of them unrolled load fragments so far ahead
@@ -352,10 +361,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned* wmask = reinterpret_cast<unsigned*>(wrow + kWarps * L::kWarpCols);
   int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
   float* rows = fs + L::kRowsF;  // the pair's lse and rowd
-  float* acc = fs + L::kAcc;
+  // d rel's accumulators (AR: filled from the registers at the end, over the spent inputs)
+  float* acc = AR ? reinterpret_cast<float*>(smem_raw) : fs + L::kAcc;
   const float scale = static_cast<float>(p.scale);
   fill_warp_columns<NDIM, L>(w, lane, g.rs, woff, wrow);
-  for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
+  if constexpr (!AR)
+    for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
   __syncwarp();
 
   // the tile offset box's first offset row (its rel rows: once, or per pair and chunk)
@@ -455,6 +466,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   };
 
+  // chunk c's d rel += X q_pos (a4: its accumulators; Qp: the pair's q_pos rows); a4 from / to
+  // chunk rows arow of the shared accumulators
+  const auto chunk_product = [&](int c, float (&a4)[DA / 8][4], const T* Qp) {
+#pragma unroll
+    for (int q = 0; q < kWarps; ++q) {
+      if (!kGroups.reaches(c, q)) continue;
+      const T* Xq = reinterpret_cast<const T*>(fs + q * L::kPbuf);
+#pragma unroll
+      for (int kq = 0; kq < 16 / KK; ++kq) {  // the group's 16 queries, kK at a time
+        uint32_t xa[4];
+        F::load_a_trans(xa, Xq + KK * kq * L::kXLd + 16 * c, L::kXLd, lane);
+#pragma unroll
+        for (int nd = 0; nd < DA / 8; nd += 2) {
+          uint32_t bq[4];
+          F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * QLD + dcol + 8 * nd, QLD, lane);
+          F::mma(a4[nd], xa, {bq[0], bq[1]});
+          F::mma(a4[nd + 1], xa, {bq[2], bq[3]});
+        }
+      }
+    }
+  };
+  const auto load_or_store_rows = [&](float* arow, float (&a4)[DA / 8][4], bool store) {
+#pragma unroll
+    for (int nd = 0; nd < DA / 8; ++nd)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float2* at = reinterpret_cast<float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4));
+        if (store)
+          *at = make_float2(a4[nd][2 * r], a4[nd][2 * r + 1]);
+        else
+          a4[nd][2 * r] = at->x, a4[nd][2 * r + 1] = at->y;
+      }
+  };
+  float racc[AR ? L::kWarpChunks : 1][DA / 8][4] = {};  // (AR: d rel's accumulators of the warp's chunks)
+
   for (int st = 0; j < total; st ^= 1) {
     warp::cp_async_wait<0>();
     __syncthreads();  // pair j visible to every warp, every warp done with pair j - 1 (X, q_pos)
@@ -544,47 +590,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       warp::cp_async_commit();
     }
     // d rel += X q_pos over the warp's chunks of the tile offset box
+    if constexpr (AR) {
+#pragma unroll
+      for (int m = 0; m < L::kWarpChunks; ++m)
+        if (pos && w + kWarps * m < L::kChunks) chunk_product(w + kWarps * m, racc[m], Qp);
+    } else {
 #pragma unroll 1
-    for (int c = w; pos && c < L::kChunks; c += kWarps) {
-      float* arow = acc + 16 * c * L::kALd;
-      float a4[DA / 8][4];
-#pragma unroll
-      for (int nd = 0; nd < DA / 8; ++nd)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float2 v =
-              *reinterpret_cast<const float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4));
-          a4[nd][2 * r] = v.x, a4[nd][2 * r + 1] = v.y;
-        }
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) {
-        if (!kGroups.reaches(c, q)) continue;
-        const T* Xq = reinterpret_cast<const T*>(fs + q * L::kPbuf);
-#pragma unroll
-        for (int kq = 0; kq < 16 / KK; ++kq) {  // the group's 16 queries, kK at a time
-          uint32_t xa[4];
-          F::load_a_trans(xa, Xq + KK * kq * L::kXLd + 16 * c, L::kXLd, lane);
-#pragma unroll
-          for (int nd = 0; nd < DA / 8; nd += 2) {
-            uint32_t bq[4];
-            F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * QLD + dcol + 8 * nd, QLD, lane);
-            F::mma(a4[nd], xa, {bq[0], bq[1]});
-            F::mma(a4[nd + 1], xa, {bq[2], bq[3]});
-          }
-        }
+      for (int c = w; pos && c < L::kChunks; c += kWarps) {
+        float* arow = acc + 16 * c * L::kALd;
+        float a4[DA / 8][4];
+        load_or_store_rows(arow, a4, false);
+        chunk_product(c, a4, Qp);
+        load_or_store_rows(arow, a4, true);
       }
-#pragma unroll
-      for (int nd = 0; nd < DA / 8; ++nd)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(arow + (lane / 4 + 8 * r) * L::kALd + 8 * nd + 2 * (lane % 4)) =
-              make_float2(a4[nd][2 * r], a4[nd][2 * r + 1]);
     }
     j = jn, b = bn;
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) qo[a] = qn[a], kb[a] = kn[a];
   }
-  __syncthreads();  // the accumulators complete
+  __syncthreads();  // the accumulators complete (AR: every warp done with the inputs)
+  if constexpr (AR) {
+#pragma unroll
+    for (int m = 0; m < L::kWarpChunks; ++m)
+      if (pos && w + kWarps * m < L::kChunks)
+        load_or_store_rows(acc + 16 * (w + kWarps * m) * L::kALd, racc[m], true);
+    __syncthreads();
+  }
 
   // entry e of the tile offset box: its row of rel, -1 where an offset is outside the grid's
   const auto entry_row = [&](int e, int* delta) {
@@ -696,13 +727,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // classes with one shape share it.
 struct OffShape {
   int da, dc;
+  bool acc_regs = false;  // (OffLayout's AR)
 };
-template <typename T, int D, int NDIM, int DA, int DC, int SC>
+template <typename T, int D, int NDIM, int DA, int DC, int SC, bool AR = false>
 constexpr bool offsets_fit() {
-  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0)
+  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0) {
     return false;
-  else
-    return OffLayout<T, D, NDIM, DA, DC>::kBytes <= smem_budget(SC);
+  } else {
+    using L = OffLayout<T, D, NDIM, DA, DC, AR>;
+    return L::kBytes <= smem_budget(SC) && (!AR || (L::kAccInInputs && L::kAccRegs <= 32));
+  }
 }
 // Whole rows first, with D columns of d rel, else D / 2 (as before chunks existed: 3-D grids
 // at D = 64, 1-D at D = 128); else rows in chunks, the most columns of d rel first (the
@@ -710,26 +744,36 @@ constexpr bool offsets_fit() {
 // 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 and 64 on 3-D
 // (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); never float32 D = 128 on 2-3
 // (class 0, sm_90's 227 KiB; the smaller classes: what fits their budget).
+template <typename T, int D, int NDIM, int SC, bool AR>
+constexpr OffShape offsets_shape_() {
+  if constexpr (offsets_fit<T, D, NDIM, D, D, SC, AR>())
+    return {D, D, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D, SC, AR>())
+    return {D / 2, D, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2, SC, AR>())
+    return {D, D / 2, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4, SC, AR>())
+    return {D, D / 4, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2, SC, AR>())
+    return {D / 2, D / 2, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4, SC, AR>())
+    return {D / 2, D / 4, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2, SC, AR>())
+    return {D / 4, D / 2, AR};
+  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4, SC, AR>())
+    return {D / 4, D / 4, AR};
+  else
+    return {0, D, AR};
+}
+// (where no shape with d rel's accumulators in shared memory fits, the same order with them in
+// registers: 16-bit D = 32 and 64 on 2-D grids in 99 KiB, 16 columns of d rel a block)
 template <typename T, int D, int NDIM, int SC = 0>
 constexpr OffShape offsets_shape() {
-  if constexpr (offsets_fit<T, D, NDIM, D, D, SC>())
-    return {D, D};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D, SC>())
-    return {D / 2, D};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2, SC>())
-    return {D, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4, SC>())
-    return {D, D / 4};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2, SC>())
-    return {D / 2, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4, SC>())
-    return {D / 2, D / 4};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2, SC>())
-    return {D / 4, D / 2};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4, SC>())
-    return {D / 4, D / 4};
+  constexpr OffShape s = offsets_shape_<T, D, NDIM, SC, false>();
+  if constexpr (s.da != 0)
+    return s;
   else
-    return {0, D};
+    return offsets_shape_<T, D, NDIM, SC, true>();
 }
 // The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
 // check and report): bytes 0 where no shape fits.
@@ -743,7 +787,7 @@ constexpr OffLayoutInfo fast_offsets_layout_() {
   if constexpr (s.da == 0)
     return OffLayoutInfo{s, 0};
   else
-    return OffLayoutInfo{s, OffLayout<T, D, NDIM, s.da, s.dc>::kBytes};
+    return OffLayoutInfo{s, OffLayout<T, D, NDIM, s.da, s.dc, s.acc_regs>::kBytes};
 }
 template <typename T, int D, int SC>
 constexpr OffLayoutInfo fast_offsets_layout_sc(int ndim) {
@@ -781,10 +825,10 @@ int64_t fast_offset_order_ints(const RelposParams& p, int sc) {
 // tile offset.
 // In the shape DA, DC of class SC (offsets_shape; DA 0: none fits), which the caller has
 // checked against the device's limit `optin` (fast_offsets_layout; and this: the layout within it).
-template <typename T, int D, int NDIM, int SC, int DA, int DC>
+template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR>
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {
-  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DC>;
+  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DC, AR>;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
@@ -808,7 +852,7 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
-      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC>,
+      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC, AR>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
     const int64_t items = fast_offset_items<T, D>(p, SC);
     if (fast_offset_order_ints<T, D>(p, SC) >= INT_MAX) return cudaErrorInvalidValue;
@@ -820,7 +864,7 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       }
     }
     if (e == cudaSuccess && p.B > 0) {
-      fast_offsets_kernel<T, D, NDIM, DA, DC>
+      fast_offsets_kernel<T, D, NDIM, DA, DC, AR>
           <<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
       e = cudaGetLastError();
     }
@@ -840,7 +884,7 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
   return by_smem_class(sc, [&](auto c) {
     constexpr int SC = decltype(c)::value;
     constexpr OffShape s = offsets_shape<T, D, NDIM, SC>();
-    return launch_fast_offsets_shape<T, D, NDIM, SC, s.da, s.dc>(p, t, optin, stream);
+    return launch_fast_offsets_shape<T, D, NDIM, SC, s.da, s.dc, s.acc_regs>(p, t, optin, stream);
   });
 }
 

@@ -197,7 +197,8 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
       why = lacks_layout("the fast offset kernel", D, p.g.ndim, sc);
       return;
     }
-    *layout = std::to_string(l.shape.da) + " columns of d rel a block, inputs in chunks of " +
+    *layout = std::to_string(l.shape.da) + " columns of d rel a block" +
+              (l.shape.acc_regs ? " (its accumulators in registers)" : "") + ", inputs in chunks of " +
               std::to_string(l.shape.dc) + " columns (" + std::to_string(l.bytes) + " bytes)";
   });
   return why;

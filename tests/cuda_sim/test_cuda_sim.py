@@ -960,13 +960,15 @@ SMALL_DEVICES = [
     # forwards: the offset tile in chunks, q_pos in registers (two stages of K and V; one, Q and q_pos
     # through the positional buffers) or in shared memory
     # (and their backward: the key-major kernel's P and dS' in the positional buffers, the
-    # query-major's dS' box there too, q_pos in registers; d rel still the general kernel's)
-    _on(SM86, FFG, "fast-f16-d32-2d-sm86", F16, [17, 19], D=32, sigma=True, span_mode="multiply", window=3),
+    # query-major's dS' box there too, q_pos in registers; on 2-D grids the offset kernel with d rel's
+    # accumulators in registers, 16 columns a block; on 3-D d rel still the general kernel's)
+    _on(SM86, FFF, "fast-f16-d32-2d-sm86", F16, [17, 19], D=32, sigma=True, span_mode="multiply", window=3),
     _on(SM86, FFG, "fast-bf16-d32-3d-sm86", BF16, [5, 6, 7], D=32, bias=True),
-    _on(SM86, FFG, "fast-bf16-d64-2d-sm86", BF16, [12, 13], D=64, sigma=True, window=2),
+    _on(SM86, FFF, "fast-bf16-d64-2d-sm86", BF16, [12, 13], D=64, sigma=True, window=2),
+    _on(SM86, FFF, "fast-f16-d64-2d-nopos-sm86", F16, [9, 11], D=64, pos=False, sigma=True, bias=True),
     _on(
         SM86,
-        FFG,
+        FFF,
         "fast-bf16-d64-2d-causal-sm86",
         BF16,
         [17, 12],
@@ -1005,7 +1007,8 @@ SMALL_DEVICES = [
         backward=False,
     ),
     _on(SM86, FFG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
-    _on(SM86, FGG, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True, backward=False),
+    # (the general backward, then the offset kernel with d rel's accumulators in registers)
+    _on(SM86, ("fast", "general", "fast"), "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
     _on(SM86, FGG, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True, backward=False),
     _on(SM86, FGG, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, bias=True, backward=False),
     _on(SM86, FGG, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", backward=False),
@@ -1024,7 +1027,7 @@ SMALL_DEVICES = [
     _on(SM80, FFF, "fast-tf32-d32-2d-sm80", F32, [9, 11], D=32, bias=True),
     _on(SM80, FGG, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
     # (the backward with P and dS' in the positional buffers)
-    _on(SM80, FFG, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
+    _on(SM80, FFF, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
     _on(SM80, FFG, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
     _on(SM80, FGG, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True, backward=False),
 ]
