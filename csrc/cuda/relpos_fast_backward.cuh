@@ -144,7 +144,8 @@ struct BwdLayout {
   }
   static constexpr int kR0 = (kFixed + kStages * kPer) * kTile;
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
-  static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);  // exchange (KEYS) or dS' boxes
+  // the exchange (KEYS) or the dS' boxes, where not in the positional buffers (kAlias)
+  static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);
   static constexpr int kTElems = kX + (kAlias ? 0 : KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp its positional products, per stage, warp and table its add / mul
@@ -665,9 +666,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           // dQpos += box(dS') rel_box: dS' into the warp's offset box (pair (i, j) at the
           // forward's skewed column; a permutation of the row's columns), then the product
           T* box = dq_box();
-          if constexpr (L::kAlias) {  // (in the warp's positional buffer: zeroed once its lanes are done with
-                                      // it)
-            __syncwarp();
+          if constexpr (L::kAlias) {
+            __syncwarp();  // (the box in the warp's positional buffer: zeroed once its lanes are done with
+                           // it)
             for (int i = lane; i < 16 * L::kSLd * static_cast<int>(sizeof(T)) / 16; i += 32)
               reinterpret_cast<uint4*>(box)[i] = make_uint4(0u, 0u, 0u, 0u);
             __syncwarp();

@@ -102,8 +102,8 @@ struct OffLayout {
   static __device__ __forceinline__ int qpos_at(int stage) { return 4 * kTile + stage * kQTile; }
   static constexpr int kTElems = (kR + kTileOffsets * kLd + 7) / 8 * 8;
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
-  // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator, the sums
-  // per tile offset (d bias's, d quad's), the pair's lse and rowd
+  // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator (not with AR),
+  // the sums per tile offset (d bias's, d quad's), the pair's lse and rowd
   static constexpr int kTables = kWarps * kPbuf;
   static constexpr int kAcc = kTables + kWarps * 2 * kWarpCols;
   static constexpr int kSums = kAcc + (AR ? 0 : kRows * kALd);
@@ -466,8 +466,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   };
 
-  // chunk c's d rel += X q_pos (a4: its accumulators; Qp: the pair's q_pos rows); a4 from / to
-  // chunk rows arow of the shared accumulators
+  // chunk c's d rel += X q_pos (a4: its accumulators; Qp: the pair's q_pos rows); and a4 loaded
+  // from or stored to a chunk's rows arow of the shared accumulators
   const auto chunk_product = [&](int c, float (&a4)[DA / 8][4], const T* Qp) {
 #pragma unroll
     for (int q = 0; q < kWarps; ++q) {
@@ -766,7 +766,8 @@ constexpr OffShape offsets_shape_() {
     return {0, D, AR};
 }
 // (where no shape with d rel's accumulators in shared memory fits, the same order with them in
-// registers: 16-bit D = 32 and 64 on 2-D grids in 99 KiB, 16 columns of d rel a block)
+// registers: in 99 KiB 16-bit D = 32 and 64 on 2-D grids, 16 columns of d rel a block, 16-bit
+// D = 128 and float32 D = 32 on 1-D; float32 D = 64 on 2-D and D = 128 on 1-D in an A100's class)
 template <typename T, int D, int NDIM, int SC = 0>
 constexpr OffShape offsets_shape() {
   constexpr OffShape s = offsets_shape_<T, D, NDIM, SC, false>();

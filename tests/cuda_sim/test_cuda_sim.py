@@ -1010,7 +1010,8 @@ SMALL_DEVICES = [
     # (the general backward, then the offset kernel with d rel's accumulators in registers)
     _on(SM86, ("fast", "general", "fast"), "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
     _on(SM86, FGG, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True, backward=False),
-    _on(SM86, FGG, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, bias=True, backward=False),
+    # (the general backward, then the offset kernel with d rel's accumulators in registers, in chunks)
+    _on(SM86, ("fast", "general", "fast"), "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, bias=True),
     _on(SM86, FGG, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", backward=False),
     _on(SM86, FGG, "fast-tf32-d64-1d-sm86", F32, [130], D=64, bias=True, backward=False),
     _on(SM86, FGG, "fast-tf32-d64-2d-sm86", F32, [9, 11], D=64, sigma=True, bias=True, backward=False),
@@ -1028,6 +1029,10 @@ SMALL_DEVICES = [
     _on(SM80, FGG, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
     # (the backward with P and dS' in the positional buffers)
     _on(SM80, FFF, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
+    # (the general forward and backward, then the offset kernel with d rel's accumulators in registers)
+    _on(
+        SM80, ("general", "general", "fast"), "fast-tf32-d128-1d-offsets-sm80", F32, [70], D=128, bias=True, causal=True
+    ),
     _on(SM80, FFG, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
     _on(SM80, FGG, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True, backward=False),
 ]
