@@ -475,6 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     else
       load_rows_async<T, D, LD, kBlockM>(slot, qp, tok);
   };
+  const auto pbuf_of = [&](int v) { return reinterpret_cast<T*>(fsmem + v * L::kPbuf); };  // (as T)
   uint32_t qpr[POS && L::kQposRegs ? D / KK : 1][4] = {};  // (kQposRegs: the warp's q_pos fragments)
   const auto read_qpos = [&] {
     if constexpr (POS && L::kQposRegs) {
@@ -486,13 +487,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       __syncwarp();  // (the warp's products overwrite its buffer next)
     }
   };
-  // query-major: the warp's dS' box; key-major: warp v's 16 rows of P of the exchange, dS'
-  // kDS elements after them (kAlias: both in the warp's positional buffer)
+  // query-major: the warp's dS' box (kAlias: in its positional buffer); key-major, kAlias: warp
+  // v's 16 rows of P of the exchange in warp v's positional buffer (pbuf_of(v)), dS' kDS elements
+  // after them
   const auto dq_box = [&]() -> T* {
     return L::kAlias ? reinterpret_cast<T*>(pbuf) : smem + L::kX + w * 16 * L::kSLd;
-  };
-  const auto x_rows = [&](int v) -> T* {
-    return L::kAlias ? reinterpret_cast<T*>(fsmem + v * L::kPbuf) : smem + L::kX + 16 * v * L::kXLd;
   };
   constexpr int kDS = L::kAlias ? 16 * L::kXLd : 64 * L::kXLd;
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
@@ -713,9 +712,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       }
     } else {
       // P and dS' of the warp's 16 queries into the exchange (zeros where inactive): rows of
-      // query i at x_rows(i / 16) + i % 16 rows, dS' kDS elements after P
+      // query i at row i of the exchange, or (kAlias) at row i % 16 of pbuf_of(i / 16); dS' kDS
+      // elements after P
       if constexpr (L::kAlias) __syncwarp();  // (the warp's lanes done with its positional buffer)
-      T* X = L::kAlias ? x_rows(w) : smem + L::kX;
+      T* X = L::kAlias ? pbuf_of(w) : smem + L::kX;
       const int xr = L::kAlias ? 0 : 16 * w;
 #pragma unroll
       for (int nb = 0; nb < kBlockN / 8; ++nb) {
@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
 #pragma unroll
       for (int kk = 0; kk < kBlockM / KK; ++kk) {
-        const T* Xk = L::kAlias ? x_rows(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
+        const T* Xk = L::kAlias ? pbuf_of(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
                                 : smem + L::kX + KK * kk * L::kXLd + 16 * w;
         uint32_t pa[4], da[4];
         F::load_a_trans(pa, Xk, L::kXLd, lane);
