@@ -31,7 +31,9 @@
 // backward. The smaller classes of shared memory (BwdShape) put the dS' box, or the key-major
 // kernel's rows of P and dS', in the warp's positional buffer (spent once softmax_backward has
 // read it; the next pair's products come after the next barrier), and keep q_pos's fragments in
-// registers, its rows copied in through the same buffers.
+// registers, its rows copied in through the same buffers (the key-major kernel's lse and rowd
+// rows with them); where that is not enough (float32), the key-major kernel exchanges P and
+// dS' in turn through one buffer (two more barriers a box).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -46,9 +48,13 @@ namespace posattn::relpos::cuda_fast {
 // buffer (spent by then; the box zeroed per pair); `qpos_regs`: q_pos's fragments held in
 // registers, its rows copied in through the warps' positional buffers (the query-major kernel
 // once, the key-major one per query tile: one stage). stages 0: no shape fits.
+// `split`: the key-major kernel's exchange in two passes through one buffer of 64 rows (P, then
+// dS' once every warp's dV is done: two more barriers a pair), where the two do not fit (float32).
+// With q_pos in registers the key-major kernel's lse and rowd rows come in through the warps'
+// positional buffers too, after q_pos's.
 struct BwdShape {
   int stages = 0, rel_stages = 0, dc = 0;
-  bool alias = false, qpos_regs = false;
+  bool alias = false, qpos_regs = false, split = false;
 };
 
 // SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
@@ -69,9 +75,16 @@ struct BwdLayout {
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
   static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
+  // the exchange's buffers of 64 rows (key-major: P and dS', or one at a time where split)
+  static constexpr int exchanges(BwdShape f) { return f.split ? 1 : 2; }
   // (a warp's share of what the aliases put in its positional buffer, bytes)
-  static constexpr size_t kAliasBytes = KEYS ? 2 * 16 * kXLd * sizeof(T) : 16 * kSLd * sizeof(T);
+  static constexpr size_t alias_bytes(BwdShape f) {
+    return KEYS ? exchanges(f) * 16 * kXLd * sizeof(T) : 16 * kSLd * sizeof(T);
+  }
   static constexpr size_t kPbufBytes = static_cast<size_t>(kPbuf) * 4;
+  // key-major with q_pos in registers: its lse and rowd rows in the positional buffers too
+  static constexpr bool rows_in_pbuf(BwdShape f) { return KEYS && f.qpos_regs; }
+  static constexpr size_t kQposRowsBytes = 16 * kLd * sizeof(T);  // (a warp's rows of q_pos)
   // tiles of T: the fixed box's (query-major Q, q_pos, dO; key-major K, V), then per stage the
   // streamed box's (K, V; Q, q_pos, dO); without q_pos (the control, or q_pos in registers)
   // dO the query box's second
@@ -81,11 +94,11 @@ struct BwdLayout {
     const size_t tel = static_cast<size_t>((fixed + f.stages * per) * kTile) +
                        (POS ? f.rel_stages * kTileOffsets * (f.dc + kPad) : 0) +
                        (f.alias ? 0
-                        : KEYS  ? 2 * 64 * kXLd
+                        : KEYS  ? exchanges(f) * 64 * kXLd
                                 : (POS ? kWarps * 16 * kSLd : 0));
     const size_t fl =
         POS ? kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
-    return tel * sizeof(T) + fl * 4 + (KEYS ? f.stages * 2 * 64 * 4 : 0) + kRangeInts * 4;
+    return tel * sizeof(T) + fl * 4 + (KEYS && !rows_in_pbuf(f) ? f.stages * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
   // the shape: two stages of the streamed box and of the offset tile where they fit, else one
   // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
@@ -97,29 +110,36 @@ struct BwdLayout {
   // D = 64: the query-major kernel's accumulators, 16 x D each for two gradients, leave too
   // few registers; nor the aliases with more than 4 chunks (16-bit D = 128 on 3-D grids in an
   // A100's class: 8 chunks of 16 columns, whose query-major kernel spilled 8 bytes on sm_80).
+  // Where still none fits, all of that again with the key-major exchange split.
   static constexpr bool admits(BwdShape f) {
     if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1 || (sizeof(T) == 4 && D == 128)))
       return false;
-    if (f.alias && (!POS || kAliasBytes > kPbufBytes || D / f.dc > 4)) return false;
+    if (f.split && !KEYS) return false;
+    if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || D / f.dc > 4)) return false;
     if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
-                        16 * kLd * sizeof(T) > kPbufBytes))
+                        kQposRowsBytes + (KEYS ? 2 * 16 * 4 : 0) > kPbufBytes))
       return false;
     return bytes(f) <= kBudget;
   }
   static constexpr BwdShape shape() {
     BwdShape f{};  // (one return: nvcc warns of the loop after an early one)
     constexpr int kStaged[3][2] = {{2, 2}, {2, 1}, {1, 1}};
-    for (int mode = 0; mode < 3 && f.stages == 0; ++mode)
-      for (int k = 0; k < 3 && f.stages == 0; ++k)
-        for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
-          const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2};
-          if (admits(c)) f = c;
-        }
+    for (int split = 0; split < 2 && f.stages == 0; ++split)
+      for (int mode = 0; mode < 3 && f.stages == 0; ++mode)
+        for (int k = 0; k < 3 && f.stages == 0; ++k)
+          for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
+            const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2, split == 1};
+            if (admits(c)) f = c;
+          }
     return f;
   }
   static constexpr BwdShape kShape = shape();
   static constexpr bool kFits = kShape.stages > 0;
-  static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs;
+  static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs, kSplit = kShape.split;
+  static constexpr bool kRowsInPbuf = rows_in_pbuf(kShape);
+  static constexpr int kExchanges = exchanges(kShape);
+  // (kRowsInPbuf: the lse and rowd rows' float offset in a warp's positional buffer)
+  static constexpr int kPbufRows = static_cast<int>(kQposRowsBytes / 4);
   static constexpr int kDC = kFits ? kShape.dc : 0, kRelChunks = kDC > 0 ? D / kDC : 1;
   static constexpr int kStages = kFits ? kShape.stages : 1, kRelStages = kFits ? kShape.rel_stages : 1;
   // the query box's tiles: q_pos (POS, in shared memory) 1, dO kDO
@@ -146,7 +166,9 @@ struct BwdLayout {
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   // the exchange (KEYS) or the dS' boxes, where not in the positional buffers (kAlias)
   static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);
-  static constexpr int kTElems = kX + (kAlias ? 0 : KEYS ? 2 * 64 * kXLd : (POS ? kWarps * 16 * kSLd : 0));
+  static constexpr int kTElems = kX + (kAlias ? 0
+                                       : KEYS ? kExchanges * 64 * kXLd
+                                              : (POS ? kWarps * 16 * kSLd : 0));
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp its positional products, per stage, warp and table its add / mul
   // entries; then ints: per warp its columns' offset rows (woff) and tile rows (wrow)
@@ -157,7 +179,7 @@ struct BwdLayout {
   static constexpr int kInts = POS ? 2 * kWarps * kWarpCols : 0;
   // key-major: per stage of the streamed box the query tile's lse (base 2) and rowd, 64 floats each
   static constexpr size_t kRowsAt = kTBytes + static_cast<size_t>(kFloats + kInts) * 4;
-  static constexpr size_t kRangesAt = kRowsAt + (KEYS ? kStages * 2 * 64 * 4 : 0);
+  static constexpr size_t kRangesAt = kRowsAt + (KEYS && !kRowsInPbuf ? kStages * 2 * 64 * 4 : 0);
   static constexpr size_t kBytes = kRangesAt + kRangeInts * 4;
   static_assert(kTBytes % 16 == 0 && kRangesAt % 8 == 0 && kPLd % 2 == 0 && kPbuf % 4 == 0,
                 "the regions aligned (uint4, float2, int2)");
@@ -165,7 +187,7 @@ struct BwdLayout {
   static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
   // what makes one layout another: its chunks, stages, aliases
   static constexpr int kKey =
-      kFits ? (((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs : -1;
+      kFits ? ((((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs) * 2 + kSplit : -1;
 };
 
 // The largest class (the smallest SC) whose layout of this kernel is class SC's: the one
@@ -493,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   const auto dq_box = [&]() -> T* {
     return L::kAlias ? reinterpret_cast<T*>(pbuf) : smem + L::kX + w * 16 * L::kSLd;
   };
-  constexpr int kDS = L::kAlias ? 16 * L::kXLd : 64 * L::kXLd;
+  constexpr int kDS = L::kSplit ? 0 : L::kAlias ? 16 * L::kXLd : 64 * L::kXLd;
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
   // with (KEYS) the rows' lse in base 2 and rowd (-inf and 0 outside the grid)
   const auto load_stream = [&](int st, const int* so) {
@@ -506,10 +528,14 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       if (POS && qp != nullptr) load_qpos(smem + L::staged_at(st, 1), tok);
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, L::kDO), dout, tok);
       if (threadIdx.x < kBlockM) {
-        float* rows = reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64;
+        // (kRowsInPbuf: row i's lse and rowd in warp i / 16's positional buffer, after q_pos's rows)
+        const int i = threadIdx.x;
+        float* lse_at = L::kRowsInPbuf ? fsmem + i / 16 * L::kPbuf + L::kPbufRows + i % 16
+                                       : reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64 + i;
+        const int rd = L::kRowsInPbuf ? 16 : 64;  // (rowd's offset from lse's)
         const int r = tok(threadIdx.x);
-        warp::cp_async_4(rows + threadIdx.x, r >= 0 ? lse_g + r : lse_g, r >= 0);
-        warp::cp_async_4(rows + 64 + threadIdx.x, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+        warp::cp_async_4(lse_at, r >= 0 ? lse_g + r : lse_g, r >= 0);
+        warp::cp_async_4(lse_at + rd, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
       }
     }
   };
@@ -580,13 +606,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     if constexpr (KEYS) {
       __syncwarp();  // the warp done reading its previous ranges
       fill_ranges(qo);
-      const float* rows = reinterpret_cast<const float*>(smem_raw + L::kRowsAt) + stage * 2 * 64;
+      // (the warp's rows: in its positional buffer, or at 16 w of the stage's 64)
+      const float* rows =
+          L::kRowsInPbuf ? pbuf + L::kPbufRows
+                         : reinterpret_cast<const float*>(smem_raw + L::kRowsAt) + stage * 2 * 64 + 16 * w;
+      const int rd = L::kRowsInPbuf ? 16 : 64;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = 16 * w + lane / 4 + 8 * r;
-        row_tok[r] = query_token(qo, i);
+        const int i = lane / 4 + 8 * r;
+        row_tok[r] = query_token(qo, 16 * w + i);
         lse2[r] = row_tok[r] >= 0 ? rows[i] * kLog2e : -INFINITY;
-        rowd[r] = rows[64 + i];
+        rowd[r] = rows[rd + i];
       }
       __syncwarp();
       read_qpos();  // (kQposRegs: this query tile's, copied in with its rows)
@@ -717,35 +747,68 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       if constexpr (L::kAlias) __syncwarp();  // (the warp's lanes done with its positional buffer)
       T* X = L::kAlias ? pbuf_of(w) : smem + L::kX;
       const int xr = L::kAlias ? 0 : 16 * w;
+      // x's rows (P or dS') of the warp's 16 queries into the exchange, kDS elements on
+      const auto put = [&](const float (&x)[kBlockN / 8][4], int ds) {
 #pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+        for (int nb = 0; nb < kBlockN / 8; ++nb) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int at = (xr + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
-          F::store2(X + at, s[nb][2 * r], s[nb][2 * r + 1]);
-          F::store2(X + kDS + at, dp[nb][2 * r], dp[nb][2 * r + 1]);
+          for (int r = 0; r < 2; ++r) {
+            const int at = (xr + lane / 4 + 8 * r) * L::kXLd + 8 * nb + 2 * (lane % 4);
+            F::store2(X + ds + at, x[nb][2 * r], x[nb][2 * r + 1]);
+          }
         }
-      }
-      __syncthreads();  // every warp's P and dS' rows written
-      // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
+      };
+      // the exchange's rows of queries KK kk ... KK kk + KK - 1 at the warp's 16 keys (columns)
+      const auto x_at = [&](int kk) -> const T* {
+        return L::kAlias ? pbuf_of(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
+                         : smem + L::kX + KK * kk * L::kXLd + 16 * w;
+      };
+      if constexpr (!L::kSplit) {
+        put(s, 0);
+        put(dp, kDS);
+        __syncthreads();  // every warp's P and dS' rows written
+        // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / KK; ++kk) {
-        const T* Xk = L::kAlias ? pbuf_of(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
-                                : smem + L::kX + KK * kk * L::kXLd + 16 * w;
-        uint32_t pa[4], da[4];
-        F::load_a_trans(pa, Xk, L::kXLd, lane);
-        F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
+        for (int kk = 0; kk < kBlockM / KK; ++kk) {
+          const T* Xk = x_at(kk);
+          uint32_t pa[4], da[4];
+          F::load_a_trans(pa, Xk, L::kXLd, lane);
+          F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
 #pragma unroll
-        for (int nd = 0; nd < D / 8; nd += 2) {
-          const int bt = KK * kk * LD + 8 * nd;
-          uint32_t b[4];
-          F::load_b_kmajor2(b, dOs + bt, LD, lane);
-          F::mma(acc1[nd], pa, {b[0], b[1]});
-          F::mma(acc1[nd + 1], pa, {b[2], b[3]});
-          F::load_b_kmajor2(b, Qs + bt, LD, lane);
-          F::mma(acc0[nd], da, {b[0], b[1]});
-          F::mma(acc0[nd + 1], da, {b[2], b[3]});
+          for (int nd = 0; nd < D / 8; nd += 2) {
+            const int bt = KK * kk * LD + 8 * nd;
+            uint32_t b[4];
+            F::load_b_kmajor2(b, dOs + bt, LD, lane);
+            F::mma(acc1[nd], pa, {b[0], b[1]});
+            F::mma(acc1[nd + 1], pa, {b[2], b[3]});
+            F::load_b_kmajor2(b, Qs + bt, LD, lane);
+            F::mma(acc0[nd], da, {b[0], b[1]});
+            F::mma(acc0[nd + 1], da, {b[2], b[3]});
+          }
         }
+      } else {
+        // in turn through one buffer: dV += P^T dO, then (every warp done reading P) dK += dS'^T Q
+        const auto x_times = [&](const T* B, float (&acc)[D / 8][4]) {
+#pragma unroll
+          for (int kk = 0; kk < kBlockM / KK; ++kk) {
+            uint32_t a[4];
+            F::load_a_trans(a, x_at(kk), L::kXLd, lane);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd += 2) {
+              uint32_t b[4];
+              F::load_b_kmajor2(b, B + KK * kk * LD + 8 * nd, LD, lane);
+              F::mma(acc[nd], a, {b[0], b[1]});
+              F::mma(acc[nd + 1], a, {b[2], b[3]});
+            }
+          }
+        };
+        put(s, 0);
+        __syncthreads();  // every warp's P rows written
+        x_times(dOs, acc1);
+        __syncthreads();  // every warp done reading P
+        put(dp, 0);
+        __syncthreads();  // every warp's dS' rows written
+        x_times(Qs, acc0);
       }
     }
     if constexpr (L::kStages == 1 || (POS && L::kRelStages == 1 && !KEYS)) {
@@ -858,7 +921,7 @@ struct BwdLayoutInfo {
   // per kernel (0: query-major, d q and d q_pos; 1: key-major, d k and d v): the offset tile's
   // columns at a time, the streamed box's stages and the offset tile's, the bytes
   int dc[2] = {}, stages[2] = {}, rel_stages[2] = {};
-  bool alias[2] = {}, qpos_regs[2] = {};  // (BwdShape)
+  bool alias[2] = {}, qpos_regs[2] = {}, split[2] = {};  // (BwdShape)
   size_t kernel_bytes[2] = {};
   size_t bytes = 0;  // the larger, 0 where either does not fit
 };
@@ -873,6 +936,7 @@ constexpr BwdLayoutInfo fast_backward_layout_() {
                       {Q::kRelStages, K::kRelStages},
                       {Q::kAlias, K::kAlias},
                       {Q::kQposRegs, K::kQposRegs},
+                      {Q::kSplit, K::kSplit},
                       {Q::kBytes, K::kBytes},
                       Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes};
   return i;

@@ -169,7 +169,8 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
                                         : std::string()) +
                             (l.qpos_regs[k] ? ", q_pos in registers" : "")
                       : std::string()) +
-                 " (" + std::to_string(l.kernel_bytes[k]) + " bytes)";
+                 (l.split[k] ? ", P and dS' exchanged in turn" : "") + " (" +
+                 std::to_string(l.kernel_bytes[k]) + " bytes)";
   });
   return why;
 }
