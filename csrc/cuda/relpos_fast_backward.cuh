@@ -148,7 +148,8 @@ struct BwdLayout {
   static constexpr int kRLd = (kDC > 0 ? kDC : D) + kPad;  // the offset tile's rows
   // the k-steps of Q K^T and dO V^T unrolled: half of them in the float32 query-major kernel
   // with chunks (all: 64 bytes of spills at D = 64 on 3-D grids; half: none)
-  static constexpr int kQkUnroll = D / warp::Mma<T>::kK / (sizeof(T) == 4 && kRelChunks > 1 && !KEYS ? 2 : 1);
+  static constexpr int kQkUnroll =
+      D / warp::Mma<T>::kK / (sizeof(T) == 4 && ((kRelChunks > 1 && !KEYS) || (kSplit && D == 128)) ? 2 : 1);
   static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");

@@ -1041,6 +1041,7 @@ SMALL_DEVICES = [
     _on(SM80, FGG, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True, backward=False),
     # (the control's backward, P and dS' in turn through one buffer)
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-1d-plain-sm80", F32, [100], D=128, pos=False, causal=True),
+    _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-3d-plain-sm80", F32, [4, 5, 6], D=128, pos=False, window=2),
 ]
 AUTO += SMALL_DEVICES
 
