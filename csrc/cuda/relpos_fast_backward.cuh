@@ -138,10 +138,14 @@ struct BwdLayout {
   static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs, kSplit = kShape.split;
   static constexpr bool kRowsInPbuf = rows_in_pbuf(kShape);
   static constexpr int kExchanges = exchanges(kShape);
-  // (kRowsInPbuf: the lse and rowd rows' float offset in a warp's positional buffer)
+  // (kRowsInPbuf: the lse and rowd rows' float offset in a warp's positional buffer; rowd's after
+  // lse's: kRowd floats on, in the buffer or in the stage's region of 64 rows)
   static constexpr int kPbufRows = static_cast<int>(kQposRowsBytes / 4);
+  static constexpr int kRowd = kRowsInPbuf ? 16 : 64;
   static constexpr int kDC = kFits ? kShape.dc : 0, kRelChunks = kDC > 0 ? D / kDC : 1;
   static constexpr int kStages = kFits ? kShape.stages : 1, kRelStages = kFits ? kShape.rel_stages : 1;
+  // (the rows in the buffers are refilled only after the pair's last barrier: one stage)
+  static_assert(!kRowsInPbuf || (POS && kAlias && kStages == 1), "lse and rowd in the positional buffers");
   // the query box's tiles: q_pos (POS, in shared memory) 1, dO kDO
   static constexpr int kDO = query_tiles(kQposRegs) - 1;
   static constexpr int kFixed = KEYS ? 2 : kDO + 1, kPer = KEYS ? kDO + 1 : 2;
@@ -533,10 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         const int i = threadIdx.x;
         float* lse_at = L::kRowsInPbuf ? fsmem + i / 16 * L::kPbuf + L::kPbufRows + i % 16
                                        : reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64 + i;
-        const int rd = L::kRowsInPbuf ? 16 : 64;  // (rowd's offset from lse's)
         const int r = tok(threadIdx.x);
         warp::cp_async_4(lse_at, r >= 0 ? lse_g + r : lse_g, r >= 0);
-        warp::cp_async_4(lse_at + rd, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+        warp::cp_async_4(lse_at + L::kRowd, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
       }
     }
   };
@@ -611,13 +614,12 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       const float* rows =
           L::kRowsInPbuf ? pbuf + L::kPbufRows
                          : reinterpret_cast<const float*>(smem_raw + L::kRowsAt) + stage * 2 * 64 + 16 * w;
-      const int rd = L::kRowsInPbuf ? 16 : 64;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = lane / 4 + 8 * r;
         row_tok[r] = query_token(qo, 16 * w + i);
         lse2[r] = row_tok[r] >= 0 ? rows[i] * kLog2e : -INFINITY;
-        rowd[r] = rows[rd + i];
+        rowd[r] = rows[L::kRowd + i];
       }
       __syncwarp();
       read_qpos();  // (kQposRegs: this query tile's, copied in with its rows)

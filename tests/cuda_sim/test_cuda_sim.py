@@ -1012,7 +1012,7 @@ SMALL_DEVICES = [
     _on(SM86, FGG, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True, backward=False),
     # (the key-major kernel's P and dS' in turn through the positional buffers; the offset kernel with
     # d rel's accumulators in registers, in chunks)
-    _on(SM86, FFF, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, bias=True),
+    _on(SM86, FFF, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, span_mode="multiply", bias=True),
     # (q_pos in registers in both kernels, the key-major kernel's lse and rowd rows with it)
     _on(SM86, FFG, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", window=3),
     _on(SM86, FGG, "fast-tf32-d64-1d-sm86", F32, [130], D=64, bias=True, backward=False),
@@ -1021,6 +1021,7 @@ SMALL_DEVICES = [
     _on(SM86, ("fast", "fast", "none"), "fast-bf16-d128-3d-plain-sm86", BF16, [4, 5, 5], D=128, pos=False, causal=True),
     # (float32: P and dS' in turn through one buffer)
     _on(SM86, ("fast", "fast", "none"), "fast-tf32-d64-2d-plain-sm86", F32, [9, 11], D=64, pos=False, window=3),
+    _on(SM86, ("fast", "fast", "none"), "fast-tf32-d64-1d-plain-sm86", F32, [130], D=64, pos=False, causal=True),
     # the A100's: whole rows with fewer stages, or chunks wider than sm_86's
     _on(SM80, FFF, "fast-bf16-d64-2d-sm80", BF16, [12, 13], D=64, sigma=True, bias=True, threshold=0.3, repeats=2),
     _on(SM80, FFF, "fast-f16-d128-2d-sm80", F16, [9, 10], D=128, sigma=True),
