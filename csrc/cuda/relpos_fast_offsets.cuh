@@ -75,31 +75,44 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 // one's products, the rel rows per pair); q_pos's rows are whole. AR: d rel's accumulators in
 // registers (each warp's chunks of the tile offset box), not in shared memory: written at the end
 // into the inputs' region, spent by then (the smaller classes' layouts, where the shared ones do not
-// fit; at most 32 registers a thread).
-template <typename T, int D, int NDIM, int DA = D, int DC = D, bool AR = false>
+// fit; at most 32 registers a thread). QCH (the smallest classes, with DC < D): q_pos's rows in
+// chunks as well, one stage (its products' columns with the chunk), and the DA columns of d rel's
+// X q_pos in a tile of their own, loaded with the last chunk; else q_pos's whole rows in two
+// stages. XP: X in XP parts of the tile offset box's chunks, each written and multiplied in turn
+// (float32, whose X outgrows the positional products).
+template <typename T, int D, int NDIM, int DA = D, int DC = D, bool AR = false, bool QCH = false, int XP = 1>
 struct OffLayout {
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
   static_assert(D % DC == 0 && DC % 16 == 0, "chunks of 16 columns or more");
+  static_assert(!QCH || DC < D, "q_pos in chunks: the inputs' rows in chunks");
+  static_assert(XP == 1 || XP == 2, "X whole or in two parts");
   static constexpr int kChunksD = D / DC;
   // (16 bytes of row padding, as the backward's: for float kLd and kXLd are 4 mod 8 words)
   static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
-  static constexpr int kLd = DC + kPad, kQLd = D + kPad;  // Q, dO, K, V, rel; q_pos
+  static constexpr int kLd = DC + kPad, kQLd = D + kPad;  // Q, dO, K, V, rel; q_pos's whole rows
   static constexpr int kTile = 64 * kLd, kQTile = 64 * kQLd;
+  // the q_pos rows X q_pos reads: their stride, and their first column of d rel's block
+  static constexpr int kQaLd = QCH ? DA + kPad : kQLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
   static constexpr int kWarpCols = (kWarpOffsets + 15) / 16 * 16;
   static constexpr int kPLd = kWarpCols + 8;  // the positional products (float), as the backward's
   static constexpr int kCols = (kWarpOffsets + 31) / 32;  // a lane's columns of the warp's offset box
   static constexpr int kChunks = (kTileOffsets + 15) / 16, kRows = 16 * kChunks;
-  static constexpr int kXLd = kRows + kPad;  // X's rows (T), one per query, in its warp's pbuf
+  // X's parts (of kPartChunks chunks) and rows (T), one per query, in its warp's pbuf
+  static constexpr int kPartChunks = (kChunks + XP - 1) / XP;
+  static constexpr int kXLd = 16 * kPartChunks + kPad;
   // per warp: its positional products (17 rows, as the backward's), later its rows of X (in
   // float, more than the products: the buffer is the larger of the two)
   static constexpr int kXFloats = (16 * kXLd * static_cast<int>(sizeof(T)) / 4 + 3) / 4 * 4;
   static constexpr int kPbuf = 17 * kPLd > kXFloats ? 17 * kPLd : kXFloats;
   static constexpr int kALd = DA + 8;  // the d rel accumulator's rows (float)
-  // T: Q, dO, K, V, q_pos in two stages, the offset tile
-  static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile, kR = 4 * kTile + 2 * kQTile;
-  static __device__ __forceinline__ int qpos_at(int stage) { return 4 * kTile + stage * kQTile; }
+  // T: Q, dO, K, V, q_pos in two stages (QCH: its chunk, then its rows of d rel's columns), the
+  // offset tile
+  static constexpr int kQ = 0, kDO = kTile, kK = 2 * kTile, kV = 3 * kTile;
+  static constexpr int kQA = 5 * kTile;  // (QCH)
+  static constexpr int kR = 4 * kTile + (QCH ? kTile + 64 * kQaLd : 2 * kQTile);
+  static __device__ __forceinline__ int qpos_at(int stage) { return 4 * kTile + (QCH ? 0 : stage * kQTile); }
   static constexpr int kTElems = (kR + kTileOffsets * kLd + 7) / 8 * 8;
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator (not with AR),
@@ -256,13 +269,13 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
 // One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
 // above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
 // block 0); its done flag set when its adds are in memory.
-template <typename T, int D, int NDIM, int DA, int DC, bool AR = false>
+template <typename T, int D, int NDIM, int DA, int DC, bool AR = false, bool QCH = false, int XP = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
-  using L = OffLayout<T, D, NDIM, DA, DC, AR>;
+  using L = OffLayout<T, D, NDIM, DA, DC, AR, QCH, XP>;
   static_assert(!AR || (L::kAccInInputs && L::kAccRegs <= 32),
                 "AR: the accumulators' registers and end region");
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
@@ -377,10 +390,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     u0 += (dT[a] * e - (e - 1) + n[a] - 1) * g.rs[a];
   }
   // columns [c DC, (c + 1) DC) of the pair's Q, dO, K, V rows (one stage) and, where the rows
-  // come in chunks, of the tile offset box's rel rows
+  // come in chunks, of the tile offset box's rel rows (QCH: and of q_pos's, with the last chunk
+  // its DA columns of d rel's block)
   const auto load_chunk = [&](int c, int b, const int* qo, const int* kb) {
-    const int64_t head = (static_cast<int64_t>(b) * p.H + h) * N * D + c * DC;
+    const int64_t bh_rows = (static_cast<int64_t>(b) * p.H + h) * N * D, head = bh_rows + c * DC;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
+    if (QCH && pos) {
+      load_rows_async<T, DC, LD, kBlockM, D>(smem + L::qpos_at(0), t.qpos + head, tok);
+      if (c == kNC - 1)
+        load_rows_async<T, DA, L::kQaLd, kBlockM, D>(smem + L::kQA, t.qpos + bh_rows + dcol, tok);
+    }
     load_rows_async<T, DC, LD, kBlockM, D>(smem + L::kQ, t.q + head, tok);
     load_rows_async<T, DC, LD, kBlockM, D>(smem + L::kDO, t.gout + head, tok);
     load_box_async<T, DC, LD, NDIM, Box::kKey, true, D>(
@@ -395,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_chunk(0, b, qo, kb);
     const int64_t bh = static_cast<int64_t>(b) * p.H + h, head = bh * N * D;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
-    if (pos) load_rows_async<T, D, QLD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
+    if (!QCH && pos) load_rows_async<T, D, QLD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
     if (threadIdx.x < kBlockM) {
       const int r = tok(threadIdx.x);
       const float* lse_g = t.lse + bh * N;
@@ -414,20 +433,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   warp::cp_async_commit();
 
   // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): where its pbuf
-  // reads start (pcol) and its X writes (xcol: the pair's tile offset box entry)
-  int pcol[2], xcol[2];
+  // reads start (pcol) and its X writes (xcol: the pair's tile offset box entry; xe: its column,
+  // which tells the part of X where XP > 1)
+  int pcol[2], xcol[2], xe[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int il = lane / 4 + 8 * r;
     pcol[r] = skew_start<NDIM, L>(lane, il);
-    int x = il * L::kXLd;
+    int x = 0;
     for_axes<NDIM>([&](auto ax) {
       constexpr int a = decltype(ax)::value;
       const int q = warp_origin<NDIM>(w, a) + coord_of<NDIM, Box::kWarp, a>(il);
       x += (coord_of<NDIM, Box::kKey, a>(2 * (lane % 4)) - q + extent<NDIM>(Box::kTile, a) - 1) *
            stride<NDIM>(Box::kTileOffsets, a);
     });
-    xcol[r] = x;
+    xe[r] = x;
+    xcol[r] = il * L::kXLd + x;
   }
   // this lane's columns of the warp's offset box (lane + 32 m): the rows that have a pair there
   // (bit r: wmask, in shared memory where registers are short), and their sums of the d bias
@@ -466,9 +487,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   };
 
-  // chunk c's d rel += X q_pos (a4: its accumulators; Qp: the pair's q_pos rows); and a4 loaded
-  // from or stored to a chunk's rows arow of the shared accumulators
-  const auto chunk_product = [&](int c, float (&a4)[DA / 8][4], const T* Qp) {
+  // chunk c's d rel += X q_pos (a4: its accumulators; Qa: the pair's q_pos rows, d rel's block's
+  // columns from column qa_col; c0: the first chunk of X's part); and a4 loaded from or stored to
+  // a chunk's rows arow of the shared accumulators
+  const auto chunk_product = [&](int c, float (&a4)[DA / 8][4], const T* Qa, int qa_col, int c0) {
 #pragma unroll
     for (int q = 0; q < kWarps; ++q) {
       if (!kGroups.reaches(c, q)) continue;
@@ -476,11 +498,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kq = 0; kq < 16 / KK; ++kq) {  // the group's 16 queries, kK at a time
         uint32_t xa[4];
-        F::load_a_trans(xa, Xq + KK * kq * L::kXLd + 16 * c, L::kXLd, lane);
+        F::load_a_trans(xa, Xq + KK * kq * L::kXLd + 16 * (c - c0), L::kXLd, lane);
 #pragma unroll
         for (int nd = 0; nd < DA / 8; nd += 2) {
           uint32_t bq[4];
-          F::load_b_kmajor2(bq, Qp + (16 * q + KK * kq) * QLD + dcol + 8 * nd, QLD, lane);
+          F::load_b_kmajor2(bq, Qa + (16 * q + KK * kq) * L::kQaLd + qa_col + 8 * nd, L::kQaLd, lane);
           F::mma(a4[nd], xa, {bq[0], bq[1]});
           F::mma(a4[nd + 1], xa, {bq[2], bq[3]});
         }
@@ -539,8 +561,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t qpf[DC / KK][4];
           if (pos) {
 #pragma unroll
-            for (int kk = 0; kk < DC / KK; ++kk)
-              F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
+            for (int kk = 0; kk < DC / KK; ++kk) {
+              if constexpr (QCH)  // (the chunk's columns of q_pos)
+                F::load_a(qpf[kk], Qp + 16 * w * LD + KK * kk, LD, lane);
+              else
+                F::load_a(qpf[kk], Qp + 16 * w * QLD + c * DC + KK * kk, QLD, lane);
+            }
           }
           warp_positional_products<T, DC, L, false, c, kNC>(
               qpf, smem + L::kR, pos, wrow, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), pbuf, lane,
@@ -568,42 +594,60 @@ __global__ void __launch_bounds__(kThreads, 1)
         column_sums(bsum);
       }
     }
-    // the warp's rows of X: zeros, then dS' at each pair's entry of the tile offset box
-    __syncwarp();
-    for (int i = lane; pos && i < 16 * L::kXLd * static_cast<int>(sizeof(T)) / 16; i += 32)
-      reinterpret_cast<uint4*>(X)[i] = make_uint4(0u, 0u, 0u, 0u);
-    __syncwarp();
-    if (active && pos) {
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          X[xcol[i >> 1] + kGroups.col[nb] + (i & 1)] = posattn::cuda::from_acc<T>(dp[nb][i]);
-    }
-    __syncthreads();  // X complete; every warp done with Q, dO, K, V
-    // the next pair (found and decoded here: its coordinates take no registers during the math)
-    const int64_t jn = next_pair(j + 1);
+    // the warp's rows of X, a part at a time (XP > 1: the part's columns of the tile offset box):
+    // zeros, then dS' at each pair's entry of the tile offset box; then d rel += X q_pos over the
+    // warp's chunks of the part
+    const T* Qa = QCH ? smem + L::kQA : Qp;
+    const int qa_col = QCH ? 0 : dcol;
+    int64_t jn = total;
     int bn = 0, qn[NDIM], kn[NDIM];
-    if (jn < total) {
-      decode(jn, bn, qn, kn);
-      load_pair(st ^ 1, bn, qn, kn);
-      warp::cp_async_commit();
-    }
-    // d rel += X q_pos over the warp's chunks of the tile offset box
-    if constexpr (AR) {
+    for_axes<XP>([&](auto part) {
+      constexpr int c0 = decltype(part)::value * L::kPartChunks, e0 = 16 * c0;
+      constexpr int c1 = c0 + L::kPartChunks < L::kChunks ? c0 + L::kPartChunks : L::kChunks;
+      if constexpr (c0 > 0) __syncthreads();  // every warp done with X's part before
+      __syncwarp();
+      for (int i = lane; pos && i < 16 * L::kXLd * static_cast<int>(sizeof(T)) / 16; i += 32)
+        reinterpret_cast<uint4*>(X)[i] = make_uint4(0u, 0u, 0u, 0u);
+      __syncwarp();
+      if (active && pos) {
 #pragma unroll
-      for (int m = 0; m < L::kWarpChunks; ++m)
-        if (pos && w + kWarps * m < L::kChunks) chunk_product(w + kWarps * m, racc[m], Qp);
-    } else {
-#pragma unroll 1
-      for (int c = w; pos && c < L::kChunks; c += kWarps) {
-        float* arow = acc + 16 * c * L::kALd;
-        float a4[DA / 8][4];
-        load_or_store_rows(arow, a4, false);
-        chunk_product(c, a4, Qp);
-        load_or_store_rows(arow, a4, true);
+        for (int nb = 0; nb < kBlockN / 8; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int e = xe[i >> 1] + kGroups.col[nb] + (i & 1);
+            if (XP == 1 || (e >= e0 && e < 16 * c1))
+              X[xcol[i >> 1] + kGroups.col[nb] + (i & 1) - e0] = posattn::cuda::from_acc<T>(dp[nb][i]);
+          }
       }
-    }
+      __syncthreads();  // X's part complete (the first: every warp done with Q, dO, K, V)
+      if constexpr (c0 == 0) {
+        // the next pair (found and decoded here: its coordinates take no registers during the math)
+        jn = next_pair(j + 1);
+        if (jn < total) {
+          decode(jn, bn, qn, kn);
+          load_pair(st ^ 1, bn, qn, kn);
+          warp::cp_async_commit();
+        }
+      }
+      if constexpr (AR) {
+#pragma unroll
+        for (int m = 0; m < L::kWarpChunks; ++m) {
+          const int c = w + kWarps * m;
+          if (pos && (c0 == 0 || c >= c0) && c < c1) chunk_product(c, racc[m], Qa, qa_col, c0);
+        }
+      } else {
+#pragma unroll 1
+        for (int c = w; pos && c < c1; c += kWarps) {
+          if constexpr (c0 > 0)
+            if (c < c0) continue;
+          float* arow = acc + 16 * c * L::kALd;
+          float a4[DA / 8][4];
+          load_or_store_rows(arow, a4, false);
+          chunk_product(c, a4, Qa, qa_col, c0);
+          load_or_store_rows(arow, a4, true);
+        }
+      }
+    });
     j = jn, b = bn;
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) qo[a] = qn[a], kb[a] = kn[a];
@@ -727,14 +771,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // classes with one shape share it.
 struct OffShape {
   int da, dc;
-  bool acc_regs = false;  // (OffLayout's AR)
+  bool acc_regs = false;     // (OffLayout's AR)
+  bool qpos_chunks = false;  // (QCH)
+  int x_parts = 1;           // (XP)
 };
-template <typename T, int D, int NDIM, int DA, int DC, int SC, bool AR = false>
+template <typename T, int D, int NDIM, int DA, int DC, int SC, bool AR, bool QCH, int XP>
 constexpr bool offsets_fit() {
-  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0) {
+  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0 || (QCH && DC == D)) {
     return false;
   } else {
-    using L = OffLayout<T, D, NDIM, DA, DC, AR>;
+    using L = OffLayout<T, D, NDIM, DA, DC, AR, QCH, XP>;
     return L::kBytes <= smem_budget(SC) && (!AR || (L::kAccInInputs && L::kAccRegs <= 32));
   }
 }
@@ -742,39 +788,44 @@ constexpr bool offsets_fit() {
 // at D = 64, 1-D at D = 128); else rows in chunks, the most columns of d rel first (the
 // fewest blocks recomputing each pair), then the widest chunks (the fewest barriers):
 // 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 and 64 on 3-D
-// (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); never float32 D = 128 on 2-3
-// (class 0, sm_90's 227 KiB; the smaller classes: what fits their budget).
-template <typename T, int D, int NDIM, int SC, bool AR>
+// (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); float32 D = 128 on 2-3 only with
+// q_pos in chunks too (offsets_shape: 32, 32) (class 0, sm_90's 227 KiB; the smaller classes:
+// what fits their budget).
+template <typename T, int D, int NDIM, int SC, bool AR, bool QCH, int XP, int I = 0, int END = 8>
 constexpr OffShape offsets_shape_() {
-  if constexpr (offsets_fit<T, D, NDIM, D, D, SC, AR>())
-    return {D, D, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D, SC, AR>())
-    return {D / 2, D, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 2, SC, AR>())
-    return {D, D / 2, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D, D / 4, SC, AR>())
-    return {D, D / 4, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 2, SC, AR>())
-    return {D / 2, D / 2, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 2, D / 4, SC, AR>())
-    return {D / 2, D / 4, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 2, SC, AR>())
-    return {D / 4, D / 2, AR};
-  else if constexpr (offsets_fit<T, D, NDIM, D / 4, D / 4, SC, AR>())
-    return {D / 4, D / 4, AR};
+  constexpr int kShapes[9][2] = {{D, D},         {D / 2, D},     {D, D / 2},
+                                 {D, D / 4},     {D / 2, D / 2}, {D / 2, D / 4},
+                                 {D / 4, D / 2}, {D / 4, D / 4}, {D / 8, D / 8}};
+  if constexpr (I == END)
+    return OffShape{0, D, AR, QCH, XP};
+  else if constexpr (offsets_fit<T, D, NDIM, kShapes[I][0], kShapes[I][1], SC, AR, QCH, XP>())
+    return OffShape{kShapes[I][0], kShapes[I][1], AR, QCH, XP};
   else
-    return {0, D, AR};
+    return offsets_shape_<T, D, NDIM, SC, AR, QCH, XP, I + 1, END>();
 }
-// (where no shape with d rel's accumulators in shared memory fits, the same order with them in
+// Where no shape with d rel's accumulators in shared memory fits, the same order with them in
 // registers: in 99 KiB 16-bit D = 32 and 64 on 2-D grids, 16 columns of d rel a block, 16-bit
-// D = 128 and float32 D = 32 on 1-D; float32 D = 64 on 2-D and D = 128 on 1-D in an A100's class)
+// D = 128 and float32 D = 32 on 1-D; float32 D = 64 on 2-D and D = 128 on 1-D in an A100's class.
+// Where still none fits, both again with q_pos's rows in chunks (QCH), then with X in two parts
+// too (XP); then all of that with D / 8 columns (D = 128: 16 of d rel a block, 8 blocks each
+// recomputing the logits, still far faster than the general kernel).
 template <typename T, int D, int NDIM, int SC = 0>
 constexpr OffShape offsets_shape() {
-  constexpr OffShape s = offsets_shape_<T, D, NDIM, SC, false>();
-  if constexpr (s.da != 0)
-    return s;
-  else
-    return offsets_shape_<T, D, NDIM, SC, true>();
+  constexpr OffShape kTries[12] = {offsets_shape_<T, D, NDIM, SC, false, false, 1>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, false, 1>(),
+                                   offsets_shape_<T, D, NDIM, SC, false, true, 1>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, true, 1>(),
+                                   offsets_shape_<T, D, NDIM, SC, false, true, 2>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, true, 2>(),
+                                   offsets_shape_<T, D, NDIM, SC, false, false, 1, 8, 9>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, false, 1, 8, 9>(),
+                                   offsets_shape_<T, D, NDIM, SC, false, true, 1, 8, 9>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, true, 1, 8, 9>(),
+                                   offsets_shape_<T, D, NDIM, SC, false, true, 2, 8, 9>(),
+                                   offsets_shape_<T, D, NDIM, SC, true, true, 2, 8, 9>()};
+  for (const OffShape& s : kTries)
+    if (s.da != 0) return s;
+  return OffShape{0, D};
 }
 // The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
 // check and report): bytes 0 where no shape fits.
@@ -788,7 +839,7 @@ constexpr OffLayoutInfo fast_offsets_layout_() {
   if constexpr (s.da == 0)
     return OffLayoutInfo{s, 0};
   else
-    return OffLayoutInfo{s, OffLayout<T, D, NDIM, s.da, s.dc, s.acc_regs>::kBytes};
+    return OffLayoutInfo{s, OffLayout<T, D, NDIM, s.da, s.dc, s.acc_regs, s.qpos_chunks, s.x_parts>::kBytes};
 }
 template <typename T, int D, int SC>
 constexpr OffLayoutInfo fast_offsets_layout_sc(int ndim) {
@@ -826,10 +877,10 @@ int64_t fast_offset_order_ints(const RelposParams& p, int sc) {
 // tile offset.
 // In the shape DA, DC of class SC (offsets_shape; DA 0: none fits), which the caller has
 // checked against the device's limit `optin` (fast_offsets_layout; and this: the layout within it).
-template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR>
+template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR, bool QCH, int XP>
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {
-  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DC, AR>;
+  using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DA == 0 ? D : DC, AR, DA != 0 && QCH, XP>;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
@@ -853,7 +904,7 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
-      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC, AR>,
+      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
     const int64_t items = fast_offset_items<T, D>(p, SC);
     if (fast_offset_order_ints<T, D>(p, SC) >= INT_MAX) return cudaErrorInvalidValue;
@@ -865,7 +916,7 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       }
     }
     if (e == cudaSuccess && p.B > 0) {
-      fast_offsets_kernel<T, D, NDIM, DA, DC, AR>
+      fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>
           <<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
       e = cudaGetLastError();
     }
@@ -885,7 +936,8 @@ cudaError_t launch_fast_offsets(const RelposParams& p, const RelposTensors<T>& t
   return by_smem_class(sc, [&](auto c) {
     constexpr int SC = decltype(c)::value;
     constexpr OffShape s = offsets_shape<T, D, NDIM, SC>();
-    return launch_fast_offsets_shape<T, D, NDIM, SC, s.da, s.dc, s.acc_regs>(p, t, optin, stream);
+    return launch_fast_offsets_shape<T, D, NDIM, SC, s.da, s.dc, s.acc_regs, s.qpos_chunks, s.x_parts>(
+        p, t, optin, stream);
   });
 }
 

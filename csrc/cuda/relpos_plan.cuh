@@ -9,8 +9,8 @@
 // memory per block (relpos_fast_common.cuh, smem_class_of: 227, 163 or 99 KiB) where the call's
 // fits (the backward's d q, d k, d v, d q_pos: never in float32 at D = 128 with a term per
 // offset, which takes the general kernels); d rel, d bias, d sigma of such calls come from the
-// fast offset kernel (relpos_fast_offsets.cuh) where its layout fits (on sm_90: all but float32
-// at D = 128 on 2-3 axes). The general kernels take every other call (float64, float32 without
+// fast offset kernel (relpos_fast_offsets.cuh) where its layout fits (on sm_90: all of them).
+// The general kernels take every other call (float64, float32 without
 // TF32, other head dims, more axes) and what the fast ones do not.
 #pragma once
 
@@ -200,7 +200,9 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
     }
     *layout = std::to_string(l.shape.da) + " columns of d rel a block" +
               (l.shape.acc_regs ? " (its accumulators in registers)" : "") + ", inputs in chunks of " +
-              std::to_string(l.shape.dc) + " columns (" + std::to_string(l.bytes) + " bytes)";
+              std::to_string(l.shape.dc) + " columns" + (l.shape.qpos_chunks ? " (q_pos's too)" : "") +
+              (l.shape.x_parts > 1 ? ", X in " + std::to_string(l.shape.x_parts) + " parts" : "") + " (" +
+              std::to_string(l.bytes) + " bytes)";
   });
   return why;
 }

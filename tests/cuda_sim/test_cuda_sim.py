@@ -299,15 +299,15 @@ def _backward_path(c: Case) -> str:
 def _offsets_kernel(c: Case) -> str:
     """The kernel the plan must give d rel, d bias, d sigma: the fast offset kernel where the
     fast kernels take the call (after their backward, or after the general one where theirs does
-    not fit) and its shared memory fits sm_90 (relpos_fast_offsets.cuh, offsets_shape: float16
-    and bfloat16 at every D on 1-3 axes, D = 128 on 2-3 with its rows in chunks; float32 D = 32
-    and 64 on 1-3 axes, chunked on 3 and at D = 64 on 2, D = 128 on 1), else the general one."""
+    not fit) on 1-3 axes: its shared memory fits sm_90 for every type and D (relpos_fast_offsets.cuh,
+    offsets_shape: 16-bit D = 128 on 2-3 axes with its rows in chunks; float32 chunked on 3 axes and
+    at D = 64 on 2; float32 D = 128 on 2-3 with q_pos in chunks too, on 3 with X in two parts), else
+    the general one."""
     if not (c.pos or c.bias or c.sigma):
         return "none"
     axes = len([n for n in c.grid if n > 1])
     call = c.path == "auto" and c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
-    fits = axes <= 3 and (c.dtype in (F16, BF16) or c.D in (32, 64) or axes <= 1)
-    return "fast" if call and fits else "general"
+    return "fast" if call and axes <= 3 else "general"
 
 
 def check_relpos(c: Case, tmp_path: Path):
@@ -877,9 +877,8 @@ AUTO = [
         H=1,
         backward=False,
     ),
-    Case(
-        "fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="auto", D=128, bias=True, window=2, B=1, H=1, backward=False
-    ),
+    # (and its d rel: the general backward, then the offset kernel with q_pos in chunks, X in two parts)
+    Case("fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="auto", D=128, bias=True, window=2, B=1, H=1),
     Case(
         "fast-tf32-d128-2d-chunked-nopos",
         F32,
@@ -931,6 +930,7 @@ AUTO = [
 # test_plan_table.py's table has them; forward-only cases where the backward is the general one.
 SM86, SM80 = simlib.SMEM_SM86, simlib.SMEM_A100
 FFF, FFG, FGG = ("fast", "fast", "fast"), ("fast", "fast", "general"), ("fast", "general", "general")
+FGF = ("fast", "general", "fast")
 
 
 def _on(optin: int, expect: tuple, name: str, dtype: torch.dtype, grid: List[int], **kw) -> Case:
@@ -1008,15 +1008,18 @@ SMALL_DEVICES = [
     ),
     _on(SM86, FFG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
     # (the general backward, then the offset kernel with d rel's accumulators in registers)
-    _on(SM86, ("fast", "general", "fast"), "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
-    _on(SM86, FGG, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True, backward=False),
+    _on(SM86, FGF, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
+    # (the general backward, then the offset kernel in 16 columns of d rel a block, q_pos in chunks)
+    _on(SM86, FGF, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True),
     # (the key-major kernel's P and dS' in turn through the positional buffers; the offset kernel with
     # d rel's accumulators in registers, in chunks)
     _on(SM86, FFF, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, span_mode="multiply", bias=True),
-    # (q_pos in registers in both kernels, the key-major kernel's lse and rowd rows with it)
-    _on(SM86, FFG, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", window=3),
-    _on(SM86, FGG, "fast-tf32-d64-1d-sm86", F32, [130], D=64, bias=True, backward=False),
-    _on(SM86, FGG, "fast-tf32-d64-2d-sm86", F32, [9, 11], D=64, sigma=True, bias=True, backward=False),
+    # (q_pos in registers in both kernels, the key-major kernel's lse and rowd rows with it; the offset
+    # kernel with q_pos in chunks, X in two parts, d rel's accumulators in registers)
+    _on(SM86, FFF, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", window=3),
+    # (the general backward, then the offset kernel with q_pos in chunks: X whole, in two parts)
+    _on(SM86, FGF, "fast-tf32-d64-1d-sm86", F32, [70], D=64, bias=True),
+    _on(SM86, FGF, "fast-tf32-d64-2d-sm86", F32, [9, 11], D=64, sigma=True, bias=True),
     # the control's backward in one stage
     _on(SM86, ("fast", "fast", "none"), "fast-bf16-d128-3d-plain-sm86", BF16, [4, 5, 5], D=128, pos=False, causal=True),
     # (float32: P and dS' in turn through one buffer)
@@ -1028,18 +1031,20 @@ SMALL_DEVICES = [
     _on(SM80, FFF, "fast-bf16-d64-3d-sm80", BF16, [5, 6, 5], D=64, bias=True, window=1),
     _on(SM80, FFF, "fast-bf16-d32-3d-sm80", BF16, [4, 5, 6], D=32, sigma=True, causal=True),
     _on(SM80, FFF, "fast-bf16-d128-1d-sm80", BF16, [130], D=128, sigma=True, causal=True),
-    _on(SM80, FGG, "fast-bf16-d128-3d-sm80", BF16, [4, 5, 6], D=128, sigma=True, bias=True, backward=False),
+    # (the general backward, then the offset kernel in 16 columns of d rel a block)
+    _on(SM80, FGF, "fast-bf16-d128-3d-sm80", BF16, [4, 5, 6], D=128, sigma=True, bias=True),
     _on(SM80, FFF, "fast-tf32-d64-1d-sm80", F32, [100], D=64, sigma=True, bias=True),
     _on(SM80, FFF, "fast-tf32-d32-2d-sm80", F32, [9, 11], D=32, bias=True),
-    _on(SM80, FGG, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
+    _on(SM80, FGF, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
     # (the backward with P and dS' in the positional buffers)
     _on(SM80, FFF, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
     # (the general forward and backward, then the offset kernel with d rel's accumulators in registers)
     _on(
         SM80, ("general", "general", "fast"), "fast-tf32-d128-1d-offsets-sm80", F32, [70], D=128, bias=True, causal=True
     ),
-    _on(SM80, FFG, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
-    _on(SM80, FGG, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True, backward=False),
+    # (the offset kernel with q_pos in chunks, X in two parts)
+    _on(SM80, FFF, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
+    _on(SM80, FGF, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True),
     # (the control's backward, P and dS' in turn through one buffer)
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-1d-plain-sm80", F32, [100], D=128, pos=False, causal=True),
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-3d-plain-sm80", F32, [4, 5, 6], D=128, pos=False, window=2),
