@@ -27,13 +27,15 @@
 // D = 128). At 16-bit D = 128 on 3-D grids the offset tile's rel rows come in two chunks
 // of 64 columns (BwdLayout::kDC; two barriers a chunk), at float32 D = 64 on 3-D grids in
 // four of 16, the query-major kernel's d q_pos taking them again after dS', the last chunk
-// (still there) first. Float32 at D = 128 does not fit sm_90 (registers): the general
-// backward. The smaller classes of shared memory (BwdShape) put the dS' box, or the key-major
-// kernel's rows of P and dS', in the warp's positional buffer (spent once softmax_backward has
-// read it; the next pair's products come after the next barrier), and keep q_pos's fragments in
-// registers, its rows copied in through the same buffers (the key-major kernel's lse and rowd
-// rows with them); where that is not enough (float32), the key-major kernel exchanges P and
-// dS' in turn through one buffer (two more barriers a box).
+// (still there) first. Float32 at D = 128 with a term per offset: each kernel in two launches,
+// one per half of the gradients' columns, each recomputing the logits (16 x D accumulators for
+// two gradients do not fit the registers), its offset tile in chunks. The smaller classes of
+// shared memory (BwdShape) put the dS' box, or the key-major kernel's rows of P and dS', in the
+// warp's positional buffer (spent once softmax_backward has read it; the next pair's products
+// come after the next barrier), and keep q_pos's fragments in registers, its rows copied in
+// through the same buffers (the key-major kernel's lse and rowd rows with them); where that is
+// not enough (float32), the key-major kernel exchanges P and dS' in turn through one buffer
+// (two more barriers a box).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -55,6 +57,7 @@ namespace posattn::relpos::cuda_fast {
 struct BwdShape {
   int stages = 0, rel_stages = 0, dc = 0;
   bool alias = false, qpos_regs = false, split = false;
+  int halves = 1;  // (float32 D = 128 with a term per offset: 2, a launch per half of D's columns)
 };
 
 // SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
@@ -106,14 +109,16 @@ struct BwdLayout {
   // products summed over the chunks; the query-major kernel's d q_pos takes them again, last
   // chunk first, after dS'). Where none of those fits (the smaller classes), the same order
   // again with the aliases, then with q_pos in registers too (the key-major kernel's with one
-  // stage). Not float32 at D = 128 in chunks, nor q_pos in registers at D = 128 or float32
-  // D = 64: the query-major kernel's accumulators, 16 x D each for two gradients, leave too
-  // few registers; nor the aliases with more than 4 chunks (16-bit D = 128 on 3-D grids in an
-  // A100's class: 8 chunks of 16 columns, whose query-major kernel spilled 8 bytes on sm_80).
+  // stage). Not q_pos in registers at D = 128 or float32 D = 64: the query-major kernel's
+  // accumulators, 16 x D each for two gradients, leave too few registers (float32 D = 128 with
+  // a term per offset: the gradients in two halves of their columns, a launch each, each
+  // recomputing the logits; chunks then too); nor the aliases with more than 4 chunks (16-bit D
+  // = 128 on 3-D grids in an A100's class: 8 chunks of 16 columns, whose query-major kernel
+  // spilled 8 bytes on sm_80).
   // Where still none fits, all of that again with the key-major exchange split.
   static constexpr bool admits(BwdShape f) {
-    if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1 || (sizeof(T) == 4 && D == 128)))
-      return false;
+    if ((f.halves == 2) != (POS && sizeof(T) == 4 && D == 128)) return false;
+    if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1)) return false;
     if (f.split && !KEYS) return false;
     if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || D / f.dc > 4)) return false;
     if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
@@ -121,6 +126,7 @@ struct BwdLayout {
       return false;
     return bytes(f) <= kBudget;
   }
+  static constexpr int kHalf = POS && sizeof(T) == 4 && D == 128 ? 2 : 1;
   static constexpr BwdShape shape() {
     BwdShape f{};  // (one return: nvcc warns of the loop after an early one)
     constexpr int kStaged[3][2] = {{2, 2}, {2, 1}, {1, 1}};
@@ -128,7 +134,7 @@ struct BwdLayout {
       for (int mode = 0; mode < 3 && f.stages == 0; ++mode)
         for (int k = 0; k < 3 && f.stages == 0; ++k)
           for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
-            const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2, split == 1};
+            const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2, split == 1, kHalf};
             if (admits(c)) f = c;
           }
     return f;
@@ -136,6 +142,8 @@ struct BwdLayout {
   static constexpr BwdShape kShape = shape();
   static constexpr bool kFits = kShape.stages > 0;
   static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs, kSplit = kShape.split;
+  // the gradients' columns a block accumulates (kHalves 2: a launch per half of D's columns)
+  static constexpr int kHalves = kFits ? kShape.halves : 1, kDH = D / kHalves;
   static constexpr bool kRowsInPbuf = rows_in_pbuf(kShape);
   static constexpr int kExchanges = exchanges(kShape);
   // (kRowsInPbuf: the lse and rowd rows' float offset in a warp's positional buffer; rowd's after
@@ -192,7 +200,9 @@ struct BwdLayout {
   static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
   // what makes one layout another: its chunks, stages, aliases
   static constexpr int kKey =
-      kFits ? ((((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs) * 2 + kSplit : -1;
+      kFits ? (((((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs) * 2 + kSplit) * 2 +
+                  (kHalves - 1)
+            : -1;
 };
 
 // The largest class (the smallest SC) whose layout of this kernel is class SC's: the one
@@ -313,7 +323,7 @@ __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], flo
 }
 
 // Grid (fixed boxes, H, B)
-template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC>
+template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC, int HALF = 0>
 __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
@@ -322,6 +332,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   using LR = RelRows<L>;   // (the offset tile's rows)
   constexpr int LD = L::kLd, KK = F::kK, DC = L::kDC > 0 ? L::kDC : D, RC = L::kRelChunks;
+  // the gradients' columns [HC, HC + DH) (L::kHalves 2: this launch's half)
+  constexpr int DH = L::kDH, HC = HALF * DH;
+  static_assert(HALF < L::kHalves, "a half of the columns");
   constexpr KeyBlockParts<NDIM> kParts{};
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -580,8 +593,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     }
   }
   // the accumulators: query-major dQ and dQpos of the warp's queries, key-major dK and
-  // dV of its keys (16 x D each: n-blocks of 8 columns)
-  float acc0[D / 8][4] = {}, acc1[D / 8][4] = {};
+  // dV of its keys (16 x DH each: n-blocks of 8 columns)
+  float acc0[DH / 8][4] = {}, acc1[DH / 8][4] = {};
   if constexpr (POS && L::kQposRegs && !KEYS) {
     warp::cp_async_wait<0>();
     __syncthreads();  // every thread's copies of q_pos's rows visible
@@ -687,9 +700,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           uint32_t a[4];
           F::p_frag(a, dp, kk);
 #pragma unroll
-          for (int nd = 0; nd < D / 8; nd += 2) {
+          for (int nd = 0; nd < DH / 8; nd += 2) {
             uint32_t b[4];
-            F::load_b_kmajor2(b, Ks + KK * kk * LD + 8 * nd, LD, lane);
+            F::load_b_kmajor2(b, Ks + KK * kk * LD + HC + 8 * nd, LD, lane);
             F::mma(acc0[nd], a, {b[0], b[1]});
             F::mma(acc0[nd + 1], a, {b[2], b[3]});
           }
@@ -717,13 +730,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       if (POS && rel != nullptr) {
         // the product per chunk of the offset tile's columns, the last chunk (still there from
         // the positional products) first; each earlier one loaded once every warp is done with
-        // the one after it (RC = 1: the whole rows, no barrier)
+        // the one after it (RC = 1: the whole rows, no barrier); of each chunk its columns in
+        // [HC, HC + DH) (L::kHalves 2: the chunks of the other half neither loaded nor used)
         const T* box = dq_box();
         const T* Rj = smem + L::r_at(rst);
+        const auto in_half = [](int c) { return c * DC < HC + DH && c * DC + DC > HC; };
         for_chunks<RC, true>(
             [&](auto chunk) {
               constexpr int c = decltype(chunk)::value;
-              if (!active) return;
+              constexpr int n0 = (c * DC > HC ? 0 : HC - c * DC) / 8;  // the chunk's columns in the half
+              constexpr int n1 = ((c + 1) * DC < HC + DH ? DC : HC + DH - c * DC) / 8;
+              if (!active || n1 <= n0) return;
 #pragma unroll 1
               for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
                 uint32_t a[4];
@@ -733,15 +750,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
                 for (int i = 0; i < F::kRowsPerLane; ++i)
                   rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
 #pragma unroll
-                for (int nd = 0; nd < DC / 8; nd += 2) {
+                for (int nd = n0; nd < n1; nd += 2) {
                   uint32_t b[4];
                   F::load_b_krows(b, rows, 8 * nd);
-                  F::mma(acc1[c * DC / 8 + nd], a, {b[0], b[1]});
-                  F::mma(acc1[c * DC / 8 + nd + 1], a, {b[2], b[3]});
+                  F::mma(acc1[(c * DC - HC) / 8 + nd], a, {b[0], b[1]});
+                  F::mma(acc1[(c * DC - HC) / 8 + nd + 1], a, {b[2], b[3]});
                 }
               }
             },
-            [&](int next) { load_offsets(0, qo, kb, next, false); });
+            [&](int next) {
+              if (in_half(next)) load_offsets(0, qo, kb, next, false);
+            });
       }
     } else {
       // P and dS' of the warp's 16 queries into the exchange (zeros where inactive): rows of
@@ -778,8 +797,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           F::load_a_trans(pa, Xk, L::kXLd, lane);
           F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
 #pragma unroll
-          for (int nd = 0; nd < D / 8; nd += 2) {
-            const int bt = KK * kk * LD + 8 * nd;
+          for (int nd = 0; nd < DH / 8; nd += 2) {
+            const int bt = KK * kk * LD + HC + 8 * nd;
             uint32_t b[4];
             F::load_b_kmajor2(b, dOs + bt, LD, lane);
             F::mma(acc1[nd], pa, {b[0], b[1]});
@@ -791,15 +810,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         }
       } else {
         // in turn through one buffer: dV += P^T dO, then (every warp done reading P) dK += dS'^T Q
-        const auto x_times = [&](const T* B, float (&acc)[D / 8][4]) {
+        const auto x_times = [&](const T* B, float (&acc)[DH / 8][4]) {
 #pragma unroll
           for (int kk = 0; kk < kBlockM / KK; ++kk) {
             uint32_t a[4];
             F::load_a_trans(a, x_at(kk), L::kXLd, lane);
 #pragma unroll
-            for (int nd = 0; nd < D / 8; nd += 2) {
+            for (int nd = 0; nd < DH / 8; nd += 2) {
               uint32_t b[4];
-              F::load_b_kmajor2(b, B + KK * kk * LD + 8 * nd, LD, lane);
+              F::load_b_kmajor2(b, B + KK * kk * LD + HC + 8 * nd, LD, lane);
               F::mma(acc[nd], a, {b[0], b[1]});
               F::mma(acc[nd + 1], a, {b[2], b[3]});
             }
@@ -840,8 +859,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     const int row = KEYS ? key_token(fo, i) : query_token(fo, i);
     if (row < 0) continue;
 #pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      const int64_t at = static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4);
+    for (int nd = 0; nd < DH / 8; ++nd) {
+      const int64_t at = static_cast<int64_t>(row) * D + HC + 8 * nd + 2 * (lane % 4);
       F::store2(g0 + at, acc0[nd][2 * r], acc0[nd][2 * r + 1]);
       if (g1 != nullptr) F::store2(g1 + at, acc1[nd][2 * r], acc1[nd][2 * r + 1]);
     }
@@ -895,6 +914,9 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
       };
       launch(fast_backward_kernel<T, D, POS, NDIM, false, QC>, QL::kBytes);
       launch(fast_backward_kernel<T, D, POS, NDIM, true, KC>, KL::kBytes);
+      // (the second halves of the columns: float32 D = 128 with a term per offset)
+      if constexpr (QL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1>, QL::kBytes);
+      if constexpr (KL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1>, KL::kBytes);
       return e;
     }
   });
@@ -925,6 +947,7 @@ struct BwdLayoutInfo {
   // columns at a time, the streamed box's stages and the offset tile's, the bytes
   int dc[2] = {}, stages[2] = {}, rel_stages[2] = {};
   bool alias[2] = {}, qpos_regs[2] = {}, split[2] = {};  // (BwdShape)
+  int halves[2] = {1, 1};
   size_t kernel_bytes[2] = {};
   size_t bytes = 0;  // the larger, 0 where either does not fit
 };
@@ -940,6 +963,7 @@ constexpr BwdLayoutInfo fast_backward_layout_() {
                       {Q::kAlias, K::kAlias},
                       {Q::kQposRegs, K::kQposRegs},
                       {Q::kSplit, K::kSplit},
+                      {Q::kHalves, K::kHalves},
                       {Q::kBytes, K::kBytes},
                       Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes};
   return i;

@@ -287,10 +287,11 @@ def _forward_path(c: Case) -> str:
 def _backward_path(c: Case) -> str:
     """The backward the plan must choose: the fast one where the fast forward runs and its
     shared memory and registers allow (relpos_plan.cuh, fast_backward_refusal: with a term per
-    offset, not in float32 at D = 128; the control's kernels fit there; 16-bit D = 128 and float32
-    D = 64 on 3-D grids with the offset tile in chunks), else the general one."""
+    offset, not in float32 at D = 128 on 2-3 axes, and on 1 in two halves of the gradients' columns;
+    the control's kernels fit there; 16-bit D = 128 and float32 D = 64 on 3-D grids with the offset
+    tile in chunks), else the general one."""
     terms = c.pos or c.bias or c.sigma
-    too_big = terms and c.dtype == F32 and c.D == 128
+    too_big = terms and c.dtype == F32 and c.D == 128 and len([n for n in c.grid if n > 1]) > 1
     if _forward_path(c) == "fast" and not too_big:
         return "fast"
     return "general"
@@ -510,9 +511,9 @@ AUTO = [
     # (the fast offset kernel with its rows in two chunks of 64 columns, d rel in two halves)
     Case("tiled-f16-d128-2d", F16, [10, 7], path="auto", D=128, sigma=True, B=1, H=1),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="auto", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
-    # float32 with D = 128 and a term per offset: the fast forward (its offset tile in chunks), the
-    # general backward (the fast one does not fit), the general offset kernel (neither the fast
-    # nor the tiled one fits)
+    # float32 with D = 128 and a term per offset on 2 axes: the fast forward (its offset tile in
+    # chunks), the general backward (the fast one does not fit), the fast offset kernel (q_pos in
+    # chunks too)
     Case(
         "tiled-tf32-d128-general-backward",
         F32,
@@ -848,7 +849,8 @@ AUTO = [
     # float32 D = 128 with a term per offset: the fast forward with q_pos in shared memory and the
     # offset tile in chunks of columns (FwdLayout::shape: on 1 axis K and V in two stages, 4
     # chunks; on 2 one stage, 2 chunks; on 3 one stage, 4 chunks); several query tiles, key
-    # blocks per tile, warps that skip a block (windows, span boxes) and tail tiles
+    # blocks per tile, warps that skip a block (windows, span boxes) and tail tiles; on 1 axis the
+    # fast backward in two halves of the gradients' columns, its offset tile in chunks
     Case(
         "fast-tf32-d128-1d-chunked-window",
         F32,
@@ -862,7 +864,6 @@ AUTO = [
         causal=True,
         B=1,
         H=2,
-        backward=False,
     ),
     Case(
         "fast-tf32-d128-2d-chunked-multiply",

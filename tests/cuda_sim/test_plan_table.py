@@ -30,9 +30,10 @@ def test_h100_runs_every_fast_call_but_float32_d128_backward(rows):
         if r.smem_optin != simlib.SMEM_H100:
             continue
         assert r.forward == "fast", r
-        f32_d128_terms = r.dtype == "f32" and r.D == 128 and r.terms != "plain"
-        # float32 D = 128 with a term per offset: the general d q, d k, d v (registers), then the fast
-        # offset kernel (on 2-3 axes with q_pos in chunks)
+        f32_d128_terms = r.dtype == "f32" and r.D == 128 and r.terms != "plain" and r.axes > 1
+        # float32 D = 128 with a term per offset on 2-3 axes: the general d q, d k, d v (shared memory;
+        # on 1 axis the fast ones in two halves of the gradients' columns), then the fast offset kernel
+        # (with q_pos in chunks)
         assert r.backward == ("general" if f32_d128_terms else "fast"), r
         assert r.offsets == ("none" if r.terms == "plain" else "fast"), r
 

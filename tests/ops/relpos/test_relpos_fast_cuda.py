@@ -101,8 +101,8 @@ def test_fast_forward_matches_reference_and_general(monkeypatch, grid, kw, D, dt
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     """float32 with TF32 allowed: the fast forward (at D = 128 with a term per offset its offset tile in
-    chunks) and the fast backward where it fits (not D = 128 with a term per offset; at D = 64 on
-    3-D grids with one, its offset tile in chunks), d rel, d bias, d sigma from the fast offset kernel
+    chunks) and the fast backward where it fits (not D = 128 with a term per offset on 2-3 axes, on 1
+    in two halves of the gradients' columns; at D = 64 on 3-D grids with one, its offset tile in chunks), d rel, d bias, d sigma from the fast offset kernel
     (at D = 128 on 2-3 axes with q_pos in chunks), deterministic; TF32 not allowed: the general path."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     inputs, args = split(kw)
@@ -113,7 +113,7 @@ def test_fast_forward_in_float32_through_tf32(monkeypatch, grid, kw, D):
     plan = ops.relpos_plan(**xc, grid=grid, **args)
     assert plan["forward"] == "fast", plan
     bplan = ops.relpos_plan(**xc, grid=grid, backward=True, **args)
-    fits = not (terms and D == 128)
+    fits = not (terms and D == 128 and len([n for n in grid if n > 1]) > 1)
     assert (bplan["backward"] == "fast") == fits, bplan
     if terms:  # (the fast offset kernel in float32, at every D on 1-3 axes)
         assert bplan["offsets"] == "fast", bplan
