@@ -43,9 +43,10 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
 
 def short_name(mangled: str) -> str:
-    if "fast_backward_kernel" in mangled:  # KEYS, then the layout class SC: ...Lb1ELi0EE
-        keys = re.search(r"Lb([01])ELi\d+EE", mangled)
-        return "fast dk/dv" if keys and keys.group(1) == "1" else "fast dq"
+    if "fast_backward_kernel" in mangled:  # KEYS, the layout class SC, the half HALF: ...Lb1ELi0ELi0EE
+        m = re.search(r"Lb([01])ELi\d+ELi([01])EE", mangled)
+        name = "fast dk/dv" if m and m.group(1) == "1" else "fast dq"
+        return name + (" (second half of the columns)" if m and m.group(2) == "1" else "")
     for key, name in (
         ("fast_offsets_order_kernel", "fast offsets: their order's table"),
         ("fast_offsets_kernel", "fast offsets (d rel, d bias, d sigma)"),

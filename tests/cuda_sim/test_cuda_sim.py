@@ -369,6 +369,9 @@ EXTENDED = {
     # the fast offset kernel's ordered adds with its blocks running at once (timing mode, ~10 min):
     # the order's logic is test_offset_order.py's; on a GPU, test_relpos_fast_cuda.py's
     "fast-bf16-d32-offsets-concurrent",
+    # float32 D = 128 on 1-D: the backward in halves and the offset kernel in chunks, as
+    # fast-tf32-d128-1d-chunked-window (which adds windows, causal, a threshold, two heads)
+    "fast-tf32-d128-1d-offsets-chunks",
 }
 
 
