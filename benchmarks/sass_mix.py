@@ -199,14 +199,14 @@ def mixes(args: argparse.Namespace, cuobjdump: str, work: Path) -> List[Tuple[st
         # (the kernels of the layout class of sm_90, Li0EE: fast_forward.cu holds every class's)
         if args.backward:  # (fast_forward.cu holds the backward's kernels too)
             jobs += [
-                ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0ELi0EE"),
-                ("fast dk/dv, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb1ELi0EE"),
-                ("fast dq, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb0ELi0EE"),
-                ("fast dk/dv, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb1ELi0EE"),
-                ("fast dq, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb0ELi0EE"),
-                ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1ELi0EE"),
-                ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0ELi0EE"),
-                ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1ELi0EE"),
+                ("fast dq, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb0ELi0ELi0EE"),
+                ("fast dk/dv, FA2 control (2-D)", fast, "fast_backward_kernel Lb0ELi2ELb1ELi0ELi0EE"),
+                ("fast dq, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb0ELi0ELi0EE"),
+                ("fast dk/dv, positional (1-D)", fast, "fast_backward_kernel Lb1ELi1ELb1ELi0ELi0EE"),
+                ("fast dq, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb0ELi0ELi0EE"),
+                ("fast dk/dv, positional (2-D)", fast, "fast_backward_kernel Lb1ELi2ELb1ELi0ELi0EE"),
+                ("fast dq, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb0ELi0ELi0EE"),
+                ("fast dk/dv, positional (3-D)", fast, "fast_backward_kernel Lb1ELi3ELb1ELi0ELi0EE"),
             ]  # (the tiled backward's WMMA kernels, against which BENCHMARKS.md compared these, are gone)
             return _run_jobs(jobs, cuobjdump)
         jobs += [

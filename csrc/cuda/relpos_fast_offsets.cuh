@@ -5,7 +5,8 @@
 // per axis) has its offset in the same tile offset box, the rows of rel the fast kernels
 // copy per (tile, key block) pair. So a block owns one tile offset dT of one head: it copies
 // that box's rel rows and add / mul entries once, then streams the pairs (batch element b,
-// tile I) of its dT in a fixed order (two cp.async stages of q_pos, one of Q, dO, K, V),
+// tile I) of its dT in a fixed order (two cp.async stages of q_pos, one of Q, dO, K, V; in the
+// smallest layouts q_pos in chunks too, OffLayout's QCH),
 // and per pair every warp recomputes its 16 queries' logits, P and dS' as the backward does.
 // Then:
 //   d rel[box] += X q_pos: X (tile offset box x 64 queries) holds dS' at (offset of (i,
@@ -91,7 +92,7 @@ struct OffLayout {
   static constexpr int kPad = 16 / static_cast<int>(sizeof(T));
   static constexpr int kLd = DC + kPad, kQLd = D + kPad;  // Q, dO, K, V, rel; q_pos's whole rows
   static constexpr int kTile = 64 * kLd, kQTile = 64 * kQLd;
-  // the q_pos rows X q_pos reads: their stride, and their first column of d rel's block
+  // the stride of the q_pos rows X q_pos reads (the kernel's qa_col: their first column of d rel's block)
   static constexpr int kQaLd = QCH ? DA + kPad : kQLd;
   static constexpr int kTileOffsets = volume<NDIM>(Box::kTileOffsets);
   static constexpr int kWarpOffsets = volume<NDIM>(Box::kWarpOffsets);
