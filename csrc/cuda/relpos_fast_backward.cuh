@@ -103,6 +103,8 @@ struct BwdLayout {
         POS ? kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
     return tel * sizeof(T) + fl * 4 + (KEYS && !rows_in_pbuf(f) ? f.stages * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
+  // the halves every shape of this kernel has (float32 D = 128 with a term per offset: two)
+  static constexpr int kHalf = POS && sizeof(T) == 4 && D == 128 ? 2 : 1;
   // the shape: two stages of the streamed box and of the offset tile where they fit, else one
   // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
   // each with the offset tile's rel rows in chunks (the widest that fits: the positional
@@ -117,7 +119,7 @@ struct BwdLayout {
   // spilled 8 bytes on sm_80).
   // Where still none fits, all of that again with the key-major exchange split.
   static constexpr bool admits(BwdShape f) {
-    if ((f.halves == 2) != (POS && sizeof(T) == 4 && D == 128)) return false;
+    if (f.halves != kHalf) return false;
     if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1)) return false;
     if (f.split && !KEYS) return false;
     if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || D / f.dc > 4)) return false;
@@ -126,7 +128,6 @@ struct BwdLayout {
       return false;
     return bytes(f) <= kBudget;
   }
-  static constexpr int kHalf = POS && sizeof(T) == 4 && D == 128 ? 2 : 1;
   static constexpr BwdShape shape() {
     BwdShape f{};  // (one return: nvcc warns of the loop after an early one)
     constexpr int kStaged[3][2] = {{2, 2}, {2, 1}, {1, 1}};

@@ -810,23 +810,25 @@ constexpr OffShape offsets_shape_() {
 // Where still none fits, both again with q_pos's rows in chunks (QCH), then with X in two parts
 // too (XP); then all of that with D / 8 columns (D = 128: 16 of d rel a block, 8 blocks each
 // recomputing the logits, still far faster than the general kernel).
-template <typename T, int D, int NDIM, int SC = 0>
-constexpr OffShape offsets_shape() {
-  constexpr OffShape kTries[12] = {offsets_shape_<T, D, NDIM, SC, false, false, 1>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, false, 1>(),
-                                   offsets_shape_<T, D, NDIM, SC, false, true, 1>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, true, 1>(),
-                                   offsets_shape_<T, D, NDIM, SC, false, true, 2>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, true, 2>(),
-                                   offsets_shape_<T, D, NDIM, SC, false, false, 1, 8, 9>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, false, 1, 8, 9>(),
-                                   offsets_shape_<T, D, NDIM, SC, false, true, 1, 8, 9>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, true, 1, 8, 9>(),
-                                   offsets_shape_<T, D, NDIM, SC, false, true, 2, 8, 9>(),
-                                   offsets_shape_<T, D, NDIM, SC, true, true, 2, 8, 9>()};
+template <typename T, int D, int NDIM, int SC, int I, int END>
+constexpr OffShape offsets_shape_modes() {
+  constexpr OffShape kTries[6] = {offsets_shape_<T, D, NDIM, SC, false, false, 1, I, END>(),
+                                  offsets_shape_<T, D, NDIM, SC, true, false, 1, I, END>(),
+                                  offsets_shape_<T, D, NDIM, SC, false, true, 1, I, END>(),
+                                  offsets_shape_<T, D, NDIM, SC, true, true, 1, I, END>(),
+                                  offsets_shape_<T, D, NDIM, SC, false, true, 2, I, END>(),
+                                  offsets_shape_<T, D, NDIM, SC, true, true, 2, I, END>()};
   for (const OffShape& s : kTries)
     if (s.da != 0) return s;
   return OffShape{0, D};
+}
+template <typename T, int D, int NDIM, int SC = 0>
+constexpr OffShape offsets_shape() {
+  constexpr OffShape s = offsets_shape_modes<T, D, NDIM, SC, 0, 8>();
+  if constexpr (s.da != 0)
+    return s;
+  else
+    return offsets_shape_modes<T, D, NDIM, SC, 8, 9>();
 }
 // The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
 // check and report): bytes 0 where no shape fits.
