@@ -35,7 +35,13 @@
 // come after the next barrier), and keep q_pos's fragments in registers, its rows copied in
 // through the same buffers (the key-major kernel's lse and rowd rows with them); where that is
 // not enough (float32), the key-major kernel exchanges P and dS' in turn through one buffer
-// (two more barriers a box).
+// (two more barriers a box). Where even that does not fit (16-bit D = 128 and float32 D = 64 in
+// 99 KiB, 3-D grids; float32 D = 128 on 2-3-D grids), nothing is held whole (BwdShape::ops): per pair
+// one stage holds chunk c of D's columns of every operand (Q, q_pos, dO, K, V) with the offset
+// tile's, S, dP and the positional products summed over the chunks; after dS' the chunks again,
+// the last (still there) first, reloading only what the gradients' products take (query-major K and
+// rel rows, key-major Q and dO): two barriers a chunk, each operand read from L2 up to twice a pair.
+// At D = 128 these run in halves of the gradients' columns (16-bit too: whole, they spilled on sm_80).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -54,10 +60,13 @@ namespace posattn::relpos::cuda_fast {
 // dS' once every warp's dV is done: two more barriers a pair), where the two do not fit (float32).
 // With q_pos in registers the key-major kernel's lse and rowd rows come in through the warps'
 // positional buffers too, after q_pos's.
+// `ops`: the operands too (Q, q_pos, dO, K, V) in chunks of dc columns, one stage holding chunk c
+// of each with the offset tile's: nothing held whole (the smallest classes, D = 128 or 3-D grids).
 struct BwdShape {
   int stages = 0, rel_stages = 0, dc = 0;
   bool alias = false, qpos_regs = false, split = false;
   int halves = 1;  // (float32 D = 128 with a term per offset: 2, a launch per half of D's columns)
+  bool ops = false;
 };
 
 // SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
@@ -78,6 +87,8 @@ struct BwdLayout {
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
   static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
+  // (ops: the chunk tiles of a pair, Q, q_pos (POS), dO, K, V, in this order)
+  static constexpr int kOpTiles = POS ? 5 : 4;
   // the exchange's buffers of 64 rows (key-major: P and dS', or one at a time where split)
   static constexpr int exchanges(BwdShape f) { return f.split ? 1 : 2; }
   // (a warp's share of what the aliases put in its positional buffer, bytes)
@@ -94,7 +105,8 @@ struct BwdLayout {
   static constexpr int query_tiles(bool qpos_regs) { return POS && !qpos_regs ? 3 : 2; }
   static constexpr size_t bytes(BwdShape f) {
     const int fixed = KEYS ? 2 : query_tiles(f.qpos_regs), per = KEYS ? query_tiles(f.qpos_regs) : 2;
-    const size_t tel = static_cast<size_t>((fixed + f.stages * per) * kTile) +
+    const size_t tel = (f.ops ? static_cast<size_t>(kOpTiles * 64 * (f.dc + kPad))
+                              : static_cast<size_t>((fixed + f.stages * per) * kTile)) +
                        (POS ? f.rel_stages * kTileOffsets * (f.dc + kPad) : 0) +
                        (f.alias ? 0
                         : KEYS  ? exchanges(f) * 64 * kXLd
@@ -103,8 +115,9 @@ struct BwdLayout {
         POS ? kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols + 2 * kWarps * kWarpCols : 0;
     return tel * sizeof(T) + fl * 4 + (KEYS && !rows_in_pbuf(f) ? f.stages * 2 * 64 * 4 : 0) + kRangeInts * 4;
   }
-  // the halves every shape of this kernel has (float32 D = 128 with a term per offset: two)
-  static constexpr int kHalf = POS && sizeof(T) == 4 && D == 128 ? 2 : 1;
+  // the halves of a shape (float32 D = 128 with a term per offset: two; 16-bit D = 128 with the
+  // operands in chunks too, whose whole accumulators spilled on sm_80 on 2-3-D grids)
+  static constexpr int halves_of(bool ops) { return POS && D == 128 && (sizeof(T) == 4 || ops) ? 2 : 1; }
   // the shape: two stages of the streamed box and of the offset tile where they fit, else one
   // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
   // each with the offset tile's rel rows in chunks (the widest that fits: the positional
@@ -117,12 +130,14 @@ struct BwdLayout {
   // recomputing the logits; chunks then too); nor the aliases with more than 4 chunks (16-bit D
   // = 128 on 3-D grids in an A100's class: 8 chunks of 16 columns, whose query-major kernel
   // spilled 8 bytes on sm_80).
-  // Where still none fits, all of that again with the key-major exchange split.
+  // Where still none fits, all of that again with the key-major exchange split; then the operands
+  // in chunks too (ops: the widest chunks that fit, without the aliases first).
   static constexpr bool admits(BwdShape f) {
-    if (f.halves != kHalf) return false;
+    if (f.halves != halves_of(f.ops)) return false;
+    if (f.ops && (!POS || f.stages != 1 || f.rel_stages != 1 || f.qpos_regs || f.split)) return false;
     if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1)) return false;
     if (f.split && !KEYS) return false;
-    if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || D / f.dc > 4)) return false;
+    if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || (D / f.dc > 4 && !f.ops))) return false;
     if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
                         kQposRowsBytes + (KEYS ? 2 * 16 * 4 : 0) > kPbufBytes))
       return false;
@@ -135,14 +150,22 @@ struct BwdLayout {
       for (int mode = 0; mode < 3 && f.stages == 0; ++mode)
         for (int k = 0; k < 3 && f.stages == 0; ++k)
           for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
-            const BwdShape c{kStaged[k][0], kStaged[k][1], dc, mode >= 1, mode == 2, split == 1, kHalf};
+            const BwdShape c{kStaged[k][0], kStaged[k][1],   dc, mode >= 1, mode == 2,
+                             split == 1,    halves_of(false)};
             if (admits(c)) f = c;
           }
+    // else the operands in chunks too (the widest that fits; the aliases where needed)
+    for (int alias = 0; alias < 2 && f.stages == 0; ++alias)
+      for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
+        const BwdShape c{1, 1, dc, alias == 1, false, false, halves_of(true), true};
+        if (admits(c)) f = c;
+      }
     return f;
   }
   static constexpr BwdShape kShape = shape();
   static constexpr bool kFits = kShape.stages > 0;
   static constexpr bool kAlias = kShape.alias, kQposRegs = kShape.qpos_regs, kSplit = kShape.split;
+  static constexpr bool kOps = kShape.ops;
   // the gradients' columns a block accumulates (kHalves 2: a launch per half of D's columns)
   static constexpr int kHalves = kFits ? kShape.halves : 1, kDH = D / kHalves;
   static constexpr bool kRowsInPbuf = rows_in_pbuf(kShape);
@@ -163,6 +186,8 @@ struct BwdLayout {
   // with chunks (all: 64 bytes of spills at D = 64 on 3-D grids; half: none)
   static constexpr int kQkUnroll =
       D / warp::Mma<T>::kK / (sizeof(T) == 4 && ((kRelChunks > 1 && !KEYS) || (kSplit && D == 128)) ? 2 : 1);
+  // (ops: the k-steps of a chunk's products unrolled, half of them in float32)
+  static constexpr int kOpUnroll = kDC / warp::Mma<T>::kK / (sizeof(T) == 4 && kDC > 8 ? 2 : 1);
   static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
@@ -176,7 +201,10 @@ struct BwdLayout {
   static __device__ __forceinline__ int staged_at(int stage, int i) {
     return (kFixed + stage * kPer + i) * kTile;
   }
-  static constexpr int kR0 = (kFixed + kStages * kPer) * kTile;
+  // ops: chunk i's tiles (kOpTiles of them, row stride kOpLd), in place of the tiles above
+  static constexpr int kOpLd = kRLd;
+  static __device__ __forceinline__ int op_at(int i) { return i * 64 * kOpLd; }
+  static constexpr int kR0 = kOps ? kOpTiles * 64 * kOpLd : (kFixed + kStages * kPer) * kTile;
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   // the exchange (KEYS) or the dS' boxes, where not in the positional buffers (kAlias)
   static constexpr int kX = kR0 + (POS ? kRelStages * kRTile : 0);
@@ -201,8 +229,10 @@ struct BwdLayout {
   static_assert(!kFits || kBytes <= kBudget, "the class's shared memory");
   // what makes one layout another: its chunks, stages, aliases
   static constexpr int kKey =
-      kFits ? (((((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs) * 2 + kSplit) * 2 +
-                  (kHalves - 1)
+      kFits ? ((((((kDC * 4 + kStages) * 4 + kRelStages) * 2 + kAlias) * 2 + kQposRegs) * 2 + kSplit) * 2 +
+               (kHalves - 1)) *
+                      2 +
+                  kOps
             : -1;
 };
 
@@ -272,23 +302,6 @@ __device__ __forceinline__ void warp_finish_logits(float (&s)[kBlockN / 8][4], i
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[nb][i] *= to_log2;
   }
-}
-
-// The warp's 16 x 64 logits of a (query tile at qo, key block at kb) pair in base 2 as the
-// forward computes them, -inf where masked, into s, and dP = dO V^T into dp: Qs and dOs the
-// tile's rows, Ks and Vs the key block's (row stride L::kLd); POS: with the positional
-// products in pbuf; full: every key of the block is in every row's ranges. KUNROLL: as
-// warp_qk_and_dov's.
-template <typename T, int D, bool POS, int NDIM, typename L, int KUNROLL = D / warp::Mma<T>::kK>
-__device__ __forceinline__ void warp_logits_and_dp(float (&s)[kBlockN / 8][4], float (&dp)[kBlockN / 8][4],
-                                                   const T* Qs, const T* dOs, const T* Ks, const T* Vs, int w,
-                                                   int lane, const float* pbuf, const int (&pcol)[2],
-                                                   const int2* ranges, const int* qo, const int* kb,
-                                                   const FastGrid<NDIM>& g, const int (&row_tok)[2],
-                                                   float scale, bool has_mul, bool causal, bool full) {
-  warp_qk_and_dov<T, D, L::kLd, KUNROLL>(s, dp, Qs, dOs, Ks, Vs, w, lane);
-  warp_finish_logits<POS, NDIM, L>(s, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul, causal,
-                                   full);
 }
 
 // P and dS' in place of the base-2 logits s and of dp: P = 2^(s - lse2), dS' = P (dP - D) g
@@ -535,6 +548,18 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     return L::kAlias ? reinterpret_cast<T*>(pbuf) : smem + L::kX + w * 16 * L::kSLd;
   };
   constexpr int kDS = L::kSplit ? 0 : L::kAlias ? 16 * L::kXLd : 64 * L::kXLd;
+  // (KEYS) the lse in base 2 and rowd of the query tile's rows tok(r) into stage st (-inf and 0
+  // outside the grid; kRowsInPbuf: row i's in warp i / 16's positional buffer, after q_pos's rows)
+  const auto load_lse_rowd = [&](int st, auto tok) {
+    if (KEYS && threadIdx.x < kBlockM) {
+      const int i = threadIdx.x;
+      float* lse_at = L::kRowsInPbuf ? fsmem + i / 16 * L::kPbuf + L::kPbufRows + i % 16
+                                     : reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64 + i;
+      const int r = tok(threadIdx.x);
+      warp::cp_async_4(lse_at, r >= 0 ? lse_g + r : lse_g, r >= 0);
+      warp::cp_async_4(lse_at + L::kRowd, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+    }
+  };
   // the streamed box at origin so into stage st: K and V rows, or Q, q_pos and dO rows
   // with (KEYS) the rows' lse in base 2 and rowd (-inf and 0 outside the grid)
   const auto load_stream = [&](int st, const int* so) {
@@ -546,34 +571,55 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, 0), q, tok);
       if (POS && qp != nullptr) load_qpos(smem + L::staged_at(st, 1), tok);
       load_rows_async<T, D, LD, kBlockM>(smem + L::staged_at(st, L::kDO), dout, tok);
-      if (threadIdx.x < kBlockM) {
-        // (kRowsInPbuf: row i's lse and rowd in warp i / 16's positional buffer, after q_pos's rows)
-        const int i = threadIdx.x;
-        float* lse_at = L::kRowsInPbuf ? fsmem + i / 16 * L::kPbuf + L::kPbufRows + i % 16
-                                       : reinterpret_cast<float*>(smem_raw + L::kRowsAt) + st * 2 * 64 + i;
-        const int r = tok(threadIdx.x);
-        warp::cp_async_4(lse_at, r >= 0 ? lse_g + r : lse_g, r >= 0);
-        warp::cp_async_4(lse_at + L::kRowd, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
+      load_lse_rowd(st, tok);
+    }
+  };
+  // ops: chunk c (columns [c DC, (c + 1) DC)) of the pair's operands and rel rows; `all`: of every
+  // one (with c = 0 the tables and, KEYS, the rows' lse and rowd too), else of those the gradients'
+  // products take after dS' (query-major K and rel, key-major Q and dO)
+  constexpr int OLD = L::kOpLd;
+  const auto load_ops = [&](int c, const int* qo, const int* kb, bool all) {
+    if constexpr (L::kOps) {
+      const int col = c * DC;
+      const auto tok = [&](unsigned r) { return query_token(qo, static_cast<int>(r)); };
+      if (all || KEYS) {
+        load_rows_async<T, DC, OLD, kBlockM, D>(smem + L::op_at(0), q + col, tok);
+        load_rows_async<T, DC, OLD, kBlockM, D>(smem + L::op_at(2), dout + col, tok);
       }
+      if (all && qp != nullptr) load_rows_async<T, DC, OLD, kBlockM, D>(smem + L::op_at(1), qp + col, tok);
+      if (all)
+        load_box_async<T, DC, OLD, NDIM, Box::kKey, true, D>(smem + L::op_at(3), k + col, smem + L::op_at(4),
+                                                             v + col, key_rows(kb));
+      else if (!KEYS)
+        load_box_async<T, DC, OLD, NDIM, Box::kKey, false, D>(smem + L::op_at(3), k + col, nullptr, nullptr,
+                                                              key_rows(kb));
+      if (all || !KEYS) load_offsets(0, qo, kb, c, all && c == 0);
+      if (all && c == 0) load_lse_rowd(0, tok);
     }
   };
 
-  // the fixed box and the first streamed one
+  // the fixed box and the first streamed one (ops: the first pair's first chunk)
   if constexpr (!KEYS) {
     const auto tok = [&](unsigned r) { return query_token(fo, static_cast<int>(r)); };
-    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
-    if (POS && qp != nullptr) load_qpos(smem + L::fixed_at(1), tok);
-    load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(L::kDO), dout, tok);
+    if constexpr (!L::kOps) {
+      load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(0), q, tok);
+      if (POS && qp != nullptr) load_qpos(smem + L::fixed_at(1), tok);
+      load_rows_async<T, D, LD, kBlockM>(smem + L::fixed_at(L::kDO), dout, tok);
+    }
     fill_ranges(fo);
-  } else {
+  } else if constexpr (!L::kOps) {
     load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::fixed_at(0), k, smem + L::fixed_at(1), v,
                                                     key_rows(fo));
   }
   int so[NDIM];  // the streamed box's origin
   origin_of(r0, so);
   if (total > r0) {
-    load_stream(0, so);
-    if constexpr (POS) load_offsets(0, KEYS ? so : fo, KEYS ? fo : so);
+    if constexpr (L::kOps) {
+      load_ops(0, KEYS ? so : fo, KEYS ? fo : so, true);
+    } else {
+      load_stream(0, so);
+      if constexpr (POS) load_offsets(0, KEYS ? so : fo, KEYS ? fo : so);
+    }
   }
   warp::cp_async_commit();
 
@@ -647,67 +693,102 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       full = full && kb[a] >= lr.x && kend <= fr.y;
     }
 
-    // POS: the warp's positional products (the forward's), over RC chunks of the offset
-    // tile's columns
-    if constexpr (POS) {
+    float s[kBlockN / 8][4] = {};   // S, then P
+    float dp[kBlockN / 8][4] = {};  // dP, then dS'
+    if constexpr (L::kOps) {
+      // S, dP and the positional products summed over the chunks of D's columns
       for_chunks<RC>(
           [&](auto chunk) {
             constexpr int c = decltype(chunk)::value;
             if (!active) return;
-            // (tables only: unused, read from the unfilled stage; behind a branch on rel these
-            // loads made ptxas spill at D = 128)
+            warp_qk_and_dov<T, DC, OLD, L::kOpUnroll>(s, dp, smem + L::op_at(0), smem + L::op_at(2),
+                                                      smem + L::op_at(3), smem + L::op_at(4), w, lane);
             uint32_t qpf[DC / KK][4];
 #pragma unroll
-            for (int kk = 0; kk < DC / KK; ++kk) {
-              if constexpr (L::kQposRegs) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) qpf[kk][e] = qpr[c * (DC / KK) + kk][e];
-              } else {
-                F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
-              }
-            }
+            for (int kk = 0; kk < DC / KK; ++kk)
+              F::load_a(qpf[kk], smem + L::op_at(1) + 16 * w * OLD + KK * kk, OLD, lane);
             warp_positional_products<T, DC, LR, false, c, RC>(
-                qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
-                fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
+                qpf, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
+                fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
           },
-          [&](int next) { load_offsets(0, qo, kb, next, false); });
+          [&](int next) { load_ops(next, qo, kb, true); });
       if (active) __syncwarp();
-      if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
-        __syncthreads();  // every warp done with the offset tile: refill it with the next pair's
-        if (j + 1 < total) {
-          int nx[NDIM];
-          origin_of(j + 1, nx);
-          load_offsets(0, nx, fo);
-          warp::cp_async_commit();
+    } else {
+      // POS: the warp's positional products (the forward's), over RC chunks of the offset
+      // tile's columns
+      if constexpr (POS) {
+        for_chunks<RC>(
+            [&](auto chunk) {
+              constexpr int c = decltype(chunk)::value;
+              if (!active) return;
+              // (tables only: unused, read from the unfilled stage; behind a branch on rel these
+              // loads made ptxas spill at D = 128)
+              uint32_t qpf[DC / KK][4];
+#pragma unroll
+              for (int kk = 0; kk < DC / KK; ++kk) {
+                if constexpr (L::kQposRegs) {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) qpf[kk][e] = qpr[c * (DC / KK) + kk][e];
+                } else {
+                  F::load_a(qpf[kk], Qps + 16 * w * LD + c * DC + KK * kk, LD, lane);
+                }
+              }
+              warp_positional_products<T, DC, LR, false, c, RC>(
+                  qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+                  fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
+            },
+            [&](int next) { load_offsets(0, qo, kb, next, false); });
+        if (active) __syncwarp();
+        if constexpr (L::kRelStages == 1 && L::kStages == 2 && KEYS) {
+          __syncthreads();  // every warp done with the offset tile: refill it with the next pair's
+          if (j + 1 < total) {
+            int nx[NDIM];
+            origin_of(j + 1, nx);
+            load_offsets(0, nx, fo);
+            warp::cp_async_commit();
+          }
         }
       }
-    }
 
-    float s[kBlockN / 8][4] = {};   // S, then P
-    float dp[kBlockN / 8][4] = {};  // dP, then dS'
+      if (active) warp_qk_and_dov<T, D, L::kLd, L::kQkUnroll>(s, dp, Qs, dOs, Ks, Vs, w, lane);
+    }
     if (active) {
-      warp_logits_and_dp<T, D, POS, NDIM, L, L::kQkUnroll>(s, dp, Qs, dOs, Ks, Vs, w, lane, pbuf, pcol,
-                                                           ranges, qo, kb, g, row_tok, scale, has_mul,
-                                                           p.causal, full);
+      warp_finish_logits<POS, NDIM, L>(s, lane, pbuf, pcol, ranges, qo, kb, g, row_tok, scale, has_mul,
+                                       p.causal, full);
       softmax_backward<NDIM, L, POS>(s, dp, pbuf, pcol, lane, lse2, rowd, scale, has_mul,
                                      [](int, int, float, float) {});
     }
 
+    // the columns of chunk c (of DC) in this launch's half [HC, HC + DH): n-blocks [n0, n1) of the
+    // chunk, n-block n0 being the accumulators' chunk_nb + n0
+    constexpr auto chunk_n0 = [](int c) { return (c * DC > HC ? 0 : HC - c * DC) / 8; };
+    constexpr auto chunk_n1 = [](int c) { return ((c + 1) * DC < HC + DH ? DC : HC + DH - c * DC) / 8; };
+    constexpr auto chunk_nb = [](int c) { return (c * DC - HC) / 8; };
+    constexpr auto in_half = [](int c) { return c * DC < HC + DH && c * DC + DC > HC; };
     if constexpr (!KEYS) {
-      if (active) {
-        // dQ += dS' K: dS' as the A operand straight from the accumulators, K by ldmatrix.trans
+      // dQ += dS' K over n-blocks [N0, N1) of K's columns at Kp (row stride KLD), into acc0's from A0:
+      // dS' as the A operand straight from the accumulators, K by ldmatrix.trans
+      const auto dq_from_k = [&](auto n0_, auto n1_, auto a0_, const T* Kp, auto kld_) {
+        constexpr int N0 = decltype(n0_)::value, N1 = decltype(n1_)::value, A0 = decltype(a0_)::value;
+        constexpr int KLD = decltype(kld_)::value;
 #pragma unroll
         for (int kk = 0; kk < kBlockN / KK; ++kk) {
           uint32_t a[4];
           F::p_frag(a, dp, kk);
 #pragma unroll
-          for (int nd = 0; nd < DH / 8; nd += 2) {
+          for (int nd = N0; nd < N1; nd += 2) {
             uint32_t b[4];
-            F::load_b_kmajor2(b, Ks + KK * kk * LD + HC + 8 * nd, LD, lane);
-            F::mma(acc0[nd], a, {b[0], b[1]});
-            F::mma(acc0[nd + 1], a, {b[2], b[3]});
+            F::load_b_kmajor2(b, Kp + KK * kk * KLD + 8 * nd, KLD, lane);
+            F::mma(acc0[A0 + nd], a, {b[0], b[1]});
+            F::mma(acc0[A0 + nd + 1], a, {b[2], b[3]});
           }
         }
+      };
+      using I0 = std::integral_constant<int, 0>;
+      if (active) {
+        if constexpr (!L::kOps)
+          dq_from_k(I0{}, std::integral_constant<int, DH / 8>{}, I0{}, Ks + HC,
+                    std::integral_constant<int, LD>{});
         if (POS && rel != nullptr) {
           // dQpos += box(dS') rel_box: dS' into the warp's offset box (pair (i, j) at the
           // forward's skewed column; a permutation of the row's columns), then the product
@@ -728,39 +809,49 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           __syncwarp();
         }
       }
-      if (POS && rel != nullptr) {
-        // the product per chunk of the offset tile's columns, the last chunk (still there from
-        // the positional products) first; each earlier one loaded once every warp is done with
-        // the one after it (RC = 1: the whole rows, no barrier); of each chunk its columns in
-        // [HC, HC + DH) (L::kHalves 2: the chunks of the other half neither loaded nor used)
+      if (L::kOps || (POS && rel != nullptr)) {
+        // the product per chunk of the offset tile's columns (ops: with dQ's of K's), the last chunk
+        // (still there from the positional products) first; each earlier one loaded once every warp
+        // is done with the one after it (RC = 1: the whole rows, no barrier); of each chunk its
+        // columns in [HC, HC + DH) (L::kHalves 2: the chunks of the other half neither loaded nor used)
         const T* box = dq_box();
         const T* Rj = smem + L::r_at(rst);
-        const auto in_half = [](int c) { return c * DC < HC + DH && c * DC + DC > HC; };
         for_chunks<RC, true>(
             [&](auto chunk) {
               constexpr int c = decltype(chunk)::value;
-              constexpr int n0 = (c * DC > HC ? 0 : HC - c * DC) / 8;  // the chunk's columns in the half
-              constexpr int n1 = ((c + 1) * DC < HC + DH ? DC : HC + DH - c * DC) / 8;
+              constexpr int n0 = chunk_n0(c), n1 = chunk_n1(c);
               if (!active || n1 <= n0) return;
+              if constexpr (L::kOps)
+                dq_from_k(std::integral_constant<int, n0>{}, std::integral_constant<int, n1>{},
+                          std::integral_constant<int, chunk_nb(c)>{}, smem + L::op_at(3),
+                          std::integral_constant<int, OLD>{});
+              if constexpr (POS) {
+                if (rel != nullptr) {
 #pragma unroll 1
-              for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
-                uint32_t a[4];
-                F::load_a(a, box + KK * kk, L::kSLd, lane);
-                const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
+                  for (int kk = 0; kk < L::kWarpCols / KK; ++kk) {
+                    uint32_t a[4];
+                    F::load_a(a, box + KK * kk, L::kSLd, lane);
+                    const T* rows[F::kRowsPerLane];  // this lane's rel rows of the kK columns
 #pragma unroll
-                for (int i = 0; i < F::kRowsPerLane; ++i)
-                  rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
+                    for (int i = 0; i < F::kRowsPerLane; ++i)
+                      rows[i] = Rj + wrow[KK * kk + F::bk_rows(lane, i)] * L::kRLd + F::bk_col(lane);
 #pragma unroll
-                for (int nd = n0; nd < n1; nd += 2) {
-                  uint32_t b[4];
-                  F::load_b_krows(b, rows, 8 * nd);
-                  F::mma(acc1[(c * DC - HC) / 8 + nd], a, {b[0], b[1]});
-                  F::mma(acc1[(c * DC - HC) / 8 + nd + 1], a, {b[2], b[3]});
+                    for (int nd = n0; nd < n1; nd += 2) {
+                      uint32_t b[4];
+                      F::load_b_krows(b, rows, 8 * nd);
+                      F::mma(acc1[chunk_nb(c) + nd], a, {b[0], b[1]});
+                      F::mma(acc1[chunk_nb(c) + nd + 1], a, {b[2], b[3]});
+                    }
+                  }
                 }
               }
             },
             [&](int next) {
-              if (in_half(next)) load_offsets(0, qo, kb, next, false);
+              if (!in_half(next)) return;
+              if constexpr (L::kOps)
+                load_ops(next, qo, kb, false);
+              else
+                load_offsets(0, qo, kb, next, false);
             });
       }
     } else {
@@ -786,11 +877,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
         return L::kAlias ? pbuf_of(KK * kk / 16) + KK * kk % 16 * L::kXLd + 16 * w
                          : smem + L::kX + KK * kk * L::kXLd + 16 * w;
       };
-      if constexpr (!L::kSplit) {
-        put(s, 0);
-        put(dp, kDS);
-        __syncthreads();  // every warp's P and dS' rows written
-        // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries
+      // the warp's 16 keys: dV += P^T dO, dK += dS'^T Q over the tile's 64 queries, n-blocks [N0,
+      // N1) of dO's and Q's columns at dOp and Qp (row stride BLD), into the accumulators' from A0
+      const auto pd_times = [&](auto n0_, auto n1_, auto a0_, const T* dOp, const T* Qp, auto bld_) {
+        constexpr int N0 = decltype(n0_)::value, N1 = decltype(n1_)::value, A0 = decltype(a0_)::value;
+        constexpr int BLD = decltype(bld_)::value;
 #pragma unroll
         for (int kk = 0; kk < kBlockM / KK; ++kk) {
           const T* Xk = x_at(kk);
@@ -798,17 +889,42 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
           F::load_a_trans(pa, Xk, L::kXLd, lane);
           F::load_a_trans(da, Xk + kDS, L::kXLd, lane);
 #pragma unroll
-          for (int nd = 0; nd < DH / 8; nd += 2) {
-            const int bt = KK * kk * LD + HC + 8 * nd;
+          for (int nd = N0; nd < N1; nd += 2) {
+            const int bt = KK * kk * BLD + 8 * nd;
             uint32_t b[4];
-            F::load_b_kmajor2(b, dOs + bt, LD, lane);
-            F::mma(acc1[nd], pa, {b[0], b[1]});
-            F::mma(acc1[nd + 1], pa, {b[2], b[3]});
-            F::load_b_kmajor2(b, Qs + bt, LD, lane);
-            F::mma(acc0[nd], da, {b[0], b[1]});
-            F::mma(acc0[nd + 1], da, {b[2], b[3]});
+            F::load_b_kmajor2(b, dOp + bt, BLD, lane);
+            F::mma(acc1[A0 + nd], pa, {b[0], b[1]});
+            F::mma(acc1[A0 + nd + 1], pa, {b[2], b[3]});
+            F::load_b_kmajor2(b, Qp + bt, BLD, lane);
+            F::mma(acc0[A0 + nd], da, {b[0], b[1]});
+            F::mma(acc0[A0 + nd + 1], da, {b[2], b[3]});
           }
         }
+      };
+      if constexpr (L::kOps) {
+        put(s, 0);
+        put(dp, kDS);
+        // per chunk of dO's and Q's columns in the half, the last (still there) first
+        for_chunks<RC, true>(
+            [&](auto chunk) {
+              constexpr int c = decltype(chunk)::value;
+              constexpr int n0 = chunk_n0(c), n1 = chunk_n1(c);
+              if constexpr (c == RC - 1) __syncthreads();  // every warp's P and dS' rows written
+              if constexpr (n1 > n0)
+                pd_times(std::integral_constant<int, n0>{}, std::integral_constant<int, n1>{},
+                         std::integral_constant<int, chunk_nb(c)>{}, smem + L::op_at(2), smem + L::op_at(0),
+                         std::integral_constant<int, OLD>{});
+            },
+            [&](int next) {
+              if (in_half(next)) load_ops(next, qo, kb, false);
+            });
+      } else if constexpr (!L::kSplit) {
+        put(s, 0);
+        put(dp, kDS);
+        __syncthreads();  // every warp's P and dS' rows written
+        using I0 = std::integral_constant<int, 0>;
+        pd_times(I0{}, std::integral_constant<int, DH / 8>{}, I0{}, dOs + HC, Qs + HC,
+                 std::integral_constant<int, LD>{});
       } else {
         // in turn through one buffer: dV += P^T dO, then (every warp done reading P) dK += dS'^T Q
         const auto x_times = [&](const T* B, float (&acc)[DH / 8][4]) {
@@ -836,13 +952,18 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     }
     if constexpr (L::kStages == 1 || (POS && L::kRelStages == 1 && !KEYS)) {
       // one stage: every warp done with the streamed box (the offset tile, dQpos's too): refill
+      // (ops: the next pair's first chunk)
       __syncthreads();
       if (j + 1 < total) {
         int nx[NDIM];
         origin_of(j + 1, nx);
-        if constexpr (L::kStages == 1) load_stream(0, nx);
-        if constexpr (POS && L::kRelStages == 1 && (L::kStages == 1 || !KEYS))
-          load_offsets(0, KEYS ? nx : fo, KEYS ? fo : nx);
+        if constexpr (L::kOps) {
+          load_ops(0, KEYS ? nx : fo, KEYS ? fo : nx, true);
+        } else {
+          if constexpr (L::kStages == 1) load_stream(0, nx);
+          if constexpr (POS && L::kRelStages == 1 && (L::kStages == 1 || !KEYS))
+            load_offsets(0, KEYS ? nx : fo, KEYS ? fo : nx);
+        }
         warp::cp_async_commit();
       }
     }
@@ -949,6 +1070,7 @@ struct BwdLayoutInfo {
   int dc[2] = {}, stages[2] = {}, rel_stages[2] = {};
   bool alias[2] = {}, qpos_regs[2] = {}, split[2] = {};  // (BwdShape)
   int halves[2] = {1, 1};
+  bool ops[2] = {};  // (BwdShape::ops: the operands in chunks too)
   size_t kernel_bytes[2] = {};
   size_t bytes = 0;  // the larger, 0 where either does not fit
 };
@@ -965,6 +1087,7 @@ constexpr BwdLayoutInfo fast_backward_layout_() {
                       {Q::kQposRegs, K::kQposRegs},
                       {Q::kSplit, K::kSplit},
                       {Q::kHalves, K::kHalves},
+                      {Q::kOps, K::kOps},
                       {Q::kBytes, K::kBytes},
                       Q::kBytes > K::kBytes ? Q::kBytes : K::kBytes};
   return i;

@@ -7,11 +7,11 @@
 // where allowed, with D == Dv in {32, 64, 128} (q_pos optional; windows and span thresholds
 // included) on grids of 1-3 axes, on sm_80+, in the layouts of the device's class of shared
 // memory per block (relpos_fast_common.cuh, smem_class_of: 227, 163 or 99 KiB) where the call's
-// fits (the backward's d q, d k, d v, d q_pos: in float32 at D = 128 with a term per offset only
-// on 1-D grids, in two halves of the gradients' columns; on 2-3 the general kernels); d rel, d bias, d sigma
-// of such calls come from the fast offset kernel (relpos_fast_offsets.cuh) where its layout fits (on sm_90:
-// all of them). The general kernels take every other call (float64, float32 without TF32, other head dims,
-// more axes) and what the fast ones do not.
+// fits (the backward's d q, d k, d v, d q_pos wherever the forward's does: in float32 at D = 128 with a
+// term per offset in two halves of the gradients' columns, on 2-3-D grids its operands in chunks); d rel, d
+// bias, d sigma of such calls come from the fast offset kernel (relpos_fast_offsets.cuh) where its layout
+// fits (on sm_90: all of them). The general kernels take every other call (float64, float32 without TF32,
+// other head dims, more axes) and what the fast ones do not.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -170,6 +170,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
                             (l.qpos_regs[k] ? ", q_pos in registers" : "")
                       : std::string()) +
                  (l.split[k] ? ", P and dS' exchanged in turn" : "") +
+                 (l.ops[k] ? ", the operands in chunks of " + std::to_string(l.dc[k]) + " columns" : "") +
                  (l.halves[k] > 1 ? ", the gradients in two halves of their columns" : "") + " (" +
                  std::to_string(l.kernel_bytes[k]) + " bytes)";
   });

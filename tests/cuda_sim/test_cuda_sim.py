@@ -285,16 +285,11 @@ def _forward_path(c: Case) -> str:
 
 
 def _backward_path(c: Case) -> str:
-    """The backward the plan must choose: the fast one where the fast forward runs and its
-    shared memory and registers allow (relpos_plan.cuh, fast_backward_refusal: with a term per
-    offset, not in float32 at D = 128 on 2-3 axes, and on 1 in two halves of the gradients' columns;
-    the control's kernels fit there; 16-bit D = 128 and float32 D = 64 on 3-D grids with the offset
-    tile in chunks), else the general one."""
-    terms = c.pos or c.bias or c.sigma
-    too_big = terms and c.dtype == F32 and c.D == 128 and len([n for n in c.grid if n > 1]) > 1
-    if _forward_path(c) == "fast" and not too_big:
-        return "fast"
-    return "general"
+    """The backward the plan must choose: the fast one wherever the fast forward runs (relpos_plan.cuh,
+    fast_backward_refusal: on sm_90 every class has a layout, float32 D = 128 with a term per offset
+    in two halves of the gradients' columns, with the operands in chunks too on 2-3 axes), else the
+    general one."""
+    return _forward_path(c)
 
 
 def _offsets_kernel(c: Case) -> str:
@@ -515,8 +510,8 @@ AUTO = [
     Case("tiled-f16-d128-2d", F16, [10, 7], path="auto", D=128, sigma=True, B=1, H=1),
     Case("tiled-f16-d32-batches-heads", F16, [8, 8], path="auto", D=32, sigma=True, bias=True, glse=False, B=2, H=2),
     # float32 with D = 128 and a term per offset on 2 axes: the fast forward (its offset tile in
-    # chunks), the general backward (the fast one does not fit), the fast offset kernel (q_pos in
-    # chunks too)
+    # chunks), the fast backward with its operands in chunks of 64 columns, in halves (until
+    # 2026-12-02 the general one, as the name says), the fast offset kernel (q_pos in chunks too)
     Case(
         "tiled-tf32-d128-general-backward",
         F32,
@@ -852,8 +847,9 @@ AUTO = [
     # float32 D = 128 with a term per offset: the fast forward with q_pos in shared memory and the
     # offset tile in chunks of columns (FwdLayout::shape: on 1 axis K and V in two stages, 4
     # chunks; on 2 one stage, 2 chunks; on 3 one stage, 4 chunks); several query tiles, key
-    # blocks per tile, warps that skip a block (windows, span boxes) and tail tiles; on 1 axis the
-    # fast backward in two halves of the gradients' columns, its offset tile in chunks
+    # blocks per tile, warps that skip a block (windows, span boxes) and tail tiles; the fast
+    # backward in two halves of the gradients' columns, its offset tile in chunks (on 1 axis), its
+    # operands in chunks too (on 2: 64 columns, on 3: 32)
     Case(
         "fast-tf32-d128-1d-chunked-window",
         F32,
@@ -871,7 +867,7 @@ AUTO = [
     Case(
         "fast-tf32-d128-2d-chunked-multiply",
         F32,
-        [10, 9],
+        [10, 7],
         path="auto",
         D=128,
         sigma=True,
@@ -879,10 +875,10 @@ AUTO = [
         span_mode="multiply",
         B=1,
         H=1,
-        backward=False,
     ),
-    # (and its d rel: the general backward, then the offset kernel with q_pos in chunks, X in two parts)
-    Case("fast-tf32-d128-3d-chunked", F32, [5, 6, 5], path="auto", D=128, bias=True, window=2, B=1, H=1),
+    # (and its backward with the operands in chunks of 32 columns, in halves; d rel from the offset
+    # kernel with q_pos in chunks, X in two parts)
+    Case("fast-tf32-d128-3d-chunked", F32, [4, 6, 4], path="auto", D=128, bias=True, window=2, B=1, H=1),
     Case(
         "fast-tf32-d128-2d-chunked-nopos",
         F32,
@@ -933,8 +929,7 @@ AUTO = [
 # in one stage. `expect`: the kernels the plan gives (forward, backward, offsets), as
 # test_plan_table.py's table has them; forward-only cases where the backward is the general one.
 SM86, SM80 = simlib.SMEM_SM86, simlib.SMEM_A100
-FFF, FFG, FGG = ("fast", "fast", "fast"), ("fast", "fast", "general"), ("fast", "general", "general")
-FGF = ("fast", "general", "fast")
+FFF, FFG = ("fast", "fast", "fast"), ("fast", "fast", "general")
 
 
 def _on(optin: int, expect: tuple, name: str, dtype: torch.dtype, grid: List[int], **kw) -> Case:
@@ -984,22 +979,12 @@ SMALL_DEVICES = [
         H=2,
         repeats=2,
     ),
-    _on(
-        SM86,
-        FGG,
-        "fast-bf16-d64-3d-sm86",
-        BF16,
-        [5, 6, 5],
-        D=64,
-        sigma=True,
-        threshold=0.4,
-        causal=True,
-        backward=False,
-    ),
+    # (the backward with the operands in chunks of 16 columns too, P and dS' in the positional buffers)
+    _on(SM86, FFG, "fast-bf16-d64-3d-sm86", BF16, [4, 6, 4], D=64, sigma=True, threshold=0.4, causal=True),
     # (without q_pos: the tables alone through the chunks, one stage of K and V, and two)
     _on(
         SM86,
-        FGG,
+        FFG,
         "fast-bf16-d64-3d-nopos-sm86",
         BF16,
         [5, 6, 5],
@@ -1008,22 +993,24 @@ SMALL_DEVICES = [
         sigma=True,
         bias=True,
         span_mode="multiply",
-        backward=False,
     ),
     _on(SM86, FFG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
-    # (the general backward, then the offset kernel with d rel's accumulators in registers)
-    _on(SM86, FGF, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
-    # (the general backward, then the offset kernel in 16 columns of d rel a block, q_pos in chunks)
-    _on(SM86, FGF, "fast-f16-d128-2d-sm86", F16, [9, 10], D=128, bias=True),
+    # (the backward with the operands in chunks of 32 columns, in halves of the gradients' columns;
+    # the offset kernel with d rel's accumulators in registers)
+    _on(SM86, FFF, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
+    # (the backward with the operands in chunks of 16, in halves; the offset kernel in 16 columns of
+    # d rel a block, q_pos in chunks)
+    _on(SM86, FFF, "fast-f16-d128-2d-sm86", F16, [9, 7], D=128, bias=True),
     # (the key-major kernel's P and dS' in turn through the positional buffers; the offset kernel with
     # d rel's accumulators in registers, in chunks)
     _on(SM86, FFF, "fast-tf32-d32-1d-sm86", F32, [100], D=32, sigma=True, span_mode="multiply", bias=True),
     # (q_pos in registers in both kernels, the key-major kernel's lse and rowd rows with it; the offset
     # kernel with q_pos in chunks, X in two parts, d rel's accumulators in registers)
     _on(SM86, FFF, "fast-tf32-d32-2d-sm86", F32, [9, 11], D=32, sigma=True, span_mode="multiply", window=3),
-    # (the general backward, then the offset kernel with q_pos in chunks: X whole, in two parts)
-    _on(SM86, FGF, "fast-tf32-d64-1d-sm86", F32, [70], D=64, bias=True),
-    _on(SM86, FGF, "fast-tf32-d64-2d-sm86", F32, [9, 11], D=64, sigma=True, bias=True),
+    # (the backward with the operands in chunks of 16 columns, then the offset kernel with q_pos in
+    # chunks: X whole, in two parts)
+    _on(SM86, FFF, "fast-tf32-d64-1d-sm86", F32, [70], D=64, bias=True),
+    _on(SM86, FFF, "fast-tf32-d64-2d-sm86", F32, [9, 7], D=64, sigma=True, bias=True),
     # the control's backward in one stage
     _on(SM86, ("fast", "fast", "none"), "fast-bf16-d128-3d-plain-sm86", BF16, [4, 5, 5], D=128, pos=False, causal=True),
     # (float32: P and dS' in turn through one buffer)
@@ -1035,11 +1022,12 @@ SMALL_DEVICES = [
     _on(SM80, FFF, "fast-bf16-d64-3d-sm80", BF16, [5, 6, 5], D=64, bias=True, window=1),
     _on(SM80, FFF, "fast-bf16-d32-3d-sm80", BF16, [4, 5, 6], D=32, sigma=True, causal=True),
     _on(SM80, FFF, "fast-bf16-d128-1d-sm80", BF16, [130], D=128, sigma=True, causal=True),
-    # (the general backward, then the offset kernel in 16 columns of d rel a block)
-    _on(SM80, FGF, "fast-bf16-d128-3d-sm80", BF16, [4, 5, 6], D=128, sigma=True, bias=True),
+    # (the backward with the operands in chunks of 32 columns, in halves; the offset kernel in 16
+    # columns of d rel a block)
+    _on(SM80, FFF, "fast-bf16-d128-3d-sm80", BF16, [4, 4, 6], D=128, sigma=True, bias=True),
     _on(SM80, FFF, "fast-tf32-d64-1d-sm80", F32, [100], D=64, sigma=True, bias=True),
     _on(SM80, FFF, "fast-tf32-d32-2d-sm80", F32, [9, 11], D=32, bias=True),
-    _on(SM80, FGF, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True, backward=False),
+    _on(SM80, FFF, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True),
     # (the backward with P and dS' in the positional buffers)
     _on(SM80, FFF, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
     # (the general forward and backward, then the offset kernel with d rel's accumulators in registers)
@@ -1048,7 +1036,7 @@ SMALL_DEVICES = [
     ),
     # (the offset kernel with q_pos in chunks, X in two parts)
     _on(SM80, FFF, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
-    _on(SM80, FGF, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True),
+    _on(SM80, FFF, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True),
     # (the control's backward, P and dS' in turn through one buffer)
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-1d-plain-sm80", F32, [100], D=128, pos=False, causal=True),
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-3d-plain-sm80", F32, [4, 5, 6], D=128, pos=False, window=2),
