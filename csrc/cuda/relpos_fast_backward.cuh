@@ -65,7 +65,7 @@ namespace posattn::relpos::cuda_fast {
 struct BwdShape {
   int stages = 0, rel_stages = 0, dc = 0;
   bool alias = false, qpos_regs = false, split = false;
-  int halves = 1;  // (float32 D = 128 with a term per offset: 2, a launch per half of D's columns)
+  int halves = 1;  // (D = 128 with a term per offset, float32 or ops: 2, a launch per half of D's columns)
   bool ops = false;
 };
 
@@ -187,7 +187,7 @@ struct BwdLayout {
   static constexpr int kQkUnroll =
       D / warp::Mma<T>::kK / (sizeof(T) == 4 && ((kRelChunks > 1 && !KEYS) || (kSplit && D == 128)) ? 2 : 1);
   // (ops: the k-steps of a chunk's products unrolled, half of them in float32)
-  static constexpr int kOpUnroll = kDC / warp::Mma<T>::kK / (sizeof(T) == 4 && kDC > 8 ? 2 : 1);
+  static constexpr int kOpUnroll = kDC / warp::Mma<T>::kK / (sizeof(T) == 4 ? 2 : 1);
   static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
@@ -1036,7 +1036,7 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
       };
       launch(fast_backward_kernel<T, D, POS, NDIM, false, QC>, QL::kBytes);
       launch(fast_backward_kernel<T, D, POS, NDIM, true, KC>, KL::kBytes);
-      // (the second halves of the columns: float32 D = 128 with a term per offset)
+      // (the second halves of the columns: D = 128 with a term per offset, float32 or ops)
       if constexpr (QL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1>, QL::kBytes);
       if constexpr (KL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1>, KL::kBytes);
       return e;

@@ -980,7 +980,7 @@ SMALL_DEVICES = [
         repeats=2,
     ),
     # (the backward with the operands in chunks of 16 columns too, P and dS' in the positional buffers)
-    _on(SM86, FFG, "fast-bf16-d64-3d-sm86", BF16, [4, 6, 4], D=64, sigma=True, threshold=0.4, causal=True),
+    _on(SM86, FFG, "fast-bf16-d64-3d-sm86", BF16, [4, 6, 5], D=64, sigma=True, threshold=0.4, causal=True),
     # (without q_pos: the tables alone through the chunks, one stage of K and V, and two)
     _on(
         SM86,
