@@ -13,7 +13,7 @@ from .config import ConfigError, dump_config, flatten, load_config, load_yaml, m
 from .data import DataError
 from .scaling import run_study, scaling_config, scaling_defaults, scaling_section
 from .shift import shift_test
-from .train import apply_model_variant, resolve_device
+from .train import Distributed, apply_model_variant, resolve_device
 from .validate import check_output_folders, check_values
 
 MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "scaling")
@@ -165,6 +165,9 @@ def main(argv: Optional[list[str]] = None, *, defaults_file: str, sweep_dir: Opt
         apply_model_variant(cfg, explicit)
         check_output_folders(cfg, args.resume)
         dispatch(args, cfg, defaults, sweep_dir, argv, explicit)
+        # under torchrun every rank ends the group before it exits (pytorch#190489); only on
+        # success: after a failure another rank may still wait in a collective (a deadlock)
+        Distributed.close()
     except (CliError, ConfigError) as e:
         print(f"cmd/main.py: error: {e}", file=sys.stderr)
         return 2

@@ -150,6 +150,7 @@ def train(
         )
     if tracker_run is None:
         tracker.finish()
+    dist.barrier()  # no rank leaves (and ends the process group) while rank 0 still writes
     summary["history"] = result["history"]
     return summary
 

@@ -159,6 +159,14 @@ class Distributed:
         if self.active:
             torch.distributed.barrier()
 
+    @staticmethod
+    def close() -> None:
+        """Ends torchrun's process group; every rank calls it after its last collective. A rank
+        that exits with the group alive may abort at interpreter exit ("terminate called without
+        an active exception", SIGABRT: gloo's threads outlive the interpreter; it happened in CI)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 def lr_factor(schedule: str, step: int, warmup: int, total: int) -> float:
     """Multiplier of the base lr after ``step`` optimizer steps.

@@ -327,6 +327,7 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # a free port of its own, not 29500 (another job on the host may hold it)
         "--nproc_per_node=2",
         MAIN,
         *TINY,
@@ -337,7 +338,9 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
         "-Dnum_threads=1",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the ranks' own messages come first in stderr, the launcher's summary last: show both
+    err = proc.stderr if len(proc.stderr) < 8000 else proc.stderr[:5000] + "\n[...]\n" + proc.stderr[-3000:]
+    assert proc.returncode == 0, f"stdout tail:\n{proc.stdout[-1500:]}\nstderr:\n{err}"
     assert proc.stdout.count("final metrics (ddp)") == 1  # only rank 0 reports
     state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)
     assert state["epoch"] == 2
