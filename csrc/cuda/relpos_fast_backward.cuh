@@ -60,8 +60,10 @@ namespace posattn::relpos::cuda_fast {
 // dS' once every warp's dV is done: two more barriers a pair), where the two do not fit (float32).
 // With q_pos in registers the key-major kernel's lse and rowd rows come in through the warps'
 // positional buffers too, after q_pos's.
-// `ops`: the operands too (Q, q_pos, dO, K, V) in chunks of dc columns, one stage holding chunk c
-// of each with the offset tile's: nothing held whole (the smallest classes, D = 128 or 3-D grids).
+// `ops`: the operands too (Q, q_pos, dO, K, V) in chunks of dc columns (down to one mma's k: 8 in
+// float32, whose gradient products then take one n-block a chunk), one stage holding chunk c of
+// each with the offset tile's: nothing held whole (the smallest classes, D = 128 or 3-D grids; the
+// control's too, float32 D = 128 in 99 KiB).
 struct BwdShape {
   int stages = 0, rel_stages = 0, dc = 0;
   bool alias = false, qpos_regs = false, split = false;
@@ -87,8 +89,9 @@ struct BwdLayout {
   static constexpr int kSLd = kWarpCols + kPad;  // query-major: the warp's dS' box (T)
   static constexpr int kXLd = kBlockN + kPad;  // key-major kernel: P and dS' of the pair, a row per query (T)
   static constexpr int kRangeInts = kWarps * 16 * NDIM * 2;
-  // (ops: the chunk tiles of a pair, Q, q_pos (POS), dO, K, V, in this order)
-  static constexpr int kOpTiles = POS ? 5 : 4;
+  // (ops: the chunk tiles of a pair, Q, q_pos (POS; the control leaves it unused), dO, K, V, in
+  // this order)
+  static constexpr int kOpTiles = 5;
   // the exchange's buffers of 64 rows (key-major: P and dS', or one at a time where split)
   static constexpr int exchanges(BwdShape f) { return f.split ? 1 : 2; }
   // (a warp's share of what the aliases put in its positional buffer, bytes)
@@ -117,7 +120,7 @@ struct BwdLayout {
   }
   // the halves of a shape (float32 D = 128 with a term per offset: two; 16-bit D = 128 with the
   // operands in chunks too, whose whole accumulators spilled on sm_80 on 2-3-D grids)
-  static constexpr int halves_of(bool ops) { return POS && D == 128 && (sizeof(T) == 4 || ops) ? 2 : 1; }
+  static constexpr int halves_of(bool ops) { return D == 128 && (ops || (POS && sizeof(T) == 4)) ? 2 : 1; }
   // the shape: two stages of the streamed box and of the offset tile where they fit, else one
   // of the offset tile, else one of each (refilled after another barrier); else (POS) one of
   // each with the offset tile's rel rows in chunks (the widest that fits: the positional
@@ -134,8 +137,8 @@ struct BwdLayout {
   // in chunks too (ops: the widest chunks that fit, without the aliases first).
   static constexpr bool admits(BwdShape f) {
     if (f.halves != halves_of(f.ops)) return false;
-    if (f.ops && (!POS || f.stages != 1 || f.rel_stages != 1 || f.qpos_regs || f.split)) return false;
-    if (f.dc < D && (!POS || f.stages != 1 || f.rel_stages != 1)) return false;
+    if (f.ops && (f.stages != 1 || f.rel_stages != 1 || f.qpos_regs || f.split)) return false;
+    if (f.dc < D && !f.ops && (!POS || f.stages != 1 || f.rel_stages != 1)) return false;
     if (f.split && !KEYS) return false;
     if (f.alias && (!POS || alias_bytes(f) > kPbufBytes || (D / f.dc > 4 && !f.ops))) return false;
     if (f.qpos_regs && (!f.alias || D == 128 || (sizeof(T) == 4 && D > 32) || (KEYS && f.stages != 1) ||
@@ -154,9 +157,10 @@ struct BwdLayout {
                              split == 1,    halves_of(false)};
             if (admits(c)) f = c;
           }
-    // else the operands in chunks too (the widest that fits; the aliases where needed)
+    // else the operands in chunks too (the widest that fits, down to one mma's k: 8 columns in
+    // float32; the aliases where needed)
     for (int alias = 0; alias < 2 && f.stages == 0; ++alias)
-      for (int dc = D; dc >= 16 && f.stages == 0; dc /= 2) {
+      for (int dc = D; dc >= warp::Mma<T>::kK && f.stages == 0; dc /= 2) {
         const BwdShape c{1, 1, dc, alias == 1, false, false, halves_of(true), true};
         if (admits(c)) f = c;
       }
@@ -187,7 +191,7 @@ struct BwdLayout {
   static constexpr int kQkUnroll =
       D / warp::Mma<T>::kK / (sizeof(T) == 4 && ((kRelChunks > 1 && !KEYS) || (kSplit && D == 128)) ? 2 : 1);
   // (ops: the k-steps of a chunk's products unrolled, half of them in float32)
-  static constexpr int kOpUnroll = kDC / warp::Mma<T>::kK / (sizeof(T) == 4 ? 2 : 1);
+  static constexpr int kOpUnroll = kDC / warp::Mma<T>::kK / (sizeof(T) == 4 && kDC > 8 ? 2 : 1);
   static constexpr int kRTile = kTileOffsets * kRLd;
   static_assert(volume<NDIM>(Box::kTile) == kBlockM && volume<NDIM>(Box::kKey) == kBlockN,
                 "the boxes' sizes");
@@ -703,13 +707,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             if (!active) return;
             warp_qk_and_dov<T, DC, OLD, L::kOpUnroll>(s, dp, smem + L::op_at(0), smem + L::op_at(2),
                                                       smem + L::op_at(3), smem + L::op_at(4), w, lane);
-            uint32_t qpf[DC / KK][4];
+            if constexpr (POS) {
+              uint32_t qpf[DC / KK][4];
 #pragma unroll
-            for (int kk = 0; kk < DC / KK; ++kk)
-              F::load_a(qpf[kk], smem + L::op_at(1) + 16 * w * OLD + KK * kk, OLD, lane);
-            warp_positional_products<T, DC, LR, false, c, RC>(
-                qpf, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
-                fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
+              for (int kk = 0; kk < DC / KK; ++kk)
+                F::load_a(qpf[kk], smem + L::op_at(1) + 16 * w * OLD + KK * kk, OLD, lane);
+              warp_positional_products<T, DC, LR, false, c, RC>(
+                  qpf, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
+                  fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
+            }
           },
           [&](int next) { load_ops(next, qo, kb, true); });
       if (active) __syncwarp();
@@ -780,7 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             uint32_t b[4];
             F::load_b_kmajor2(b, Kp + KK * kk * KLD + 8 * nd, KLD, lane);
             F::mma(acc0[A0 + nd], a, {b[0], b[1]});
-            F::mma(acc0[A0 + nd + 1], a, {b[2], b[3]});
+            if (nd + 1 < N1)
+              F::mma(acc0[A0 + nd + 1], a, {b[2], b[3]});  // (chunks of 8 columns: one n-block)
           }
         }
       };
@@ -840,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
                       uint32_t b[4];
                       F::load_b_krows(b, rows, 8 * nd);
                       F::mma(acc1[chunk_nb(c) + nd], a, {b[0], b[1]});
-                      F::mma(acc1[chunk_nb(c) + nd + 1], a, {b[2], b[3]});
+                      if (nd + 1 < n1) F::mma(acc1[chunk_nb(c) + nd + 1], a, {b[2], b[3]});
                     }
                   }
                 }
@@ -894,10 +901,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
             uint32_t b[4];
             F::load_b_kmajor2(b, dOp + bt, BLD, lane);
             F::mma(acc1[A0 + nd], pa, {b[0], b[1]});
-            F::mma(acc1[A0 + nd + 1], pa, {b[2], b[3]});
+            if (nd + 1 < N1) F::mma(acc1[A0 + nd + 1], pa, {b[2], b[3]});  // (as dq_from_k's)
             F::load_b_kmajor2(b, Qp + bt, BLD, lane);
             F::mma(acc0[A0 + nd], da, {b[0], b[1]});
-            F::mma(acc0[A0 + nd + 1], da, {b[2], b[3]});
+            if (nd + 1 < N1) F::mma(acc0[A0 + nd + 1], da, {b[2], b[3]});
           }
         }
       };

@@ -39,7 +39,11 @@
 // fragments would not fit the registers beside Q's and O's; and with one stage of K and V where
 // the positional buffers cannot hold both Q and q_pos to copy them in), and where two do not
 // fit K and V in one stage (loaded once every warp is done with the last block: a barrier
-// more, no overlap).
+// more, no overlap). Where not even that fits (99 KiB: 16-bit D = 128 and float32 D = 64, 128
+// on 3-D grids, float32 D = 128 on 1-2 axes) K and V take turns in one buffer (FwdShape::kvc:
+// K's columns for S, then V's for O, each part loaded once every warp is done with the one
+// before), and where no region is free for Q's rows (or q_pos's) to come through, their
+// fragments are read straight from the tensors (q_global, qpos_global).
 // Positions within a (batch, head) in 32 bits, offsets into the tensors in 64.
 #pragma once
 
@@ -61,15 +65,22 @@ namespace posattn::relpos::cuda_fast {
 // its rel rows dc columns at a time (dc < D: the positional products summed over D / dc
 // chunks, each loaded once every warp is done with the one before); q_pos's rows kept in
 // shared memory (qpos_smem: its fragments loaded per chunk; else held in registers, as Q's
-// are). kv_stages 0: no shape fits.
+// are, or with qpos_global read per chunk from the tensor). Where even one stage of K and V
+// does not fit: kvc > 0, K and V take turns in one buffer of kvc columns (K's D / kvc parts of
+// the columns for S, then V's for O, each loaded once every warp is done with the one before).
+// q_global: Q's fragments (and q_pos's, where in registers) read from the tensors, where no
+// region of shared memory is free for them to come through. kv_stages 0: no shape fits.
 struct FwdShape {
   int kv_stages = 0, rel_stages = 0, dc = 0;
   bool qpos_smem = false;
+  int kvc = 0;
+  bool q_global = false, qpos_global = false;
 };
 
 constexpr bool operator==(const FwdShape& a, const FwdShape& b) {
   return a.kv_stages == b.kv_stages && a.rel_stages == b.rel_stages && a.dc == b.dc &&
-         a.qpos_smem == b.qpos_smem;
+         a.qpos_smem == b.qpos_smem && a.kvc == b.kvc && a.q_global == b.q_global &&
+         a.qpos_global == b.qpos_global;
 }
 
 // SC: the shared-memory class it is sized for (relpos_fast_common.cuh, smem_budget).
@@ -96,29 +107,42 @@ struct FwdLayout {
   // per warp and row: its key range [lo, hi] along each axis (int2: window, span box)
   static constexpr size_t kRangeBytes = static_cast<size_t>(kWarps) * 16 * NDIM * sizeof(int2);
   static constexpr size_t kBudget = smem_budget(SC);
-  // T: K and V per stage, q_pos's tile (qpos_smem), the offset tile per stage (dc + kPad
-  // columns a row); floats: the warps' positional buffers and add / mul tables (per rel
-  // stage); ints: the warps' column maps; the ranges
+  // T: K and V per stage (or the one buffer of kvc columns), q_pos's tile (qpos_smem), the offset
+  // tile per stage (dc + kPad columns a row); floats: the warps' positional buffers and add / mul
+  // tables (per rel stage); ints: the warps' column maps; the ranges
   static constexpr size_t bytes(FwdShape f) {
-    return static_cast<size_t>(2 * f.kv_stages * kTile + (f.qpos_smem ? kTile : 0) +
-                               f.rel_stages * kTileOffsets * (f.dc + kPad)) *
+    return static_cast<size_t>((f.kvc > 0 ? kBlockN * (f.kvc + kPad) : 2 * f.kv_stages * kTile) +
+                               (f.qpos_smem ? kTile : 0) + f.rel_stages * kTileOffsets * (f.dc + kPad)) *
                sizeof(T) +
            static_cast<size_t>(kWarps * kPbuf + f.rel_stages * kWarps * 2 * kWarpCols +
                                2 * kWarps * kWarpCols) *
                sizeof(float) +
            kRangeBytes;
   }
+  // Q's (and q_pos's, in registers) rows come through the second stage of K and V, or with one
+  // stage through the warps' positional buffers (not used before their fragments are read), where
+  // those hold them; else their fragments are read from the tensors
+  static constexpr bool q_has_home(int kv, bool qpos_regs) {
+    return kv == 2 || kWarps * kPbuf * sizeof(float) >= (qpos_regs ? 2 : 1) * kTile * sizeof(T);
+  }
   // the shape: whole rows in two stages of each where they fit, else one stage of the offset
   // tile; else the offset tile in chunks, K and V in two stages where they fit with the widest
   // chunk, else in one (Q, and q_pos where it goes to registers, then copied in through the
-  // warps' positional buffers, which are not used before their fragments are read: they must
-  // hold them), each chunk width first with q_pos in registers, then in shared memory (always
-  // there where Q's and q_pos's fragments would not fit the registers with O's: float32 at
-  // D = 128)
+  // warps' positional buffers, which must hold them), each chunk width first with q_pos in
+  // registers, then in shared memory (always there where Q's and q_pos's fragments would not fit
+  // the registers with O's: float32 at D = 128). Where none of those fits (the smaller classes):
+  // the same order again with chunks down to one mma's k (8 columns in float32), Q's fragments
+  // from the tensors where it has no home, q_pos's per chunk from the tensor as the last choice;
+  // then K and V in turn in one buffer of D, then D / 2 columns. Plain attention: two stages of K
+  // and V, else one with Q's fragments from the tensor.
   static constexpr FwdShape shape() {
     FwdShape f{};  // (one return: nvcc warns of the loop after an early one)
     if (!POS) {    // (K, V in two stages, the ranges)
-      if (static_cast<size_t>(4 * kTile) * sizeof(T) + kRangeBytes <= kBudget) f = FwdShape{2, 0, D, false};
+      if (static_cast<size_t>(4 * kTile) * sizeof(T) + kRangeBytes <= kBudget) {
+        f = FwdShape{2, 0, D, false};
+      } else if (static_cast<size_t>(2 * kTile) * sizeof(T) + kRangeBytes <= kBudget) {
+        f = FwdShape{1, 0, D, false, 0, true};
+      }
     } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 2, D, false}) <= kBudget) {
       f = FwdShape{2, 2, D, false};
     } else if (!(sizeof(T) == 4 && D == 128) && bytes(FwdShape{2, 1, D, false}) <= kBudget) {
@@ -128,9 +152,18 @@ struct FwdLayout {
       for (int kv = 2; kv >= 1 && f.kv_stages == 0; --kv)
         for (int dc = D; dc >= 16 && f.kv_stages == 0; dc /= 2)
           for (int qs = regs ? 0 : 1; qs <= 1 && f.kv_stages == 0; ++qs)
-            if (D % dc == 0 && bytes(FwdShape{kv, 1, dc, qs == 1}) <= kBudget &&
-                (kv == 2 || kWarps * kPbuf * sizeof(float) >= (qs == 1 ? 1 : 2) * kTile * sizeof(T)))
+            if (D % dc == 0 && bytes(FwdShape{kv, 1, dc, qs == 1}) <= kBudget && q_has_home(kv, qs == 0))
               f = FwdShape{kv, 1, dc, qs == 1};
+      // modes 0, 1: two stages, one; 2, 3: K and V in turn in one buffer of D, D / 2 columns;
+      // q_pos: 0 registers, 1 shared memory, 2 read per chunk from the tensor
+      constexpr int kMinDc = warp::Mma<T>::kK;
+      for (int mode = 0; mode < 4 && f.kv_stages == 0; ++mode)
+        for (int dc = D; dc >= kMinDc && f.kv_stages == 0; dc /= 2)
+          for (int qp = regs ? 0 : 1; qp <= 2 && f.kv_stages == 0; ++qp) {
+            const int kv = mode == 0 ? 2 : 1, kvc = mode < 2 ? 0 : mode == 2 ? D : D / 2;
+            const FwdShape c{kv, 1, dc, qp == 1, kvc, kvc > 0 || !q_has_home(kv, qp == 0), qp == 2};
+            if (D % dc == 0 && bytes(c) <= kBudget) f = c;
+          }
     }
     return f;
   }
@@ -138,23 +171,31 @@ struct FwdLayout {
   static constexpr bool kFits = kShape.kv_stages > 0;
   static constexpr int kKVStages = kFits ? kShape.kv_stages : 2, kRelStages = kFits ? kShape.rel_stages : 1;
   static constexpr int kDC = kFits ? kShape.dc : D, kRelChunks = D / kDC;
-  static constexpr bool kQposSmem = kShape.qpos_smem;
+  static constexpr bool kQposSmem = kShape.qpos_smem, kQGlobal = kShape.q_global,
+                        kQposGlobal = kShape.qpos_global;
+  // K and V in turn in one buffer (kSerial) of kKVC columns, kKVParts parts of them each, rows kKVLd
+  // apart (else whole rows, kLd apart)
+  static constexpr bool kSerial = kShape.kvc > 0;
+  static constexpr int kKVC = kSerial ? kShape.kvc : D, kKVParts = D / kKVC, kKVLd = kKVC + kPad;
   // the positional products chunk by chunk (for_chunks: the offset tile in chunks, or q_pos's
-  // fragments from shared memory), K and V of the next block copied after the last chunk
-  static constexpr bool kChunked = kQposSmem || kRelChunks > 1;
+  // fragments from shared memory or the tensor), K and V of the next block copied after the last
+  // chunk
+  static constexpr bool kChunked = kQposSmem || kQposGlobal || kSerial || kRelChunks > 1;
   static constexpr int kRLd = kDC + kPad;  // the offset tile's rows
   static constexpr int kRTile = kTileOffsets * kRLd;
-  // in elements of T: K0 V0 (K1 V1), q_pos's tile (qpos_smem), then (POS) the offset tile's
-  // stages; Q (and q_pos, where it goes to registers) read once, from where K1 and V1 go
-  // later, or with one stage of K and V from the warps' positional buffers
+  // in elements of T: K0 V0 (K1 V1) or the one buffer of K and V, q_pos's tile (qpos_smem), then
+  // (POS) the offset tile's stages; Q (and q_pos, where it goes to registers) read once, from where
+  // K1 and V1 go later, or with one stage of K and V from the warps' positional buffers (kQGlobal:
+  // from the tensors)
+  static constexpr int kKV = kSerial ? kBlockN * kKVLd : 2 * kKVStages * kTile;
   static __device__ __forceinline__ int k_at(int stage) { return 2 * stage * kTile; }
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
-  static constexpr int kR0 = 2 * kKVStages * kTile + (kQposSmem ? kTile : 0);
+  static constexpr int kR0 = kKV + (kQposSmem ? kTile : 0);
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
   static constexpr size_t kTBytes =
-      static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : 4 * kTile) * sizeof(T);
+      static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : 2 * kKVStages * kTile) * sizeof(T);
   static constexpr int kQ = kKVStages == 2 ? 2 * kTile : static_cast<int>(kTBytes / sizeof(T));
-  static constexpr int kQposAt = kQposSmem ? 2 * kKVStages * kTile : kQ + kTile;
+  static constexpr int kQposAt = kQposSmem ? kKV : kQ + kTile;
   static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
   // then floats: the warps' positional buffers, their add and mul tables (per stage, warp,
   // table: kWarpCols entries); then ints: per warp, each column's offset row relative to
@@ -181,6 +222,48 @@ constexpr int fwd_canonical_class() {
       return fwd_canonical_class<T, D, POS, NDIM, SC - 1>();
   }
   return SC;
+}
+
+// S += Q K^T over part H of K's columns, [H C, (H + 1) C), at Kp (a key per row, rows LDK apart):
+// 8 n-blocks of 8 keys, Q's A fragments qf (all D columns) in registers.
+template <typename T, int D, int C, int H, int LDK>
+__device__ __forceinline__ void q_times_k(float (&s)[kBlockN / 8][4],
+                                          const uint32_t (&qf)[D / warp::Mma<T>::kK][4], const T* Kp,
+                                          int lane) {
+  using F = warp::Mma<T>;
+  constexpr int KK = F::kK;
+#pragma unroll
+  for (int kk = 0; kk < C / KK; ++kk) {
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; nb += 2) {
+      uint32_t b[4];
+      F::load_b_nmajor2(b, Kp + 8 * nb * LDK + KK * kk, LDK, lane);
+      F::mma(s[nb], qf[H * (C / KK) + kk], {b[0], b[1]});
+      F::mma(s[nb + 1], qf[H * (C / KK) + kk], {b[2], b[3]});
+    }
+  }
+}
+
+// O += P V over part H of V's columns, [H C, (H + 1) C), at Vp (a key per row, rows LDV apart):
+// P's A fragments straight from S's accumulators, V's B fragments (ldmatrix.trans).
+template <typename T, int D, int C, int H, int LDV>
+__device__ __forceinline__ void p_times_v(float (&o)[D / 8][4], const float (&s)[kBlockN / 8][4], const T* Vp,
+                                          int lane) {
+  using F = warp::Mma<T>;
+  constexpr int KK = F::kK;
+  static_assert(C % 16 == 0, "two n-blocks of V's columns at a time");
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / KK; ++kk) {
+    uint32_t a[4];
+    F::p_frag(a, s, kk);
+#pragma unroll
+    for (int nd = 0; nd < C / 8; nd += 2) {
+      uint32_t b[4];
+      F::load_b_kmajor2(b, Vp + KK * kk * LDV + 8 * nd, LDV, lane);
+      F::mma(o[H * (C / 8) + nd], a, {b[0], b[1]});
+      F::mma(o[H * (C / 8) + nd + 1], a, {b[2], b[3]});
+    }
+  }
 }
 
 // Grid (query tiles, H, B)
@@ -283,17 +366,28 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
                                          c == 0 ? mul : nullptr, fsmem + L::table_at(rst, w, 0),
                                          fsmem + L::table_at(rst, w, 1), woff, lane);
   };
-  // key block kb's K and V rows into stage st
+  // (kSerial) part h of key block kb's rows of x (K or V: columns h kKVC ...) into the one buffer
+  const auto load_part = [&](const T* x, int h, const int* kb) {
+    load_box_async<T, L::kKVC, L::kKVLd, NDIM, Box::kKey, false, D>(
+        smem, x + h * L::kKVC, nullptr, nullptr, [&](const int* y) { return g.key_token(kb, y); });
+  };
+  // key block kb's K and V rows into stage st (kSerial: K's first part)
   const auto load_keys = [&](int st, const int* kb) {
-    load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::k_at(st), k, smem + L::v_at(st), v,
-                                                    [&](const int* x) { return g.key_token(kb, x); });
+    if constexpr (L::kSerial) {
+      load_part(k, 0, kb);
+    } else {
+      load_box_async<T, D, LD, NDIM, Box::kKey, true>(smem + L::k_at(st), k, smem + L::v_at(st), v,
+                                                      [&](const int* x) { return g.key_token(kb, x); });
+    }
   };
 
   int kb[NDIM];  // key block j's origin
 #pragma unroll
   for (int a = 0; a < NDIM; ++a) kb[a] = kfirst[a];
-  load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
-  if (POS && rel != nullptr)
+  // Q's rows and q_pos's (in shared memory, or where their fragments go to registers through it)
+  constexpr bool kQposRows = L::kQposSmem || !(L::kQGlobal || L::kQposGlobal);
+  if constexpr (!L::kQGlobal) load_rows_async<T, D, LD, kBlockM>(smem + L::kQ, q, query_token);
+  if (POS && kQposRows && rel != nullptr)
     load_rows_async<T, D, LD, kBlockM>(smem + L::kQposAt, t.qpos + head, query_token);
   load_keys(0, kb);
   if constexpr (POS) load_offsets(0, kb, 0);
@@ -309,133 +403,38 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
     pcol[r] = skew_start<NDIM, L>(lane, il);
   }
   const float scale_log2 = scale * kLog2e;
-  float o[D / 8][4] = {};                              // O (16 x D): n-blocks of 8 columns
-  float m_run[2] = {-INFINITY, -INFINITY};             // running max of the rows, base 2
-  float l_run[2] = {0.f, 0.f};                         // this thread's part of the rows' sums
-  uint32_t qf[D / KK][4];                              // Q's A fragments, loaded once
-  uint32_t qpf[POS && !L::kQposSmem ? D / KK : 1][4];  // q_pos's (POS, in registers)
+  float o[D / 8][4] = {};                   // O (16 x D): n-blocks of 8 columns
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max of the rows, base 2
+  float l_run[2] = {0.f, 0.f};              // this thread's part of the rows' sums
+  constexpr bool kQposRegs = POS && !L::kQposSmem && !L::kQposGlobal;
+  uint32_t qf[D / KK][4];                   // Q's A fragments, loaded once
+  uint32_t qpf[kQposRegs ? D / KK : 1][4];  // q_pos's (POS, in registers)
+  // this thread's rows g and g + 8 of q_pos (kQposGlobal, kQGlobal: their fragments from the tensor;
+  // null outside the grid: zeros)
+  const T* qpos_rows[2] = {nullptr, nullptr};
+  if (POS && (L::kQGlobal || L::kQposGlobal) && rel != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row_tok[r] >= 0) qpos_rows[r] = t.qpos + head + static_cast<int64_t>(row_tok[r]) * D;
+  }
+  if constexpr (L::kQGlobal) {  // (no region of shared memory free to copy them in through)
+    const T* q_rows[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row_tok[r] >= 0) q_rows[r] = q + static_cast<int64_t>(row_tok[r]) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / KK; ++kk) F::load_a_global(qf[kk], q_rows[0], q_rows[1], KK * kk, lane);
+    if (kQposRegs && rel != nullptr) {
+#pragma unroll
+      for (int kk = 0; kk < (kQposRegs ? D / KK : 1); ++kk)
+        F::load_a_global(qpf[kk], qpos_rows[0], qpos_rows[1], KK * kk, lane);
+    }
+  }
 
-  for (int j = 0; j < blocks; ++j) {
-    const int stage = L::kKVStages == 2 ? j & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
-    if (L::kKVStages == 1 && j > 0) {  // (one stage: key block j once every warp is done with j - 1)
-      __syncthreads();
-      load_keys(0, kb);
-      warp::cp_async_commit();
-    }
-    warp::cp_async_wait<0>();
-    // key block j visible to every warp, and every warp done with block j - 1's stage
-    __syncthreads();
-    if (j == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / KK; ++kk) F::load_a(qf[kk], smem + L::kQ + 16 * w * LD + KK * kk, LD, lane);
-      if (POS && !L::kQposSmem && rel != nullptr) {
-#pragma unroll
-        for (int kk = 0; kk < (POS && !L::kQposSmem ? D / KK : 1); ++kk)
-          F::load_a(qpf[kk], smem + L::kQposAt + 16 * w * LD + KK * kk, LD, lane);
-      }
-      // every warp holds Q (and q_pos where it goes to registers): their buffers are K1's and
-      // V1's, or with one stage of K and V the warps' positional buffers
-      __syncthreads();
-    }
-    // block j + 1's origin (the next in row-major order over the tile's box of blocks)
-    int kn[NDIM];
-    {
-      bool carry = true;
-#pragma unroll
-      for (int a = NDIM - 1; a >= 0; --a) {
-        kn[a] = kb[a] + (carry ? extent<NDIM>(Box::kKey, a) : 0);
-        carry = carry && kn[a] > klast[a];
-        if (carry) kn[a] = kfirst[a];
-      }
-    }
-    // the next key block into the other stage, while this one is computed (where the offset
-    // tile comes in chunks, after them: a chunk's wait would wait for it too)
-    if (L::kKVStages == 2 && !L::kChunked && j + 1 < blocks) {
-      load_keys(stage ^ 1, kn);
-      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn, 0);
-      warp::cp_async_commit();
-    }
-    const T* Kj = smem + L::k_at(stage);
-    const T* Vj = smem + L::v_at(stage);
-    // the warp's rows keep some key of the block (else the warp skips it), all of them every
-    // key of it (no mask but the causal one): from the ranges of its first and last row
-    bool active = true, full = true;
-#pragma unroll
-    for (int a = 0; a < NDIM; ++a) {
-      const int2 first = ranges[a], last = ranges[15 * NDIM + a];
-      const int kend = kb[a] + extent<NDIM>(Box::kKey, a) - 1;
-      active = active && kb[a] <= last.y && kend >= first.x;
-      full = full && kb[a] >= last.x && kend <= first.y;
-    }
-
-    // POS: the warp's positional products first (S's registers are not live yet):
-    // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
-    if constexpr (POS && !L::kChunked) {
-      if (active) {
-        warp_positional_products<T, D, LR, true>(
-            qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
-            fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
-        __syncwarp();  // the warp's products visible to its lanes
-      }
-      if constexpr (L::kRelStages == 1) {
-        __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
-        if (j + 1 < blocks) {
-          load_offsets(0, kn, 0);
-          warp::cp_async_commit();
-        }
-      }
-    } else if constexpr (POS) {
-      // the offset tile in RC chunks of DC columns, q_pos's fragments of each from shared memory
-      // or from its registers
-      for_chunks<RC>(
-          [&](auto chunk) {
-            constexpr int c = decltype(chunk)::value;
-            if (!active) return;
-            uint32_t qpc[DC / KK][4];
-            if (rel != nullptr) {
-#pragma unroll
-              for (int kk = 0; kk < DC / KK; ++kk) {
-                if constexpr (L::kQposSmem) {
-                  F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
-                } else {
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) qpc[kk][e] = qpf[c * (DC / KK) + kk][e];
-                }
-              }
-            }
-            warp_positional_products<T, DC, LR, true, c, RC>(
-                qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
-                fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
-          },
-          [&](int next) { load_offsets(0, kb, next); });
-      __syncthreads();           // every warp done with the last chunk
-      if (active) __syncwarp();  // the warp's products visible to its lanes
-      // block j + 1's first chunk and (two stages) its keys, while this one is computed
-      if (j + 1 < blocks) {
-        if constexpr (L::kKVStages == 2) load_keys(stage ^ 1, kn);
-        load_offsets(0, kn, 0);
-        warp::cp_async_commit();
-      }
-    }
-    if (!active) {
-#pragma unroll
-      for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
-      continue;
-    }
-
-    // S = Q K^T: 8 n-blocks of 8 keys
-    float s[kBlockN / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / KK; ++kk) {
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; nb += 2) {
-        uint32_t b[4];
-        F::load_b_nmajor2(b, Kj + 8 * nb * LD + KK * kk, LD, lane);
-        F::mma(s[nb], qf[kk], {b[0], b[1]});
-        F::mma(s[nb + 1], qf[kk], {b[2], b[3]});
-      }
-    }
-
+  // S's logits (Q K^T) to P = 2^(logits - the rows' running max), in place, and the running
+  // max, sums and O rescaled: the positional term (POS), the masks where the key block kb needs
+  // them (full: the warp's rows keep every key of it, but for the causal limit)
+  const auto to_probabilities = [&](float (&s)[kBlockN / 8][4], bool full) {
     // POS: the logits in natural units, q k (scale mul) + ((scale q_pos rel + add) mul),
     // the pair's column kpart(8 nb) + e past the row's start
     float to_log2 = scale_log2;
@@ -502,20 +501,147 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
         }
       }
     }
+  };
 
-    // O += P V: P's A fragments straight from S's accumulators, V's B fragments (ldmatrix.trans)
+  for (int j = 0; j < blocks; ++j) {
+    const int stage = L::kKVStages == 2 ? j & 1 : 0, rst = L::kRelStages == 2 ? stage : 0;
+    if (L::kKVStages == 1 && j > 0) {  // (one stage: key block j once every warp is done with j - 1)
+      __syncthreads();
+      load_keys(0, kb);
+      warp::cp_async_commit();
+    }
+    warp::cp_async_wait<0>();
+    // key block j visible to every warp, and every warp done with block j - 1's stage
+    __syncthreads();
+    if (!L::kQGlobal && j == 0) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / KK; ++kk) {
-      uint32_t a[4];
-      F::p_frag(a, s, kk);
+      for (int kk = 0; kk < D / KK; ++kk) F::load_a(qf[kk], smem + L::kQ + 16 * w * LD + KK * kk, LD, lane);
+      if (kQposRegs && rel != nullptr) {
 #pragma unroll
-      for (int nd = 0; nd < D / 8; nd += 2) {
-        uint32_t b[4];
-        F::load_b_kmajor2(b, Vj + KK * kk * LD + 8 * nd, LD, lane);
-        F::mma(o[nd], a, {b[0], b[1]});
-        F::mma(o[nd + 1], a, {b[2], b[3]});
+        for (int kk = 0; kk < (kQposRegs ? D / KK : 1); ++kk)
+          F::load_a(qpf[kk], smem + L::kQposAt + 16 * w * LD + KK * kk, LD, lane);
+      }
+      // every warp holds Q (and q_pos where it goes to registers): their buffers are K1's and
+      // V1's, or with one stage of K and V the warps' positional buffers
+      __syncthreads();
+    }
+    // block j + 1's origin (the next in row-major order over the tile's box of blocks)
+    int kn[NDIM];
+    {
+      bool carry = true;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        kn[a] = kb[a] + (carry ? extent<NDIM>(Box::kKey, a) : 0);
+        carry = carry && kn[a] > klast[a];
+        if (carry) kn[a] = kfirst[a];
       }
     }
+    // the next key block into the other stage, while this one is computed (where the offset
+    // tile comes in chunks, after them: a chunk's wait would wait for it too)
+    if (L::kKVStages == 2 && !L::kChunked && j + 1 < blocks) {
+      load_keys(stage ^ 1, kn);
+      if constexpr (POS && L::kRelStages == 2) load_offsets(stage ^ 1, kn, 0);
+      warp::cp_async_commit();
+    }
+    const T* Kj = smem + L::k_at(stage);
+    const T* Vj = smem + L::v_at(stage);
+    // the warp's rows keep some key of the block (else the warp skips it), all of them every
+    // key of it (no mask but the causal one): from the ranges of its first and last row
+    bool active = true, full = true;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) {
+      const int2 first = ranges[a], last = ranges[15 * NDIM + a];
+      const int kend = kb[a] + extent<NDIM>(Box::kKey, a) - 1;
+      active = active && kb[a] <= last.y && kend >= first.x;
+      full = full && kb[a] >= last.x && kend <= first.y;
+    }
+
+    // POS: the warp's positional products first (S's registers are not live yet):
+    // column c of row i: (scale q_pos rel + add) mul, and a row of scale mul
+    if constexpr (POS && !L::kChunked) {
+      if (active) {
+        warp_positional_products<T, D, LR, true>(
+            qpf, smem + L::r_at(rst), rel != nullptr, wrow, fsmem + L::table_at(rst, w, 0),
+            fsmem + L::table_at(rst, w, 1), pbuf, lane, scale, has_add, has_mul);
+        __syncwarp();  // the warp's products visible to its lanes
+      }
+      if constexpr (L::kRelStages == 1) {
+        __syncthreads();  // every warp done with the offset tile: refill it with block j + 1's
+        if (j + 1 < blocks) {
+          load_offsets(0, kn, 0);
+          warp::cp_async_commit();
+        }
+      }
+    } else if constexpr (POS) {
+      // the offset tile in RC chunks of DC columns, q_pos's fragments of each from shared memory,
+      // its registers or the tensor
+      for_chunks<RC>(
+          [&](auto chunk) {
+            constexpr int c = decltype(chunk)::value;
+            if (!active) return;
+            uint32_t qpc[DC / KK][4];
+            if (rel != nullptr) {
+#pragma unroll
+              for (int kk = 0; kk < DC / KK; ++kk) {
+                if constexpr (L::kQposSmem) {
+                  F::load_a(qpc[kk], smem + L::kQposAt + 16 * w * LD + c * DC + KK * kk, LD, lane);
+                } else if constexpr (L::kQposGlobal) {
+                  F::load_a_global(qpc[kk], qpos_rows[0], qpos_rows[1], c * DC + KK * kk, lane);
+                } else {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) qpc[kk][e] = qpf[c * (DC / KK) + kk][e];
+                }
+              }
+            }
+            warp_positional_products<T, DC, LR, true, c, RC>(
+                qpc, smem + L::r_at(0), rel != nullptr, wrow, fsmem + L::table_at(0, w, 0),
+                fsmem + L::table_at(0, w, 1), pbuf, lane, scale, has_add, has_mul);
+          },
+          [&](int next) { load_offsets(0, kb, next); });
+      __syncthreads();           // every warp done with the last chunk
+      if (active) __syncwarp();  // the warp's products visible to its lanes
+      // block j + 1's first chunk and (two stages) its keys, while this one is computed
+      if (j + 1 < blocks) {
+        if constexpr (L::kKVStages == 2) load_keys(stage ^ 1, kn);
+        load_offsets(0, kn, 0);
+        warp::cp_async_commit();
+      }
+    }
+    if constexpr (L::kSerial) {
+      // K's parts for S = Q K^T (the first copied with the block), then P, then V's parts for
+      // O += P V, each part copied once every warp is done with the one before
+      float s[kBlockN / 8][4] = {};
+      for_chunks<L::kKVParts>(
+          [&](auto part) {
+            if (active) q_times_k<T, D, L::kKVC, decltype(part)::value, L::kKVLd>(s, qf, smem, lane);
+          },
+          [&](int next) { load_part(k, next, kb); });
+      if (active) to_probabilities(s, full);
+      __syncthreads();  // every warp done with K's last part
+      load_part(v, 0, kb);
+      warp::cp_async_commit();
+      warp::cp_async_wait<0>();
+      __syncthreads();  // V's first part visible to every warp
+      for_chunks<L::kKVParts>(
+          [&](auto part) {
+            if (active) p_times_v<T, D, L::kKVC, decltype(part)::value, L::kKVLd>(o, s, smem, lane);
+          },
+          [&](int next) { load_part(v, next, kb); });
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
+      continue;
+    }
+    if (!active) {
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
+      continue;
+    }
+
+    // S = Q K^T: 8 n-blocks of 8 keys; P; O += P V
+    float s[kBlockN / 8][4] = {};
+    q_times_k<T, D, D, 0, LD>(s, qf, Kj, lane);
+    to_probabilities(s, full);
+    p_times_v<T, D, D, 0, LD>(o, s, Vj, lane);
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) kb[a] = kn[a];
   }

@@ -134,11 +134,14 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
       return;
     }
     const cuda_fast::FwdShape& f = l.shape;
-    *layout = "K, V in " + std::to_string(f.kv_stages) + " stage(s)" +
+    *layout = (f.kvc > 0 ? "K and V in turn through one buffer of " + std::to_string(f.kvc) + " columns"
+                         : "K, V in " + std::to_string(f.kv_stages) + " stage(s)") +
               (pos ? ", the offset tile in " + std::to_string(f.rel_stages) + " stage(s) of " +
-                         std::to_string(f.dc) + " columns" + (f.qpos_smem ? ", q_pos in shared memory" : "")
+                         std::to_string(f.dc) + " columns" + (f.qpos_smem ? ", q_pos in shared memory" : "") +
+                         (f.qpos_global ? ", q_pos's fragments per chunk from the tensor" : "")
                    : std::string()) +
-              " (" + std::to_string(l.bytes) + " bytes)";
+              (f.q_global ? ", Q's fragments from the tensor" : "") + " (" + std::to_string(l.bytes) +
+              " bytes)";
   });
   return why;
 }

@@ -203,6 +203,7 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 // of one mma. Tiles are row-major in shared memory with row stride ld (elements); the B loads
 // give two n-blocks (16 columns of the product) at once, registers 0, 1 and 2, 3.
 //   load_a(a, tile, ld, lane):        A of the 16 x kK tile at `tile`
+//   load_a_global(a, r0, r1, k, lane): the same from global memory, rows g and g + 8 at r0, r1
 //   b_rows(lane, i), b_col(lane):     the rows (i < kRowsPerLane) and column of an n-major tile
 //                                     (a row per n: K, rel) that this lane addresses
 //   load_b_rows(b, rows, k):          B = X^T of the 16 rows of X whose addresses (b_col included)
@@ -227,6 +228,15 @@ struct Mma {
   }
   static __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int lane) {
     ldmatrix<4>(a, tile + (lane % 16) * ld + 8 * (lane / 16));
+  }
+  // the same from global memory: r0, r1 point at this lane's rows g and g + 8 (null: a row of
+  // zeros), k at the tile's first column (Q's and q_pos's fragments read straight from the tensors)
+  static __device__ __forceinline__ void load_a_global(uint32_t (&a)[4], const T* r0, const T* r1, int k,
+                                                       int lane) {
+    const int c = k + 2 * (lane % 4);
+    const auto pair = [](const T* r) { return __ldg(reinterpret_cast<const unsigned int*>(r)); };
+    a[0] = r0 != nullptr ? pair(r0 + c) : 0u, a[1] = r1 != nullptr ? pair(r1 + c) : 0u;
+    a[2] = r0 != nullptr ? pair(r0 + c + 8) : 0u, a[3] = r1 != nullptr ? pair(r1 + c + 8) : 0u;
   }
   static __device__ __forceinline__ int b_rows(int lane, int) { return lane % 8 + 8 * (lane / 16); }
   static __device__ __forceinline__ int b_col(int lane) { return 8 * ((lane / 8) % 2); }
@@ -270,6 +280,13 @@ struct Mma<float> {
   static __device__ __forceinline__ void load_a(uint32_t (&a)[4], const float* tile, int ld, int lane) {
     const float* r = tile + (lane / 4) * ld + lane % 4;
     a[0] = to_tf32(r[0]), a[1] = to_tf32(r[8 * ld]), a[2] = to_tf32(r[4]), a[3] = to_tf32(r[8 * ld + 4]);
+  }
+  static __device__ __forceinline__ void load_a_global(uint32_t (&a)[4], const float* r0, const float* r1,
+                                                       int k, int lane) {
+    const int c = k + lane % 4;
+    a[0] = to_tf32(r0 != nullptr ? __ldg(r0 + c) : 0.f), a[1] = to_tf32(r1 != nullptr ? __ldg(r1 + c) : 0.f);
+    a[2] = to_tf32(r0 != nullptr ? __ldg(r0 + c + 4) : 0.f),
+    a[3] = to_tf32(r1 != nullptr ? __ldg(r1 + c + 4) : 0.f);
   }
   static __device__ __forceinline__ int b_rows(int lane, int i) { return lane / 4 + 8 * i; }
   static __device__ __forceinline__ int b_col(int lane) { return lane % 4; }

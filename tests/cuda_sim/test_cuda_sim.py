@@ -1016,6 +1016,19 @@ SMALL_DEVICES = [
     # (float32: P and dS' in turn through one buffer)
     _on(SM86, ("fast", "fast", "none"), "fast-tf32-d64-2d-plain-sm86", F32, [9, 11], D=64, pos=False, window=3),
     _on(SM86, ("fast", "fast", "none"), "fast-tf32-d64-1d-plain-sm86", F32, [130], D=64, pos=False, causal=True),
+    # forwards with K and V in turn through one buffer (of D columns; float32 D = 128 on 3 axes: of
+    # D / 2, each in two parts), Q's fragments from the tensor (float32: q_pos's per chunk too)
+    _on(SM86, FFG, "fast-bf16-d128-3d-serial-sm86", BF16, [4, 4, 6], D=128, sigma=True, bias=True, causal=True),
+    _on(SM86, FFF, "fast-tf32-d128-1d-sm86", F32, [90], D=128, bias=True, causal=True),
+    _on(SM86, FFF, "fast-tf32-d128-2d-sm86", F32, [9, 7], D=128, sigma=True, window=3),
+    _on(SM86, FFG, "fast-tf32-d128-3d-sm86", F32, [4, 4, 5], D=128, bias=True),
+    _on(SM86, FFG, "fast-tf32-d64-3d-sm86", F32, [4, 5, 4], D=64, sigma=True, threshold=0.4),
+    # (the offset tile in chunks of 8 columns, one stage of K and V; the backward with the operands in
+    # chunks of 8 columns, as the two above)
+    _on(SM86, FFG, "fast-tf32-d32-3d-sm86", F32, [5, 4, 6], D=32, sigma=True, window=1),
+    # (plain attention in one stage, Q's fragments from the tensor; its backward with the operands in
+    # chunks, in halves of the gradients' columns)
+    _on(SM86, ("fast", "fast", "none"), "fast-tf32-d128-2d-plain-sm86", F32, [9, 11], D=128, pos=False, causal=True),
     # the A100's: whole rows with fewer stages, or chunks wider than sm_86's
     _on(SM80, FFF, "fast-bf16-d64-2d-sm80", BF16, [12, 13], D=64, sigma=True, bias=True, threshold=0.3, repeats=2),
     _on(SM80, FFF, "fast-f16-d128-2d-sm80", F16, [9, 10], D=128, sigma=True),
@@ -1030,10 +1043,10 @@ SMALL_DEVICES = [
     _on(SM80, FFF, "fast-tf32-d64-3d-sm80", F32, [4, 5, 6], D=64, bias=True),
     # (the backward with P and dS' in the positional buffers)
     _on(SM80, FFF, "fast-tf32-d64-2d-alias-sm80", F32, [9, 11], D=64, sigma=True, bias=True),
-    # (the general forward and backward, then the offset kernel with d rel's accumulators in registers)
-    _on(
-        SM80, ("general", "general", "fast"), "fast-tf32-d128-1d-offsets-sm80", F32, [70], D=128, bias=True, causal=True
-    ),
+    # (one stage of K and V, Q's fragments from the tensor; the offset kernel with d rel's accumulators
+    # in registers)
+    _on(SM80, FFF, "fast-tf32-d128-1d-sm80", F32, [70], D=128, bias=True, causal=True),
+    _on(SM80, FFF, "fast-tf32-d128-3d-sm80", F32, [4, 4, 5], D=128, sigma=True, bias=True),
     # (the offset kernel with q_pos in chunks, X in two parts)
     _on(SM80, FFF, "fast-tf32-d32-3d-alias-sm80", F32, [4, 5, 6], D=32, bias=True, window=1),
     _on(SM80, FFF, "fast-tf32-d128-2d-sm80", F32, [9, 10], D=128, sigma=True),

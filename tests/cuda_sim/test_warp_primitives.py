@@ -1,5 +1,5 @@
 """The warp-level primitives of csrc/cuda/warp_primitives.cuh (mma.sync, ldmatrix,
-cp.async, register packing) on the simulated GPU: tests/cuda_sim/warp_primitives.cu
+cp.async, register packing, A fragments from global memory) on the simulated GPU: tests/cuda_sim/warp_primitives.cu
 checks each against a host reference, bit for bit, and prints a PASS / FAIL line per
 check; here every expected check must pass.
 
@@ -25,6 +25,7 @@ CHECKS = (
     + [f"pack2 {t} (lo in bits 15:0, round to nearest even)" for t in ("bf16", "f16")]
     + [f"cp_async_16 {n} of 6 rows valid (zero-fill), two groups" for n in (6, 4, 0)]
     + [f"cp_async_4 {n} of 96 floats valid (zero-fill)" for n in (96, 37)]
+    + [f"load_a_global {t} (rows 3 and 11 absent)" for t in ("bf16", "f16", "tf32")]
 )
 
 

@@ -2,9 +2,9 @@
 // simulated GPU in CI, ../shared/gpusim; runs as is on a real GPU): mma.sync for
 // bf16, f16 and TF32, ldmatrix x1 / x2 / x4 with and without .trans in the
 // layouts the header documents, cp.async with zero-fill and commit / wait groups,
-// and the register packing. Inputs are small multiples of 1/8, exact in every
-// input type, so products and sums are exact and results are compared bit for
-// bit with a host reference. Two warps per block, each with its own data.
+// and the register packing, and A fragments read from global memory. Inputs are small multiples of 1/8, exact
+// in every input type, so products and sums are exact and results are compared bit for bit with a host
+// reference. Two warps per block, each with its own data.
 //
 //   warp_primitives        prints "PASS name" / "FAIL name: detail" per check and
 //                          "N passed, M failed"; exit status 1 on a failure
@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/warp_primitives.cuh"
@@ -351,6 +352,58 @@ void check_cp_async_4() {
   }
 }
 
+// Mma<T>::load_a_global against load_a: a 16 x kK tile of a row-major matrix (row stride 24) read
+// straight from global memory, rows 3 and 11 absent (null: zeros), and the same tile (those rows
+// zeroed) from shared memory; every lane's four registers compared bit for bit.
+constexpr int kGLd = 24;
+
+template <typename T>
+__global__ void load_a_global_kernel(const T* g, const T* gz, uint32_t* out) {
+  using F = warp::Mma<T>;
+  constexpr int KK = F::kK;
+  __shared__ __align__(16) T s[16 * kGLd];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < 16 * kGLd; i += 32) s[i] = gz[i];  // (g with rows 3 and 11 zeroed)
+  __syncwarp();
+  const auto row = [&](int r) { return r == 3 || r == 11 ? static_cast<const T*>(nullptr) : g + r * kGLd; };
+  for (int k = 0; k + KK <= 16; k += KK) {
+    uint32_t a[4], b[4];
+    F::load_a(a, s + k, kGLd, lane);
+    F::load_a_global(b, row(lane / 4), row(lane / 4 + 8), k, lane);
+    for (int i = 0; i < 4; ++i) {
+      out[((k / KK) * 32 + lane) * 8 + i] = a[i];
+      out[((k / KK) * 32 + lane) * 8 + 4 + i] = b[i];
+    }
+  }
+}
+
+template <typename T>
+void check_load_a_global(const char* name) {
+  const auto as_t = [](float x) {
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else
+      return from_float<T>(x);
+  };
+  std::vector<T> g(16 * kGLd), gz(16 * kGLd);
+  for (int i = 0; i < 16 * kGLd; ++i) {
+    g[i] = as_t(small_value());
+    gz[i] = i / kGLd == 3 || i / kGLd == 11 ? as_t(0.f) : g[i];
+  }
+  constexpr int kSteps = 16 / warp::Mma<T>::kK;
+  Device<T> dg(g), dgz(gz);
+  Device<uint32_t> dout{std::vector<uint32_t>(kSteps * 32 * 8, 0u)};
+  load_a_global_kernel<T><<<1, 32>>>(dg.p, dgz.p, dout.p);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint32_t> got = dout.get();
+  int bad = 0;
+  for (int e = 0; e < kSteps * 32; ++e)
+    for (int i = 0; i < 4; ++i) bad += got[e * 8 + i] != got[e * 8 + 4 + i];
+  report(std::string("load_a_global ") + name + " (rows 3 and 11 absent)", bad == 0,
+         std::to_string(bad) + " registers differ from load_a's");
+}
+
 }  // namespace
 
 int main() {
@@ -360,6 +413,9 @@ int main() {
   check_conversions();
   check_cp_async();
   check_cp_async_4();
+  check_load_a_global<__nv_bfloat16>("bf16");
+  check_load_a_global<__half>("f16");
+  check_load_a_global<float>("tf32");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
