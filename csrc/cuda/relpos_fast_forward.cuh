@@ -162,7 +162,10 @@ struct FwdLayout {
           for (int qp = regs ? 0 : 1; qp <= 2 && f.kv_stages == 0; ++qp) {
             const int kv = mode == 0 ? 2 : 1, kvc = mode < 2 ? 0 : mode == 2 ? D : D / 2;
             const FwdShape c{kv, 1, dc, qp == 1, kvc, kvc > 0 || !q_has_home(kv, qp == 0), qp == 2};
-            if (D % dc == 0 && bytes(c) <= kBudget) f = c;
+            // (a chunk's q_pos fragments, not held in registers, at most 32 registers: float32
+            // at D = 128 with 128 columns a chunk spilled on sm_80)
+            const bool frags_fit = qp == 0 || dc / kMinDc <= 8;
+            if (D % dc == 0 && frags_fit && bytes(c) <= kBudget) f = c;
           }
     }
     return f;
