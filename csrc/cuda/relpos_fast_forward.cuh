@@ -195,8 +195,7 @@ struct FwdLayout {
   static __device__ __forceinline__ int v_at(int stage) { return (2 * stage + 1) * kTile; }
   static constexpr int kR0 = kKV + (kQposSmem ? kTile : 0);
   static __device__ __forceinline__ int r_at(int stage) { return kR0 + stage * kRTile; }
-  static constexpr size_t kTBytes =
-      static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : 2 * kKVStages * kTile) * sizeof(T);
+  static constexpr size_t kTBytes = static_cast<size_t>(POS ? kR0 + kRelStages * kRTile : kKV) * sizeof(T);
   static constexpr int kQ = kKVStages == 2 ? 2 * kTile : static_cast<int>(kTBytes / sizeof(T));
   static constexpr int kQposAt = kQposSmem ? kKV : kQ + kTile;
   static_assert(kTBytes % 16 == 0 && kWarpCols % 4 == 0, "the floats 16-byte aligned (float4 columns)");
@@ -412,19 +411,18 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   constexpr bool kQposRegs = POS && !L::kQposSmem && !L::kQposGlobal;
   uint32_t qf[D / KK][4];                   // Q's A fragments, loaded once
   uint32_t qpf[kQposRegs ? D / KK : 1][4];  // q_pos's (POS, in registers)
-  // this thread's rows g and g + 8 of q_pos (kQposGlobal, kQGlobal: their fragments from the tensor;
-  // null outside the grid: zeros)
+  // this thread's rows g and g + 8 of x (Q, q_pos) in the tensor, null outside the grid (zeros):
+  // their fragments read from the tensor (kQGlobal, kQposGlobal)
+  const auto rows_of = [&](const T* x, const T*(&rows)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      rows[r] = row_tok[r] >= 0 ? x + static_cast<int64_t>(row_tok[r]) * D : nullptr;
+  };
   const T* qpos_rows[2] = {nullptr, nullptr};
-  if (POS && (L::kQGlobal || L::kQposGlobal) && rel != nullptr) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row_tok[r] >= 0) qpos_rows[r] = t.qpos + head + static_cast<int64_t>(row_tok[r]) * D;
-  }
+  if (POS && (L::kQGlobal || L::kQposGlobal) && rel != nullptr) rows_of(t.qpos + head, qpos_rows);
   if constexpr (L::kQGlobal) {  // (no region of shared memory free to copy them in through)
-    const T* q_rows[2] = {nullptr, nullptr};
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row_tok[r] >= 0) q_rows[r] = q + static_cast<int64_t>(row_tok[r]) * D;
+    const T* q_rows[2];
+    rows_of(q, q_rows);
 #pragma unroll
     for (int kk = 0; kk < D / KK; ++kk) F::load_a_global(qf[kk], q_rows[0], q_rows[1], KK * kk, lane);
     if (kQposRegs && rel != nullptr) {
