@@ -83,8 +83,14 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 // (float32, whose X outgrows the positional products).
 template <typename T, int D, int NDIM, int DA = D, int DC = D, bool AR = false, bool QCH = false, int XP = 1>
 struct OffLayout {
+  // the narrowest chunk: one k-step of the MMA (16 columns; float32 through TF32, 8)
+  static constexpr int kMinChunk = sizeof(T) == 4 ? 8 : 16;
+  // d rel's accumulators in registers: at most 48 a thread (3-D grids' 6 chunks of 16 columns a
+  // warp), float32 only with chunks of 8 columns (ptxas, sm_86: 255 and 254 registers, no spills;
+  // float32 with chunks of 16 spilled 28 bytes), else 32
+  static constexpr int kMaxAccRegs = sizeof(T) == 2 || DC == 8 ? 48 : 32;
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
-  static_assert(D % DC == 0 && DC % 16 == 0, "chunks of 16 columns or more");
+  static_assert(D % DC == 0 && DC % kMinChunk == 0, "chunks of 16 columns or more (float32: 8)");
   static_assert(!QCH || DC < D, "q_pos in chunks: the inputs' rows in chunks");
   static_assert(XP == 1 || XP == 2, "X whole or in two parts");
   static constexpr int kChunksD = D / DC;
@@ -117,23 +123,29 @@ struct OffLayout {
   static constexpr int kTElems = (kR + kTileOffsets * kLd + 7) / 8 * 8;
   static constexpr size_t kTBytes = static_cast<size_t>(kTElems) * sizeof(T);
   // floats: per warp pbuf, per warp its add / mul entries, the d rel accumulator (not with AR),
-  // the sums per tile offset (d bias's, d quad's), the pair's lse and rowd
+  // the pair's lse and rowd, the block's ticket (a slot of its own: nothing else writes it)
   static constexpr int kTables = kWarps * kPbuf;
   static constexpr int kAcc = kTables + kWarps * 2 * kWarpCols;
-  static constexpr int kSums = kAcc + (AR ? 0 : kRows * kALd);
   // AR: a warp's chunks of the tile offset box (w, w + 4, ...), each thread's registers for them
   static constexpr int kWarpChunks = (kChunks + kWarps - 1) / kWarps;
   static constexpr int kAccRegs = kWarpChunks * DA / 2;
   static constexpr bool kAccInInputs = static_cast<size_t>(kRows) * kALd * 4 <= kTBytes;
-  static constexpr int kRowsF = kSums + 2 * kRows;
-  static constexpr int kFloats = kRowsF + 2 * kBlockM;
-  // ints: per warp its columns' offset rows (woff), tile offset box rows (wrow) and rows with
-  // a pair (wmask); int2: per warp its rows' key ranges
+  static constexpr int kRowsF = kAcc + (AR ? 0 : kRows * kALd);
+  static constexpr int kTicket = kRowsF + 2 * kBlockM;
+  static constexpr int kFloats = kTicket + 4;
+  // at the end, over the spent pbufs: d sigma's reduction (kThreads doubles from fs), then the
+  // sums per tile offset (d bias's, d quad's)
+  static constexpr int kSums = 2 * kThreads;
+  static_assert(kSums + 2 * kRows <= kTables, "the end's sums within the pbufs");
+  // ints: per warp its columns' offset rows (woff), then per warp its tile offset box rows
+  // (wrow), then the rows with a pair per column (wmask: the same for every warp, one copy);
+  // int2: per warp its rows' key ranges
   static constexpr size_t kIntsAt = kTBytes + static_cast<size_t>(kFloats) * 4;
-  static constexpr size_t kRangesAt = kIntsAt + 3 * kWarps * kWarpCols * 4;
+  static constexpr size_t kRangesAt = kIntsAt + (2 * kWarps + 1) * kWarpCols * 4;
   static constexpr size_t kBytes = kRangesAt + kWarps * 16 * NDIM * 8;
   static_assert(16 * kXLd * sizeof(T) <= kPbuf * 4, "a warp's rows of X fit its pbuf");
-  static_assert(kTBytes % 16 == 0 && kPbuf % 4 == 0 && kIntsAt % 8 == 0 && kAcc % 2 == 0,
+  static_assert(kTBytes % 16 == 0 && kPbuf % 4 == 0 && kIntsAt % 8 == 0 && kAcc % 2 == 0 &&
+                    kRangesAt % 8 == 0,
                 "the regions aligned (uint4, float2, int2)");
   static __device__ __forceinline__ int table_at(int, int w, int which) {
     return kTables + (2 * w + which) * kWarpCols;
@@ -277,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __trap();  // as the forward: sm_80 instructions, never launched below it
 #else
   using L = OffLayout<T, D, NDIM, DA, DC, AR, QCH, XP>;
-  static_assert(!AR || (L::kAccInInputs && L::kAccRegs <= 32),
+  static_assert(!AR || (L::kAccInInputs && L::kAccRegs <= L::kMaxAccRegs),
                 "AR: the accumulators' registers and end region");
   using F = warp::Mma<T>;  // m16n8k16 (bf16, f16) or TF32 m16n8k8 (float)
   constexpr int LD = L::kLd, QLD = L::kQLd, KK = F::kK, kNC = L::kChunksD;
@@ -290,8 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   float* fs = reinterpret_cast<float*>(smem_raw + L::kTBytes);
-  // the block's ticket: in the sums' slot, which nothing else writes before the end
-  int* ticket = reinterpret_cast<int*>(fs + L::kSums);
+  int* ticket = reinterpret_cast<int*>(fs + L::kTicket);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int H = static_cast<int>(p.H), N = static_cast<int>(p.N), U = static_cast<int>(p.U);
@@ -372,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* X = reinterpret_cast<T*>(pbuf);  // the warp's rows of X (after its positional products)
   int* woff = reinterpret_cast<int*>(smem_raw + L::kIntsAt) + w * L::kWarpCols;
   int* wrow = woff + kWarps * L::kWarpCols;
-  unsigned* wmask = reinterpret_cast<unsigned*>(wrow + kWarps * L::kWarpCols);
+  unsigned* wmask = reinterpret_cast<unsigned*>(smem_raw + L::kIntsAt) + 2 * kWarps * L::kWarpCols;
   int2* ranges = reinterpret_cast<int2*>(smem_raw + L::kRangesAt) + w * 16 * NDIM;
   float* rows = fs + L::kRowsF;  // the pair's lse and rowd
   // d rel's accumulators (AR: filled from the registers at the end, over the spent inputs)
@@ -452,11 +463,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     xcol[r] = il * L::kXLd + x;
   }
   // this lane's columns of the warp's offset box (lane + 32 m): the rows that have a pair there
-  // (bit r: wmask, in shared memory where registers are short), and their sums of the d bias
-  // term and of d quad's
+  // (bit r: wmask, in shared memory where registers are short; the same for every warp, written
+  // by warp 0, read after the pair loop's first barrier), and their sums of the d bias term and
+  // of d quad's
   float bsum[L::kCols] = {}, qsum[L::kCols] = {};
 #pragma unroll 1
-  for (int m = 0; m < L::kCols; ++m) {
+  for (int m = 0; w == 0 && m < L::kCols; ++m) {
     const int c = lane + 32 * m;
     unsigned mask = 0;
     for (int r = 0; c < L::kWarpOffsets && r < 16; ++r) {
@@ -677,7 +689,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // the warps' sums per tile offset, in warp order (sum dA times the column's mul: d bias's), and
   // this item's d sigma partial (its own slot): before the wait, which only the adds need
-  float* tsum = fs + L::kSums;
+  float* tsum = fs + L::kSums;  // (over the spent pbufs, after d sigma's reduction)
   if (sums) {
     const float* mul_w = fs + L::table_at(0, w, 1);
     for (int i = threadIdx.x; i < 2 * L::kRows; i += kThreads) tsum[i] = 0.f;
@@ -776,40 +788,45 @@ struct OffShape {
   bool qpos_chunks = false;  // (QCH)
   int x_parts = 1;           // (XP)
 };
-template <typename T, int D, int NDIM, int DA, int DC, int SC, bool AR, bool QCH, int XP>
+// NARROW: the float32 shapes of 8-column chunks (the last tier: 99 KiB on 3-D grids only).
+template <typename T, int D, int NDIM, int DA, int DC, int SC, bool AR, bool QCH, int XP, bool NARROW>
 constexpr bool offsets_fit() {
-  if constexpr (DA < 16 || DC < 16 || D % DA != 0 || D % DC != 0 || (QCH && DC == D)) {
+  constexpr int kMinChunk = NARROW && sizeof(T) == 4 ? 8 : 16;
+  if constexpr (DA < 16 || DC < kMinChunk || D % DA != 0 || D % DC != 0 || (QCH && DC == D)) {
     return false;
   } else {
     using L = OffLayout<T, D, NDIM, DA, DC, AR, QCH, XP>;
-    return L::kBytes <= smem_budget(SC) && (!AR || (L::kAccInInputs && L::kAccRegs <= 32));
+    return L::kBytes <= smem_budget(SC) && (!AR || (L::kAccInInputs && L::kAccRegs <= L::kMaxAccRegs));
   }
 }
 // Whole rows first, with D columns of d rel, else D / 2 (as before chunks existed: 3-D grids
 // at D = 64, 1-D at D = 128); else rows in chunks, the most columns of d rel first (the
 // fewest blocks recomputing each pair), then the widest chunks (the fewest barriers):
-// 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 and 64 on 3-D
+// 16-bit D = 128 on 2-D grids (64, 64) and 3-D (32, 32); float32 D = 32 on 3-D (32, 16), D = 64
 // (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); float32 D = 128 on 2-3 only with
 // q_pos in chunks too (offsets_shape: 32, 32) (class 0, sm_90's 227 KiB; the smaller classes:
 // what fits their budget).
 template <typename T, int D, int NDIM, int SC, bool AR, bool QCH, int XP, int I = 0, int END = 8>
 constexpr OffShape offsets_shape_() {
-  constexpr int kShapes[9][2] = {{D, D},         {D / 2, D},     {D, D / 2},
-                                 {D, D / 4},     {D / 2, D / 2}, {D / 2, D / 4},
-                                 {D / 4, D / 2}, {D / 4, D / 4}, {D / 8, D / 8}};
+  constexpr int kShapes[10][2] = {{D, D},         {D / 2, D},     {D, D / 2},     {D, D / 4},
+                                  {D / 2, D / 2}, {D / 2, D / 4}, {D / 4, D / 2}, {D / 4, D / 4},
+                                  {D / 8, D / 8}, {16, 8}};
   if constexpr (I == END)
     return OffShape{0, D, AR, QCH, XP};
-  else if constexpr (offsets_fit<T, D, NDIM, kShapes[I][0], kShapes[I][1], SC, AR, QCH, XP>())
+  else if constexpr (offsets_fit<T, D, NDIM, kShapes[I][0], kShapes[I][1], SC, AR, QCH, XP, (I == 9)>())
     return OffShape{kShapes[I][0], kShapes[I][1], AR, QCH, XP};
   else
     return offsets_shape_<T, D, NDIM, SC, AR, QCH, XP, I + 1, END>();
 }
 // Where no shape with d rel's accumulators in shared memory fits, the same order with them in
 // registers: in 99 KiB 16-bit D = 32 and 64 on 2-D grids, 16 columns of d rel a block, 16-bit
-// D = 128 and float32 D = 32 on 1-D; float32 D = 64 on 2-D and D = 128 on 1-D in an A100's class.
+// D = 128 and float32 D = 32 on 1-D; float32 D = 64 on 2-D and D = 128 on 1-D in an A100's class;
+// on 3-D grids (48 registers) float32 D = 64 and 128 in an A100's class.
 // Where still none fits, both again with q_pos's rows in chunks (QCH), then with X in two parts
 // too (XP); then all of that with D / 8 columns (D = 128: 16 of d rel a block, 8 blocks each
-// recomputing the logits, still far faster than the general kernel).
+// recomputing the logits, still far faster than the general kernel); then (float32) 16 columns
+// of d rel in chunks of 8: 99 KiB on 3-D grids, whose 16-bit types take (16, 16) there, with
+// their accumulators in registers and q_pos in chunks.
 template <typename T, int D, int NDIM, int SC, int I, int END>
 constexpr OffShape offsets_shape_modes() {
   constexpr OffShape kTries[6] = {offsets_shape_<T, D, NDIM, SC, false, false, 1, I, END>(),
@@ -825,10 +842,13 @@ constexpr OffShape offsets_shape_modes() {
 template <typename T, int D, int NDIM, int SC = 0>
 constexpr OffShape offsets_shape() {
   constexpr OffShape s = offsets_shape_modes<T, D, NDIM, SC, 0, 8>();
+  constexpr OffShape s8 = offsets_shape_modes<T, D, NDIM, SC, 8, 9>();
   if constexpr (s.da != 0)
     return s;
+  else if constexpr (s8.da != 0)
+    return s8;
   else
-    return offsets_shape_modes<T, D, NDIM, SC, 8, 9>();
+    return offsets_shape_modes<T, D, NDIM, SC, 9, 10>();
 }
 // The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
 // check and report): bytes 0 where no shape fits.

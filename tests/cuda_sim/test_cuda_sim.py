@@ -927,9 +927,9 @@ AUTO = [
 # the 99 KiB of sm_86 / sm_89 (RTX 30 / 40, A10, L4, L40), each a layout that class 0 (sm_90) does
 # not have: fewer stages, the offset tile in chunks, q_pos in shared memory, the control's backward
 # in one stage. `expect`: the kernels the plan gives (forward, backward, offsets), as
-# test_plan_table.py's table has them; forward-only cases where the backward is the general one.
+# test_plan_table.py's table has them (every kernel fast on every device).
 SM86, SM80 = simlib.SMEM_SM86, simlib.SMEM_A100
-FFF, FFG = ("fast", "fast", "fast"), ("fast", "fast", "general")
+FFF = ("fast", "fast", "fast")
 
 
 def _on(optin: int, expect: tuple, name: str, dtype: torch.dtype, grid: List[int], **kw) -> Case:
@@ -959,10 +959,11 @@ SMALL_DEVICES = [
     # forwards: the offset tile in chunks, q_pos in registers (two stages of K and V; one, Q and q_pos
     # through the positional buffers) or in shared memory
     # (and their backward: the key-major kernel's P and dS' in the positional buffers, the
-    # query-major's dS' box there too, q_pos in registers; on 2-D grids the offset kernel with d rel's
-    # accumulators in registers, 16 columns a block; on 3-D d rel still the general kernel's)
+    # query-major's dS' box there too, q_pos in registers; the offset kernel with d rel's
+    # accumulators in registers, 16 columns a block; on 3-D grids 6 chunks of the tile offset box a
+    # warp, q_pos in chunks, the end's sums over the spent positional buffers)
     _on(SM86, FFF, "fast-f16-d32-2d-sm86", F16, [17, 19], D=32, sigma=True, span_mode="multiply", window=3),
-    _on(SM86, FFG, "fast-bf16-d32-3d-sm86", BF16, [5, 6, 7], D=32, bias=True),
+    _on(SM86, FFF, "fast-bf16-d32-3d-sm86", BF16, [5, 6, 7], D=32, bias=True),
     _on(SM86, FFF, "fast-bf16-d64-2d-sm86", BF16, [12, 13], D=64, sigma=True, window=2),
     _on(SM86, FFF, "fast-f16-d64-2d-nopos-sm86", F16, [9, 11], D=64, pos=False, sigma=True, bias=True),
     _on(
@@ -980,11 +981,12 @@ SMALL_DEVICES = [
         repeats=2,
     ),
     # (the backward with the operands in chunks of 16 columns too, P and dS' in the positional buffers)
-    _on(SM86, FFG, "fast-bf16-d64-3d-sm86", BF16, [4, 6, 5], D=64, sigma=True, threshold=0.4, causal=True),
-    # (without q_pos: the tables alone through the chunks, one stage of K and V, and two)
+    _on(SM86, FFF, "fast-bf16-d64-3d-sm86", BF16, [4, 6, 5], D=64, sigma=True, threshold=0.4, causal=True),
+    # (without q_pos: the tables alone through the chunks, one stage of K and V, and two; the offset
+    # kernel's d bias and d sigma alone in its 99 KiB 3-D layout)
     _on(
         SM86,
-        FFG,
+        FFF,
         "fast-bf16-d64-3d-nopos-sm86",
         BF16,
         [5, 6, 5],
@@ -994,7 +996,7 @@ SMALL_DEVICES = [
         bias=True,
         span_mode="multiply",
     ),
-    _on(SM86, FFG, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
+    _on(SM86, FFF, "fast-f16-d32-3d-nopos-sm86", F16, [5, 6, 7], D=32, pos=False, bias=True, window=2),
     # (the backward with the operands in chunks of 32 columns, in halves of the gradients' columns;
     # the offset kernel with d rel's accumulators in registers)
     _on(SM86, FFF, "fast-f16-d128-1d-sm86", F16, [90], D=128, sigma=True, bias=True),
@@ -1018,14 +1020,15 @@ SMALL_DEVICES = [
     _on(SM86, ("fast", "fast", "none"), "fast-tf32-d64-1d-plain-sm86", F32, [130], D=64, pos=False, causal=True),
     # forwards with K and V in turn through one buffer (of D columns; float32 D = 128 on 3 axes: of
     # D / 2, each in two parts), Q's fragments from the tensor (float32: q_pos's per chunk too)
-    _on(SM86, FFG, "fast-bf16-d128-3d-serial-sm86", BF16, [4, 4, 6], D=128, sigma=True, bias=True, causal=True),
+    _on(SM86, FFF, "fast-bf16-d128-3d-serial-sm86", BF16, [4, 4, 6], D=128, sigma=True, bias=True, causal=True),
     _on(SM86, FFF, "fast-tf32-d128-1d-sm86", F32, [90], D=128, bias=True, causal=True),
     _on(SM86, FFF, "fast-tf32-d128-2d-sm86", F32, [9, 7], D=128, sigma=True, window=3),
-    _on(SM86, FFG, "fast-tf32-d128-3d-sm86", F32, [4, 4, 5], D=128, bias=True),
-    _on(SM86, FFG, "fast-tf32-d64-3d-sm86", F32, [4, 5, 4], D=64, sigma=True, threshold=0.4),
+    _on(SM86, FFF, "fast-tf32-d128-3d-sm86", F32, [4, 4, 5], D=128, bias=True),
+    _on(SM86, FFF, "fast-tf32-d64-3d-sm86", F32, [4, 5, 4], D=64, sigma=True, threshold=0.4),
     # (the offset tile in chunks of 8 columns, one stage of K and V; the backward with the operands in
-    # chunks of 8 columns, as the two above)
-    _on(SM86, FFG, "fast-tf32-d32-3d-sm86", F32, [5, 4, 6], D=32, sigma=True, window=1),
+    # chunks of 8 columns, as the two above; the offset kernel's inputs in chunks of 8 columns too,
+    # with 48 registers of d rel's accumulators, X in two parts: float32's 99 KiB 3-D layout)
+    _on(SM86, FFF, "fast-tf32-d32-3d-sm86", F32, [5, 4, 6], D=32, sigma=True, window=1),
     # (plain attention in one stage, Q's fragments from the tensor; its backward with the operands in
     # chunks, in halves of the gradients' columns)
     _on(SM86, ("fast", "fast", "none"), "fast-tf32-d128-2d-plain-sm86", F32, [9, 11], D=128, pos=False, causal=True),
