@@ -76,7 +76,7 @@ inline OffsetTiles fast_offset_tiles(const RelposParams& p) {
 // one's products, the rel rows per pair); q_pos's rows are whole. AR: d rel's accumulators in
 // registers (each warp's chunks of the tile offset box), not in shared memory: written at the end
 // into the inputs' region, spent by then (the smaller classes' layouts, where the shared ones do not
-// fit; at most 32 registers a thread). QCH (the smallest classes, with DC < D): q_pos's rows in
+// fit; at most kMaxAccRegs registers a thread). QCH (the smallest classes, with DC < D): q_pos's rows in
 // chunks as well, one stage (its products' columns with the chunk), and the DA columns of d rel's
 // X q_pos in a tile of their own, loaded with the last chunk; else q_pos's whole rows in two
 // stages. XP: X in XP parts of the tile offset box's chunks, each written and multiplied in turn
@@ -86,8 +86,8 @@ struct OffLayout {
   // the narrowest chunk: one k-step of the MMA (16 columns; float32 through TF32, 8)
   static constexpr int kMinChunk = sizeof(T) == 4 ? 8 : 16;
   // d rel's accumulators in registers: at most 48 a thread (3-D grids' 6 chunks of 16 columns a
-  // warp), float32 only with chunks of 8 columns (ptxas, sm_86: 255 and 254 registers, no spills;
-  // float32 with chunks of 16 spilled 28 bytes), else 32
+  // warp), float32 only with chunks of 8 columns (ptxas for sm_80 / sm_86 / sm_90: 252-255
+  // registers, no spills; float32 with chunks of 16 spilled 28 bytes on sm_86), else 32
   static constexpr int kMaxAccRegs = sizeof(T) == 2 || DC == 8 ? 48 : 32;
   static_assert(D % 16 == 0 && D <= 128 && D % DA == 0 && DA % 16 == 0, "D a multiple of 16, at most 128");
   static_assert(D % DC == 0 && DC % kMinChunk == 0, "chunks of 16 columns or more (float32: 8)");

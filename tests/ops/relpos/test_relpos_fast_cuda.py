@@ -246,11 +246,11 @@ def test_more_than_three_axes_take_the_general_kernels(monkeypatch):
     [
         # an RTX 30 / 40's, A10's, L4's 99 KiB: 16-bit D = 64 on 1-D grids runs every kernel fast in the
         # small layouts (one stage, chunks), on 2-D grids too (the backward's dS', P in the positional
-        # buffers, q_pos in registers; the offset kernel's d rel accumulators in registers); 3-D the
-        # forward only
+        # buffers, q_pos in registers; the offset kernel's d rel accumulators in registers); 3-D too
+        # (the backward's operands in chunks; the offset kernel's 48 accumulator registers, q_pos in chunks)
         (101376, [150], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "fast", "fast")),
         (101376, [12, 13], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "fast", "fast")),
-        (101376, [5, 6, 5], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "general", "general")),
+        (101376, [5, 6, 5], 64, "99 KiB (sm_86, sm_89, sm_120)", ("fast", "fast", "fast")),
         # an A100's 163 KiB: 16-bit D = 64 on 2-D grids, all fast
         (166912, [12, 13], 64, "163 KiB (sm_80)", ("fast", "fast", "fast")),
     ],
