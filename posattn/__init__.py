@@ -13,10 +13,25 @@ from . import (
     neighborhood,
     nn,
     ops,
+    packed,
     reference,
 )
 from .neighborhood import na1d, na2d, na3d
 from .ops import apply_maps, relpos_attention
+from .packed import PackedGrids
 
-__all__ = ["grid", "nn", "ops", "reference", "neighborhood", "relpos_attention", "apply_maps", "na1d", "na2d", "na3d"]
+__all__ = [
+    "grid",
+    "nn",
+    "ops",
+    "packed",
+    "reference",
+    "neighborhood",
+    "relpos_attention",
+    "apply_maps",
+    "na1d",
+    "na2d",
+    "na3d",
+    "PackedGrids",
+]
 __version__ = "0.1.0"

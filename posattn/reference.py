@@ -8,6 +8,7 @@ results on small inputs.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -116,8 +117,19 @@ def relpos_attention(
     window_stride=None,
     window_causal=None,
     window_dilation=None,
+    packed=None,
 ):
-    """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results)."""
+    """Reference for :func:`posattn.ops.relpos_attention` (same arguments and results).
+
+    ``packed``: a :class:`posattn.PackedGrids`; q, k, v, q_pos are then (1, H, T, D) with the
+    samples' tokens one after another (``grid`` None), ``rel`` / ``bias`` the tables of
+    ``packed.max_grid``; each sample is a call on its own grid, with its rows of the tables, and
+    tokens past ``packed.num_tokens`` get output 0 and lse -inf."""
+    if packed is not None:
+        return _relpos_attention_packed(
+            q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, return_lse, bias, window,
+            window_border, kernel_size, window_stride, window_causal, window_dilation, packed,
+        )  # fmt: skip
     scores = relpos_scores(
         q, k, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border,
         kernel_size, window_stride, window_causal, window_dilation,
@@ -132,6 +144,48 @@ def relpos_attention(
     masked = torch.isneginf(lse)[..., None]
     probs = torch.exp(scores - lse[..., None].masked_fill(masked, 0.0)).masked_fill(masked, 0.0)
     out = probs.to(v.dtype) @ v
+    return (out, lse) if return_lse else out
+
+
+def _relpos_attention_packed(
+    q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, return_lse, bias, window,
+    window_border, kernel_size, window_stride, window_causal, window_dilation, packed,
+):  # fmt: skip
+    """relpos_attention over a PackedGrids: a loop of single-grid calls (the definition the packed
+    kernels are tested against)."""
+    from .packed import PackedGrids, sample_offset_rows
+
+    if not isinstance(packed, PackedGrids):
+        raise TypeError(f"relpos_attention: packed must be a posattn.PackedGrids, got {type(packed).__name__}")
+    if grid is not None:
+        raise ValueError("relpos_attention: with packed=, grid must be None (each sample's grid is packed.shapes[s])")
+    if window_dilation is not None:
+        raise ValueError("relpos_attention: window_dilation is not supported with packed=")
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"relpos_attention: with packed=, q must be (1, H, T, D), got {tuple(q.shape)}")
+    T = q.shape[2]
+    if packed.num_tokens > T:
+        raise ValueError(f"relpos_attention: packed holds {packed.num_tokens} tokens but q has only T = {T}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for start, shape in packed.samples():
+        n = math.prod(shape)
+        part = slice(start, start + n)
+        rows = sample_offset_rows(shape, packed.max_grid, device=q.device)
+        out, lse = relpos_attention(
+            q[:, :, part], k[:, :, part], v[:, :, part], None if q_pos is None else q_pos[:, :, part],
+            None if rel is None else rel[:, rows], list(shape), sigma, threshold, span_mode, scale, causal, True,
+            None if bias is None else bias[:, rows], window, window_border, kernel_size, window_stride,
+            window_causal,
+        )  # fmt: skip
+        outs.append(out)
+        lses.append(lse)
+    tail = T - packed.num_tokens
+    if tail > 0:
+        outs.append(v.new_zeros(1, v.shape[1], tail, v.shape[-1]))
+        lses.append(torch.full((1, q.shape[1], tail), float("-inf"), dtype=lses[0].dtype, device=q.device))
+    out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
     return (out, lse) if return_lse else out
 
 
