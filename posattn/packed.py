@@ -174,3 +174,45 @@ def sample_offset_rows(shape: Sequence[int], max_grid: Sequence[int], device=Non
         axis = torch.arange(m - n, m + n - 1, device=device)  # delta + (m - 1) for delta in [1 - n, n - 1]
         rows = rows[..., None] * (2 * m - 1) + axis
     return rows.reshape(-1)
+
+
+def greedy_pack(token_counts: Sequence[int], budget: int) -> list[list[int]]:
+    """NaViT's greedy packing: the samples (their token counts) into groups of at most `budget`
+    tokens each, first fit in decreasing order of size (ties by index), each group's indices in
+    increasing order; deterministic. A sample larger than the budget is an error (NaViT would drop
+    tokens; here the caller chooses the sizes)."""
+    budget = int(budget)
+    if budget < 1:
+        raise ValueError(f"greedy_pack: budget must be >= 1 token, got {budget}")
+    counts = [int(c) for c in token_counts]
+    for i, c in enumerate(counts):
+        if c < 1:
+            raise ValueError(f"greedy_pack: token_counts[{i}] = {c} must be >= 1")
+        if c > budget:
+            raise ValueError(f"greedy_pack: token_counts[{i}] = {c} exceeds the budget of {budget} tokens")
+    groups: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(counts)), key=lambda i: (-counts[i], i)):
+        for g, room in enumerate(free):
+            if counts[i] <= room:
+                groups[g].append(i)
+                free[g] -= counts[i]
+                break
+        else:
+            groups.append([i])
+            free.append(budget - counts[i])
+    return [sorted(g) for g in groups]
+
+
+def patchify(image: torch.Tensor, patch: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """A (C, H, W) image as (H / patch * W / patch, C * patch * patch) tokens, row-major over its
+    (H / patch, W / patch) grid of patches (each token channel-major, then rows, then columns of its
+    patch), and that grid."""
+    if image.dim() != 3:
+        raise ValueError(f"patchify: image must be (C, H, W), got shape {tuple(image.shape)}")
+    C, H, W = image.shape
+    if patch < 1 or H % patch or W % patch:
+        raise ValueError(f"patchify: patch = {patch} must divide the image's height {H} and width {W}")
+    h, w = H // patch, W // patch
+    tokens = image.reshape(C, h, patch, w, patch).permute(1, 3, 0, 2, 4).reshape(h * w, C * patch * patch)
+    return tokens, (h, w)

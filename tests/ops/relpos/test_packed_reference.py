@@ -179,3 +179,32 @@ def test_packed_reference_bad_calls():
         reference.relpos_attention(q, q, q, window=[1, 1], window_dilation=[2, 1], packed=packed)
     with pytest.raises(TypeError, match="packed must be a posattn.PackedGrids"):
         reference.relpos_attention(q, q, q, packed=[[2, 2], [3, 1]])
+
+
+def test_greedy_pack():
+    from posattn.packed import greedy_pack
+
+    counts = [5, 9, 3, 7, 2, 4, 8]
+    groups = greedy_pack(counts, 10)
+    assert sorted(i for g in groups for i in g) == list(range(len(counts)))  # every sample once
+    assert all(sum(counts[i] for i in g) <= 10 for g in groups)
+    # first fit, largest first: 9, 8, 7 and 5 open groups; 4 joins 5's, 3 joins 7's, 2 joins 8's
+    assert groups == [[1], [4, 6], [2, 3], [0, 5]]
+    assert greedy_pack(counts, 10) == groups  # deterministic
+    assert len(greedy_pack([1] * 12, 4)) == 3
+    with pytest.raises(ValueError, match=r"token_counts\[1\] = 11 exceeds the budget of 10"):
+        greedy_pack([3, 11], 10)
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        greedy_pack([1], 0)
+
+
+def test_patchify():
+    from posattn.packed import patchify
+
+    image = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)
+    tokens, grid = patchify(image, 2)
+    assert grid == (2, 3) and tokens.shape == (6, 8)
+    # token (1, 2): channel 0's rows 2-3, columns 4-5, then channel 1's
+    assert tokens[1 * 3 + 2].tolist() == [16, 17, 22, 23, 40, 41, 46, 47]
+    with pytest.raises(ValueError, match="patch = 4 must divide"):
+        patchify(image, 4)
