@@ -12,12 +12,11 @@ rows of its own offsets from one table.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
 
-from .grid import MAX_GRID_AXES, _grid_sizes
+from .grid import MAX_GRID_AXES, _grid_sizes, num_offsets, offset_rows, relative_offsets
 
 INT32_MAX = 2**31 - 1
 
@@ -47,14 +46,15 @@ class PackedGrids:
         max_grid: tuple of G ints: the extent of the ``rel`` / ``bias`` tables.
 
     Build it with :meth:`from_shapes`; the constructor takes ``offsets`` and ``shapes`` given
-    apart (for instance by a data loader) and checks that they agree. Both copy the values to the
-    host once, to check them and to serve the reference; the operators read the device tensors.
+    apart (for instance by a data loader) and checks that they agree. Both keep a host copy of the
+    values, to check them and to serve the reference; the operators read the tensors on `device`
+    (default: where the given tensors are, else the CPU).
     """
 
-    def __init__(self, offsets, shapes, max_grid: Optional[Sequence[int]] = None):
-        dev = None
-        for name, value in (("offsets", offsets), ("shapes", shapes)):
-            if isinstance(value, torch.Tensor):
+    def __init__(self, offsets, shapes, max_grid: Optional[Sequence[int]] = None, device=None):
+        dev = torch.device(device) if device is not None else None
+        for value in (offsets, shapes):
+            if device is None and isinstance(value, torch.Tensor):
                 if dev is not None and value.device != dev:
                     raise ValueError(
                         f"PackedGrids: offsets and shapes must be on one device, got {dev} and {value.device}"
@@ -108,7 +108,7 @@ class PackedGrids:
             if bool(past.any()):
                 s = int(past.nonzero()[0])
                 raise ValueError(f"PackedGrids: shapes[{s}] = {shp[s].tolist()} exceeds max_grid = {mg} on some axis")
-        if math.prod(2 * m - 1 for m in mg) > INT32_MAX:
+        if num_offsets(mg) > INT32_MAX:
             raise ValueError(f"PackedGrids: max_grid = {mg} has too many offsets prod(2 m - 1) for int32")
         self.offsets = off.to(dev, torch.int32)
         self.shapes = shp.to(dev, torch.int32)
@@ -125,8 +125,7 @@ class PackedGrids:
         off = torch.zeros(shp.shape[0] + 1, dtype=torch.int64)
         if shp.shape[0] > 0:
             off[1:] = shp.prod(dim=1).cumsum(0)
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        return cls(off.to(dev), shp.to(dev), max_grid)
+        return cls(off, shp, max_grid, device=device)
 
     @property
     def num_samples(self) -> int:
@@ -169,11 +168,7 @@ def sample_offset_rows(shape: Sequence[int], max_grid: Sequence[int], device=Non
     """The rows of `max_grid`'s offset table (U = prod(2 m - 1)) that hold grid `shape`'s offsets,
     in that grid's own table order: ``rel[:, sample_offset_rows(shape, max_grid)]`` is the (H,
     prod(2 n - 1), D) table a single-grid call on `shape` takes."""
-    rows = torch.zeros((), dtype=torch.long, device=device)
-    for n, m in zip(shape, max_grid):
-        axis = torch.arange(m - n, m + n - 1, device=device)  # delta + (m - 1) for delta in [1 - n, n - 1]
-        rows = rows[..., None] * (2 * m - 1) + axis
-    return rows.reshape(-1)
+    return offset_rows(relative_offsets(shape, device=device), max_grid)
 
 
 def greedy_pack(token_counts: Sequence[int], budget: int) -> list[list[int]]:

@@ -806,6 +806,8 @@ constexpr bool offsets_fit() {
 // (16, 16), D = 64 on 2-D (64, 16), D = 128 on 1-D (64, 32); float32 D = 128 on 2-3 only with
 // q_pos in chunks too (offsets_shape: 32, 32) (class 0, sm_90's 227 KiB; the smaller classes:
 // what fits their budget).
+// (the index of the last tier's shape in offsets_shape_'s list: 16 columns of d rel, chunks of 8)
+constexpr int kNarrowShape = 9;
 template <typename T, int D, int NDIM, int SC, bool AR, bool QCH, int XP, int I = 0, int END = 8>
 constexpr OffShape offsets_shape_() {
   constexpr int kShapes[10][2] = {{D, D},         {D / 2, D},     {D, D / 2},     {D, D / 4},
@@ -813,7 +815,8 @@ constexpr OffShape offsets_shape_() {
                                   {D / 8, D / 8}, {16, 8}};
   if constexpr (I == END)
     return OffShape{0, D, AR, QCH, XP};
-  else if constexpr (offsets_fit<T, D, NDIM, kShapes[I][0], kShapes[I][1], SC, AR, QCH, XP, (I == 9)>())
+  else if constexpr (offsets_fit<T, D, NDIM, kShapes[I][0], kShapes[I][1], SC, AR, QCH, XP,
+                                 (I == kNarrowShape)>())
     return OffShape{kShapes[I][0], kShapes[I][1], AR, QCH, XP};
   else
     return offsets_shape_<T, D, NDIM, SC, AR, QCH, XP, I + 1, END>();
@@ -848,7 +851,7 @@ constexpr OffShape offsets_shape() {
   else if constexpr (s8.da != 0)
     return s8;
   else
-    return offsets_shape_modes<T, D, NDIM, SC, 9, 10>();
+    return offsets_shape_modes<T, D, NDIM, SC, kNarrowShape, kNarrowShape + 1>();
 }
 // The fast offset kernel's shape and shared memory on a grid of NDIM axes in class SC (the plan's
 // check and report): bytes 0 where no shape fits.
