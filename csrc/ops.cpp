@@ -20,12 +20,15 @@ TORCH_LIBRARY(posattn, m) {
   // window: `window` cells before each window's centre per axis, `window_right`
   // after (default: as many), `window_stride` queries per window, `window_causal`
   // 0 / 1 per axis (NATTEN's vocabulary; see posattn/ops/_relpos.py for the full contract).
-  // Returns (out (B, H, N, Dv), lse (B, H, N)).
+  // Packed samples of different grids (posattn.PackedGrids): packed_offsets (S + 1,) and
+  // packed_shapes (S, G), int32; q is then (1, H, T, D) and `grid` the max_grid of the
+  // offset tables. Returns (out (B, H, N, Dv), lse (B, H, N)).
   m.def(
       "relpos_attention(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "
       "Tensor? sigma, float threshold, str span_mode, float scale, bool causal, "
       "Tensor? bias=None, int[]? window=None, str window_border=\"clip\", int[]? window_right=None, "
-      "int[]? window_stride=None, int[]? window_causal=None) -> (Tensor, Tensor)");
+      "int[]? window_stride=None, int[]? window_causal=None, Tensor? packed_offsets=None, "
+      "Tensor? packed_shapes=None) -> (Tensor, Tensor)");
   // Gradients of relpos_attention, recomputed from the saved lse. Returns
   // (dq, dk, dv, dq_pos, drel, dsigma, dbias); the last four are empty (shape
   // (0,)) when the matching input was not given.
@@ -34,7 +37,9 @@ TORCH_LIBRARY(posattn, m) {
       "Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, Tensor? sigma, float threshold, "
       "str span_mode, float scale, bool causal, Tensor out, Tensor lse, Tensor? bias=None, "
       "int[]? window=None, str window_border=\"clip\", int[]? window_right=None, int[]? window_stride=None, "
-      "int[]? window_causal=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int[]? window_causal=None, Tensor? packed_offsets=None, Tensor? packed_shapes=None) -> (Tensor, "
+      "Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Which kernels would run relpos_attention's forward (or its backward) with these
   // arguments on their device, and why: "key: value" lines (core/relpos_plan.h,
   // describe; posattn.ops.relpos_plan reads them into a dict). Checks the arguments
@@ -43,7 +48,8 @@ TORCH_LIBRARY(posattn, m) {
       "relpos_plan(Tensor q, Tensor k, Tensor v, Tensor? q_pos, Tensor? rel, int[] grid, "
       "Tensor? sigma, float threshold, str span_mode, float scale, bool causal, "
       "Tensor? bias=None, int[]? window=None, str window_border=\"clip\", int[]? window_right=None, "
-      "int[]? window_stride=None, int[]? window_causal=None, bool backward=False) -> str");
+      "int[]? window_stride=None, int[]? window_causal=None, Tensor? packed_offsets=None, "
+      "Tensor? packed_shapes=None, bool backward=False) -> str");
   // The instruction set the CPU kernels run on this machine: "avx512", "avx2"
   // or "base" (cpu/capability.h; POSATTN_CPU_CAPABILITY picks a lower one).
   m.def("cpu_capability() -> str", &posattn::cpu::kernels_capability_name);

@@ -38,9 +38,10 @@ def _grid_sizes(grid) -> list[int]:
     return sizes
 
 
-def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
+def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int, packed: bool = False) -> list[int]:
     """``grid`` as a list of ints (default ``[num_tokens]``); checks 1..8 axes, prod(grid) == N
-    and that prod(grid) and prod(2 n_d - 1) fit the operators' int64."""
+    and that prod(grid) and prod(2 n_d - 1) fit the operators' int64. ``packed``: ``grid`` is a
+    packed call's max_grid, whose product need not be N."""
     if grid is None:
         return [int(num_tokens)]
     sizes = _grid_sizes(grid)
@@ -59,7 +60,7 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int) -> list[int]:
             f"relpos_attention: grid {sizes} is too large: prod(grid) or the number of offsets "
             "prod(2 n_d - 1) overflows int64"
         )
-    if prod != num_tokens:
+    if prod != num_tokens and not packed:
         raise ValueError(
             f"relpos_attention: prod(grid) = {prod} must equal the number of tokens N = {num_tokens} (grid {sizes})"
         )

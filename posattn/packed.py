@@ -164,6 +164,19 @@ class PackedGrids:
         return f"PackedGrids([{shown}{more}], tokens={self.num_tokens}, max_grid={list(self.max_grid)}, device={self.device})"
 
 
+def check_packed_call(packed, grid, window_dilation, additional_keys, additional_values) -> None:
+    """What a packed relpos_attention call cannot take (the operator and the reference check
+    the rest)."""
+    if not isinstance(packed, PackedGrids):
+        raise TypeError(f"relpos_attention: packed must be a posattn.PackedGrids, got {type(packed).__name__}")
+    if grid is not None:
+        raise ValueError("relpos_attention: with packed=, grid must be None (each sample's grid is packed.shapes[s])")
+    if window_dilation is not None:
+        raise ValueError("relpos_attention: window_dilation is not supported with packed=")
+    if additional_keys is not None or additional_values is not None:
+        raise ValueError("relpos_attention: additional_keys / additional_values are not supported with packed=")
+
+
 def sample_offset_rows(shape: Sequence[int], max_grid: Sequence[int], device=None) -> torch.Tensor:
     """The rows of `max_grid`'s offset table (U = prod(2 m - 1)) that hold grid `shape`'s offsets,
     in that grid's own table order: ``rel[:, sample_offset_rows(shape, max_grid)]`` is the (H,

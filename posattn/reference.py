@@ -153,14 +153,9 @@ def _relpos_attention_packed(
 ):  # fmt: skip
     """relpos_attention over a PackedGrids: a loop of single-grid calls (the definition the packed
     kernels are tested against)."""
-    from .packed import PackedGrids, sample_offset_rows
+    from .packed import check_packed_call, sample_offset_rows
 
-    if not isinstance(packed, PackedGrids):
-        raise TypeError(f"relpos_attention: packed must be a posattn.PackedGrids, got {type(packed).__name__}")
-    if grid is not None:
-        raise ValueError("relpos_attention: with packed=, grid must be None (each sample's grid is packed.shapes[s])")
-    if window_dilation is not None:
-        raise ValueError("relpos_attention: window_dilation is not supported with packed=")
+    check_packed_call(packed, grid, window_dilation, None, None)
     if q.dim() != 4 or q.shape[0] != 1:
         raise ValueError(f"relpos_attention: with packed=, q must be (1, H, T, D), got {tuple(q.shape)}")
     T = q.shape[2]

@@ -13,6 +13,9 @@ namespace posattn {
 
 struct RelposParams {
   int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
+  // Tokens between the (b, h) slabs of the token tensors (q, k, v, q_pos, out, lse and their
+  // gradients): N, or a packed call's T when the call is one of its samples (the CPU kernels)
+  int64_t tok_stride = 0;
   int64_t G_in = 0;                       // axes of the caller's grid (sigma's second dim)
   Grid g;                                 // the grid without its size-1 axes
   int64_t U = 1;                          // offsets: prod over g of (2 n_d - 1)
@@ -33,6 +36,7 @@ inline RelposParams make_relpos_params(const RelposShape& s, double threshold, d
   p.B = s.B;
   p.H = s.H;
   p.N = s.N;
+  p.tok_stride = s.N;
   p.D = s.D;
   p.Dv = s.Dv;
   p.G_in = static_cast<int64_t>(s.grid.size());

@@ -13,7 +13,8 @@ enum class SpanMode { kAdd, kMultiply };
 // Sizes of a validated relpos_attention call.
 struct RelposShape {
   int64_t B = 0, H = 0, N = 0, D = 0, Dv = 0;
-  std::vector<int64_t> grid;  // as given, prod == N
+  std::vector<int64_t> grid;   // as given, prod == N; a packed call's max_grid
+  int64_t packed_samples = 0;  // a packed call's samples S (0: not packed)
   bool has_pos = false;
   bool has_sigma = false;
   bool has_bias = false;
@@ -32,6 +33,7 @@ struct RelposShape {
     window_causal.assign(half.size(), 0);
   }
   bool has_window() const { return !window_left.empty(); }
+  bool packed() const { return packed_samples > 0; }
 };
 
 }  // namespace posattn

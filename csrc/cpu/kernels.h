@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../core/apply_maps_layout.h"
 #include "../core/relpos_plan.h"
 #include "../core/relpos_tensors.h"
 #include "capability.h"
+#include "relpos_packed.h"
 #include "relpos_problem.h"
 
 namespace posattn {
@@ -25,6 +27,9 @@ struct TypedKernels {
   void (*relpos_forward)(const rk::Problem&, const rk::SpanTables<T>*, const RelposTensors<T>&, bool window);
   void (*relpos_backward)(const rk::Problem&, const rk::SpanTables<T>*, const RelposTensors<T>&,
                           rk::BackwardSplit, bool window);
+  // relpos_attention of a packed call: every sample's tasks in one pool (cpu/relpos_packed.h).
+  void (*relpos_packed_forward)(const std::vector<rk::PackedSample<T>>&);
+  void (*relpos_packed_backward)(const std::vector<rk::PackedSample<T>>&);
   // apply_maps: y = maps[index] x; gx += maps[index]^T gy; gmaps += gy x^T.
   void (*maps_forward)(const apply_maps::MapsShape&, const T* x, const T* maps, const int64_t* index, T* y);
   void (*maps_grad_x)(const apply_maps::MapsShape&, const T* gy, const T* maps, const int64_t* index, T* gx);

@@ -159,6 +159,13 @@ inline TaskRange task_range(const BackwardSplit& s, int64_t task, int64_t B, int
   return t;
 }
 
+// The first row of the d k / d v accumulator of (b h, part): the buffers are part-major,
+// (nparts, B, H, tok_stride, D), so that a packed call's samples (B = 1, each with its own
+// number of parts) share one buffer of the largest number of parts.
+inline int64_t part_slab(const Problem& p, int64_t bh, int64_t part) {
+  return (part * p.B * p.H + bh) * p.tok_stride;
+}
+
 inline BackwardSplit choose_split(int64_t B, int64_t H, int64_t ntiles, int64_t nthreads) {
   BackwardSplit s;
   const int64_t target = 2 * nthreads;

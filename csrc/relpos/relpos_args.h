@@ -28,23 +28,25 @@ namespace relpos {
 #define POSATTN_RELPOS_TAIL_PARAMS                                                                      \
   const c10::optional<at::Tensor>&bias, at::OptionalIntArrayRef window, c10::string_view window_border, \
       at::OptionalIntArrayRef window_right, at::OptionalIntArrayRef window_stride,                      \
-      at::OptionalIntArrayRef window_causal
+      at::OptionalIntArrayRef window_causal, const c10::optional<at::Tensor>&packed_offsets,            \
+      const c10::optional<at::Tensor>&packed_shapes
 #define POSATTN_RELPOS_ARGS                                                                           \
   q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border, \
-      window_right, window_stride, window_causal
+      window_right, window_stride, window_causal, packed_offsets, packed_shapes
 
 // A call after check_relpos_inputs: its tensors contiguous (undefined where not given).
 struct RelposCall {
   RelposShape shape;
   RelposParams params;
   at::Tensor q, k, v, q_pos, rel, bias, sigma;
+  at::Tensor packed_offsets, packed_shapes;  // a packed call's (undefined otherwise)
 };
 
 inline RelposCall checked_call(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARAMS) {
   RelposCall c;
-  c.shape =
-      check_relpos_inputs(q, k, v, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale, bias,
-                          window, std::string(window_border), window_right, window_stride, window_causal);
+  c.shape = check_relpos_inputs(q, k, v, q_pos, rel, grid, sigma, threshold, std::string(span_mode), scale,
+                                bias, window, std::string(window_border), window_right, window_stride,
+                                window_causal, packed_offsets, packed_shapes);
   c.params = make_relpos_params(c.shape, threshold, scale, causal);
   c.q = q.contiguous();
   c.k = k.contiguous();
@@ -53,6 +55,8 @@ inline RelposCall checked_call(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_P
   c.rel = opt_contig(rel);
   c.bias = opt_contig(bias);
   c.sigma = opt_contig(sigma);
+  c.packed_offsets = opt_contig(packed_offsets);
+  c.packed_shapes = opt_contig(packed_shapes);
   return c;
 }
 

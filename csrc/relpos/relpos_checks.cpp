@@ -64,8 +64,9 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
                                 double threshold, const std::string& span_mode, double scale,
                                 const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
                                 const std::string& window_border, at::OptionalIntArrayRef window_right,
-                                at::OptionalIntArrayRef window_stride,
-                                at::OptionalIntArrayRef window_causal) {
+                                at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal,
+                                const c10::optional<at::Tensor>& packed_offsets,
+                                const c10::optional<at::Tensor>& packed_shapes) {
   RelposShape s;
   TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()),
                    "relpos_attention: q must be a floating-point tensor, got ", q.scalar_type());
@@ -105,9 +106,37 @@ RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK_VALUE(!overflow, "relpos_attention: grid ", shape_str(grid),
                     " is too large: prod(grid) or the number of offsets prod(2 n_d - 1) "
                     "overflows int64");
-  TORCH_CHECK_VALUE(prod == s.N, "relpos_attention: prod(grid) = ", prod,
-                    " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid), ")");
   s.grid = grid.vec();
+  TORCH_CHECK_VALUE(
+      packed_offsets.has_value() == packed_shapes.has_value(),
+      "relpos_attention: packed_offsets and packed_shapes must be given together (got packed_offsets ",
+      packed_offsets.has_value() ? "set" : "None", ", packed_shapes ",
+      packed_shapes.has_value() ? "set" : "None", ")");
+  if (packed_offsets.has_value()) {
+    // A packed call: `grid` is max_grid; the samples' tokens and grids are checked by value
+    // (check_packed_values_cpu, or the CUDA kernels' device-side check).
+    const at::Tensor &off = *packed_offsets, &shp = *packed_shapes;
+    for (const auto& [t, name] : {std::pair{&off, "packed_offsets"}, std::pair{&shp, "packed_shapes"}}) {
+      TORCH_CHECK_TYPE(t->scalar_type() == at::kInt, "relpos_attention: ", name, " must be int32, got ",
+                       t->scalar_type());
+      TORCH_CHECK_VALUE(t->device() == q.device(), "relpos_attention: ", name, " is on ", t->device(),
+                        " but q is on ", q.device(), "; all tensors must be on one device");
+    }
+    TORCH_CHECK_VALUE(shp.dim() == 2 && shp.size(0) >= 1 && shp.size(1) == static_cast<int64_t>(grid.size()),
+                      "relpos_attention: packed_shapes must have shape (S, G) with S >= 1 samples and G = ",
+                      grid.size(), " axes (as max_grid ", shape_str(grid), "), got ", shape_str(shp.sizes()));
+    s.packed_samples = shp.size(0);
+    TORCH_CHECK_VALUE(off.dim() == 1 && off.size(0) == s.packed_samples + 1,
+                      "relpos_attention: packed_offsets must have shape (S + 1,) = (", s.packed_samples + 1,
+                      ",), got ", shape_str(off.sizes()));
+    TORCH_CHECK_VALUE(s.B == 1,
+                      "relpos_attention: a packed call takes q of shape (1, H, T, D) (the samples are "
+                      "the batch), got B = ",
+                      s.B);
+  } else {
+    TORCH_CHECK_VALUE(prod == s.N, "relpos_attention: prod(grid) = ", prod,
+                      " must equal the number of tokens N = ", s.N, " (grid ", shape_str(grid), ")");
+  }
 
   // Learned bias per head and offset.
   if (bias.has_value()) {
@@ -217,6 +246,33 @@ void check_sigma_values_cpu(const at::Tensor& sigma) {
   const bool ok = (s > 0).logical_and(s.isfinite()).all().item<bool>();
   TORCH_CHECK_VALUE(ok, "relpos_attention: sigma must be positive and finite everywhere, got ", "min ",
                     s.min().item<double>(), " and max ", s.max().item<double>());
+}
+
+void check_packed_values_cpu(const RelposShape& s, const at::Tensor& offsets, const at::Tensor& shapes) {
+  const at::Tensor off = offsets.contiguous(), shp = shapes.contiguous();
+  const int32_t* o = off.data_ptr<int32_t>();
+  const int32_t* n = shp.data_ptr<int32_t>();
+  const int64_t S = s.packed_samples, G = static_cast<int64_t>(s.grid.size());
+  TORCH_CHECK_VALUE(o[0] == 0,
+                    "relpos_attention: packed_offsets must start at 0, got packed_offsets[0] = ", o[0]);
+  for (int64_t i = 0; i < S; ++i) {
+    TORCH_CHECK_VALUE(o[i + 1] > o[i], "relpos_attention: packed_offsets must increase, got packed_offsets[",
+                      i, "] = ", o[i], " and packed_offsets[", i + 1, "] = ", o[i + 1]);
+    int64_t tokens = 1;
+    for (int64_t d = 0; d < G; ++d) {
+      const int64_t e = n[i * G + d];
+      TORCH_CHECK_VALUE(e >= 1 && e <= s.grid[d], "relpos_attention: packed_shapes[", i,
+                        "] = ", shape_str(at::IntArrayRef(std::vector<int64_t>(n + i * G, n + (i + 1) * G))),
+                        " must have extents in [1, max_grid] on every axis (max_grid ", shape_str(s.grid),
+                        ", axis ", d, ")");
+      tokens *= e;
+    }
+    TORCH_CHECK_VALUE(tokens == static_cast<int64_t>(o[i + 1]) - o[i], "relpos_attention: packed_shapes[", i,
+                      "] has ", tokens, " tokens but packed_offsets give it packed_offsets[", i + 1,
+                      "] - packed_offsets[", i, "] = ", static_cast<int64_t>(o[i + 1]) - o[i]);
+  }
+  TORCH_CHECK_VALUE(o[S] <= s.N, "relpos_attention: the packed samples hold packed_offsets[-1] = ", o[S],
+                    " tokens but q has only T = ", s.N);
 }
 
 void check_relpos_backward_inputs(const RelposShape& s, const at::Tensor& q, const at::Tensor& grad_out,

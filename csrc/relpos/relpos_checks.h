@@ -19,16 +19,23 @@ inline at::ScalarType lse_dtype(at::ScalarType q) {
 }
 
 // Checks shapes, dtypes, devices and scalar arguments; throws ValueError /
-// TypeError naming the argument. Does not read tensor values (see
-// check_sigma_values_cpu, or the CUDA kernels' device-side check, for that), so it
-// is safe for every device.
+// TypeError naming the argument. A packed call (packed_offsets and packed_shapes given) has B = 1
+// and `grid` is its max_grid, the extent of the offset tables, not its tokens' grid. Does not read tensor
+// values (see check_sigma_values_cpu, or the CUDA kernels' device-side check, for that), so it is safe for
+// every device.
 RelposShape check_relpos_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const c10::optional<at::Tensor>& q_pos, const c10::optional<at::Tensor>& rel,
                                 at::IntArrayRef grid, const c10::optional<at::Tensor>& sigma,
                                 double threshold, const std::string& span_mode, double scale,
                                 const c10::optional<at::Tensor>& bias, at::OptionalIntArrayRef window,
                                 const std::string& window_border, at::OptionalIntArrayRef window_right,
-                                at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal);
+                                at::OptionalIntArrayRef window_stride, at::OptionalIntArrayRef window_causal,
+                                const c10::optional<at::Tensor>& packed_offsets,
+                                const c10::optional<at::Tensor>& packed_shapes);
+
+// Checks the values of a CPU packed call's offsets and shapes (s: its checked shape): the
+// samples tile the tokens from 0 in order, each with a grid of at most max_grid (s.grid).
+void check_packed_values_cpu(const RelposShape& s, const at::Tensor& offsets, const at::Tensor& shapes);
 
 // Checks that a CPU sigma tensor holds only positive finite values.
 void check_sigma_values_cpu(const at::Tensor& sigma);

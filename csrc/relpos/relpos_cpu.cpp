@@ -11,6 +11,7 @@
 
 #include "../cpu/kernels.h"
 #include "relpos_args.h"
+#include "relpos_packed_cpu.h"
 
 namespace posattn {
 namespace relpos {
@@ -36,6 +37,7 @@ std::tuple<at::Tensor, at::Tensor> relpos_attention_cpu(POSATTN_RELPOS_HEAD_PARA
   check_cpu(q);
   const RelposShape& s = c.shape;
   if (s.has_sigma) check_sigma_values_cpu(c.sigma);
+  if (s.packed()) return packed_forward_cpu(c);
   at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, c.q.options());
   at::Tensor lse = at::empty({s.B, s.H, s.N}, c.q.options());
   if (s.B == 0 || s.H == 0) return {out, lse};
@@ -63,6 +65,11 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out, const c10::optional<at
   if (s.has_sigma) check_sigma_values_cpu(c.sigma);
   const at::Tensor gl = opt_contig(grad_lse);
   const at::Tensor gout = grad_out.contiguous(), out_c = out.contiguous(), lse_c = lse.contiguous();
+  if (s.packed()) {
+    const auto [dq, dk, dv, dqpos, drel, dsigma, dbias] = packed_backward_cpu(c, gout, gl, out_c, lse_c);
+    return {
+        dq, dk, dv, or_empty(dqpos, c.q), or_empty(drel, c.q), or_empty(dsigma, c.q), or_empty(dbias, c.q)};
+  }
   at::Tensor dq = at::empty_like(c.q), dk = at::zeros_like(c.k), dv = at::zeros_like(c.v);
   at::Tensor dqpos = empty_if(s.has_pos, c.q);
   at::Tensor drel = s.has_pos ? at::zeros_like(c.rel) : at::Tensor();
@@ -91,8 +98,8 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out, const c10::optional<at
     const at::Tensor dsig_part = at::zeros({ntasks, G}, c.q.options().dtype(at::kDouble));
     at::Tensor dk_acc = dk, dv_acc = dv;
     if (split.nparts > 1) {
-      dk_acc = at::zeros({s.B, s.H, split.nparts, s.N, s.D}, c.q.options());
-      dv_acc = at::zeros({s.B, s.H, split.nparts, s.N, s.Dv}, c.q.options());
+      dk_acc = at::zeros({split.nparts, s.B, s.H, s.N, s.D}, c.q.options());
+      dv_acc = at::zeros({split.nparts, s.B, s.H, s.N, s.Dv}, c.q.options());
     }
     AT_DISPATCH_FLOATING_TYPES(c.q.scalar_type(), "relpos_attention_backward_cpu", [&] {
       SpanTables<scalar_t> st;
@@ -112,8 +119,8 @@ relpos_attention_backward_cpu(const at::Tensor& grad_out, const c10::optional<at
       cpu::typed<scalar_t>(kernels).relpos_backward(p, p.has_sigma ? &st : nullptr, t, split, plan.window);
     });
     if (split.nparts > 1) {
-      dk.copy_(dk_acc.sum(2));
-      dv.copy_(dv_acc.sum(2));
+      dk.copy_(dk_acc.sum(0));
+      dv.copy_(dv_acc.sum(0));
     }
     if (s.has_pos && !direct) drel.copy_(drel_part.view({s.H, ntasks / s.H, p.U, s.D}).sum(1));
     if (s.has_bias && !direct) dbias.copy_(dbias_part.view({s.H, ntasks / s.H, p.U}).sum(1));
@@ -137,6 +144,7 @@ std::string relpos_plan_cpu(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARA
   const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
   TORCH_CHECK_VALUE(q.device().is_cpu(), "relpos_plan: the CPU kernel got q on ", q.device());
   if (c.shape.has_sigma) check_sigma_values_cpu(c.sigma);
+  if (c.shape.packed()) return packed_plan_cpu(c);
   return describe(plan_call(make_problem(c.params, c.sigma)));
 }
 

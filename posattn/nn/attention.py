@@ -10,6 +10,7 @@ from torch import nn
 
 from .. import ops, reference
 from ..grid import WINDOW_BORDERS, normalise_grid
+from ..packed import PackedGrids
 from .bias import RelativePositionBias
 from .relative import RelativeEncoder
 from .span import DifferentiableSpan
@@ -51,6 +52,17 @@ def check_tokens(module: nn.Module, x: torch.Tensor, grid: Sequence[int], has_cl
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"{type(module).__name__}: x must have shape (B, T, {dim}), got {tuple(x.shape)}")
     return normalise_grid(grid, x.shape[1] - int(has_cls))
+
+
+def check_packed_tokens(module: nn.Module, x: torch.Tensor, packed: PackedGrids, has_cls: bool, dim: int) -> None:
+    """Checks x (1, T, dim) against a packing (T >= its tokens; no class token: pool per sample)."""
+    name = type(module).__name__
+    if x.dim() != 3 or x.shape[0] != 1 or x.shape[-1] != dim:
+        raise ValueError(f"{name}: with packed grids x must have shape (1, T, {dim}), got {tuple(x.shape)}")
+    if x.shape[1] < packed.num_tokens:
+        raise ValueError(f"{name}: the packed grids hold {packed.num_tokens} tokens but x has only T = {x.shape[1]}")
+    if has_cls:
+        raise ValueError(f"{name}: a class token is not supported with packed grids (pool each sample instead)")
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -115,7 +127,12 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
 
     ``forward(x, grid, has_cls=False, shared=None)``: x (B, T, dim), T = prod(grid)
     (+1 with a class token at index 0, which attends content-only to all tokens);
-    ``shared``: the (H, U, D) table of an encoder shared by the layers.
+    ``shared``: the (H, U, D) table of an encoder shared by the layers. ``grid`` may
+    be a :class:`posattn.PackedGrids` instead: x is then (1, T, dim), the samples'
+    tokens one after another (tail padding after them), each attending within
+    itself (``relpos_attention(..., packed=)``); the encoder, bias and ``shared``
+    table are those of ``grid.max_grid``. No class token then, and a span in
+    ``units="normalised"`` only (the operator normalises by each sample's grid).
     """
 
     def __init__(
@@ -163,11 +180,23 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
 
     def _inputs(self, x, grid, has_cls, rel):
         """Projects x and gathers the operator's arguments for the grid tokens."""
-        grid = check_tokens(self, x, grid, has_cls, self.dim)
+        packed = grid if isinstance(grid, PackedGrids) else None
+        if packed is not None:
+            check_packed_tokens(self, x, packed, has_cls, self.dim)
+            if self.span is not None and self.span.units != "normalised":
+                raise ValueError(
+                    "PositionalSelfAttention: a span in units='cells' is not supported with packed grids "
+                    "(the operator normalises each sample's offsets by its own grid)"
+                )
+            grid = list(packed.max_grid)  # the tables' grid
+        else:
+            grid = check_tokens(self, x, grid, has_cls, self.dim)
         q, k, v = self.heads_qkv(x)
         q_content = q + self.u_bias[:, None, :]
         start = int(has_cls)
         args = dict(q=q_content[:, :, start:], k=k[:, :, start:], v=v[:, :, start:], grid=grid, causal=self.causal)
+        if packed is not None:
+            args.update(grid=None, packed=packed)
         if self.relative:
             if rel is None:
                 if self.encoder is None:
@@ -190,16 +219,23 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
             args.update(window=self.window, window_border=self.window_border)
         return args, (q_content, k, v)
 
-    def _use_fused(self, x: torch.Tensor) -> bool:
+    def _use_fused(self, x: torch.Tensor, packed: bool = False) -> bool:
         if self.backend != "auto":
             return self.backend == "fused"
+        if packed and x.device.type != "cpu":  # the packed CUDA kernels are to come (issue 62)
+            return False
         return ops.has_kernel("relpos_attention", x)
 
     def forward(
-        self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared: Optional[torch.Tensor] = None
+        self,
+        x: torch.Tensor,
+        grid: Union[Sequence[int], PackedGrids],
+        has_cls: bool = False,
+        shared: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         args, (q, k, v) = self._inputs(x, grid, has_cls, shared)
-        attend = ops.relpos_attention if self._use_fused(x) else reference.relpos_attention
+        fused = self._use_fused(x, isinstance(grid, PackedGrids))
+        attend = ops.relpos_attention if fused else reference.relpos_attention
         out = attend(**args)  # (B, H, N, D)
         if has_cls:
             out = torch.cat([class_token_attention(q[:, :, :1], k, v), out], dim=2)
@@ -209,7 +245,10 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """Dense (B, H, N, N) logits among the grid tokens (after the span, -inf
-        where masked), for inspection and plots. Builds N x N tensors."""
+        where masked), for inspection and plots. Builds N x N tensors. One grid
+        (not packed grids)."""
+        if isinstance(grid, PackedGrids):
+            raise ValueError("PositionalSelfAttention.logits: one grid only, not packed grids")
         args, _ = self._inputs(x, grid, has_cls, shared)
         args.pop("v")
         return reference.relpos_scores(**args)
@@ -236,6 +275,8 @@ class SDPAttention(MultiHeadSelfAttention):
         self.causal = causal
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        if isinstance(grid, PackedGrids):  # content-only attention across the whole sequence would mix samples
+            raise ValueError("SDPAttention: packed grids are not supported (use PositionalSelfAttention)")
         check_tokens(self, x, grid, has_cls, self.dim)
         if shared is not None:
             raise ValueError("SDPAttention has no positional term: shared must be None")

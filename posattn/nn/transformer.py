@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ..packed import PackedGrids
 from .algebraic import AlgebraicEncoder, AlgebraicSelfAttention
 from .attention import PositionalSelfAttention, SDPAttention
 from .bias import RelativePositionBias
@@ -97,6 +98,24 @@ def build_attention(cfg: ModelConfig, relative_encoder: Optional[nn.Module], sha
         return RelativeFavorAttention(cfg.dim, cfg.heads, ndim, p.num_frequencies, base=2.0 * longest, **favor)
     clipped = ClippedRelativeAttention if p.clipped_form == "paper" else ClippedWindowAttention
     return clipped(cfg.dim, cfg.heads, ndim, p.clip, **favor)
+
+
+def pool_packed(h: torch.Tensor, packed: PackedGrids, pooling: str) -> torch.Tensor:
+    """(T, dim) tokens of packed samples -> (S, dim): each sample's mean, max or last token."""
+    offsets = packed.samples()
+    counts = torch.tensor([math.prod(shape) for _, shape in offsets], device=h.device)
+    if pooling == "last":
+        return h[counts.cumsum(0) - 1]
+    ids = torch.repeat_interleave(torch.arange(len(offsets), device=h.device), counts)
+    used = h[: packed.num_tokens]
+    if pooling == "mean":
+        return h.new_zeros(len(offsets), h.shape[1]).index_add(0, ids, used) / counts[:, None].to(h.dtype)
+    if pooling == "max":
+        index = ids[:, None].expand_as(used)
+        return h.new_full((len(offsets), h.shape[1]), float("-inf")).scatter_reduce(
+            0, index, used, "amax", include_self=False
+        )
+    raise ValueError(f"pool_packed: pooling must be 'mean', 'max' or 'last', got {pooling!r}")
 
 
 class TransformerClassifier(nn.Module):
@@ -219,6 +238,49 @@ class TransformerClassifier(nn.Module):
         else:
             pooled = h.amax(dim=1)
         return self.head(pooled)
+
+    def forward_packed(self, tokens: torch.Tensor, packed: PackedGrids) -> torch.Tensor:
+        """Images of different sizes packed into one sequence -> logits (S, num_classes).
+
+        ``tokens`` (1, T, F) or (T, F): each sample's tokens (patches of p^G C values, as
+        :func:`posattn.packed.patchify` or :mod:`posattn.training.varres` make them) row-major
+        on its grid ``packed.shapes[s]``, one sample after another, tail padding after
+        them; ``packed``: their :class:`posattn.PackedGrids` (G = the configured grid
+        rank). Each sample attends within itself and is pooled on its own ("mean",
+        "max" or "last" pooling). Needs relative attention (``attention="relpos"``,
+        no absolute or algebraic encoding) and no class token."""
+        cfg = self.config
+        if cfg.attention != "relpos" or self.absolute is not None or encoding_kind(cfg.pe.name) == "algebraic":
+            raise ValueError(
+                "TransformerClassifier.forward_packed: packed grids need attention='relpos' with a relative or "
+                f"no position encoding, got attention={cfg.attention!r}, pe={cfg.pe.name!r}"
+            )
+        if cfg.pooling == "cls":
+            raise ValueError("TransformerClassifier.forward_packed: pooling 'cls' is not supported (use mean or max)")
+        if not isinstance(packed, PackedGrids):
+            raise TypeError(f"TransformerClassifier.forward_packed: packed must be a PackedGrids, got {type(packed)}")
+        if packed.num_axes != len(cfg.grid):
+            raise ValueError(
+                f"TransformerClassifier.forward_packed: packed grids of {packed.num_axes} axes, the model's grid "
+                f"has {len(cfg.grid)}"
+            )
+        if tokens.dim() == 2:
+            tokens = tokens[None]
+        features = cfg.in_channels * cfg.patch_size ** len(cfg.grid)
+        if tokens.dim() != 3 or tokens.shape[0] != 1 or tokens.shape[-1] != features:
+            raise ValueError(
+                f"TransformerClassifier.forward_packed: tokens must have shape (1, T, {features}) (patches of "
+                f"patch_size^G * in_channels values), got {tuple(tokens.shape)}"
+            )
+        grids = packed
+        if cfg.positions == "sequence":  # each sample a 1-D sequence of its tokens
+            flat = [[math.prod(shape)] for _, shape in packed.samples()]
+            grids = PackedGrids.from_shapes(flat, max_grid=[math.prod(packed.max_grid)], device=packed.device)
+        h = self.input(tokens)
+        shared = self.shared_encoder(list(grids.max_grid)) if self.shared_encoder is not None else None
+        for block in self.blocks:
+            h = block(h, grids, False, shared)
+        return self.head(pool_packed(self.final_norm(h)[0], packed, cfg.pooling))
 
     def spans(self) -> list[Optional[DifferentiableSpan]]:
         """Each layer's span module (None where a layer has none)."""

@@ -52,7 +52,8 @@ def check_relpos_args(a: RelposArgs) -> None:
             raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
     check_q(q)
     B, H, N, D = q.shape
-    normalise_grid(grid, N)
+    normalise_grid(grid, N, packed=a.packed_offsets is not None)
+    check_packed(a)
     for name, t in tensors.items():
         if t is not None:
             check_like_q(name, t, q, float32_with_half=name == "sigma")
@@ -100,6 +101,45 @@ def check_relpos_args(a: RelposArgs) -> None:
         raise ValueError(
             f"relpos_attention: scale = {scale} overflows the tensors' dtype {q.dtype} "
             f"(largest finite value {dtype_max})"
+        )
+
+
+def check_packed(a: RelposArgs) -> None:
+    """The schema's packed_offsets / packed_shapes (as check_relpos_inputs in relpos_checks.cpp):
+    int32 on q's device, (S + 1,) and (S, G), q of one batch row; their values are checked by
+    the operator."""
+    offsets, shapes, q = a.packed_offsets, a.packed_shapes, a.q
+    if (offsets is None) != (shapes is None):
+        raise ValueError(
+            "relpos_attention: packed_offsets and packed_shapes must be given together (got packed_offsets "
+            f"{'None' if offsets is None else 'set'}, packed_shapes {'None' if shapes is None else 'set'})"
+        )
+    if offsets is None:
+        return
+    for name, t in (("packed_offsets", offsets), ("packed_shapes", shapes)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"relpos_attention: {name} must be int32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(
+                f"relpos_attention: {name} is on {t.device} but q is on {q.device}; all tensors must be on one device"
+            )
+    G = len(a.grid)
+    if shapes.dim() != 2 or shapes.shape[0] < 1 or shapes.shape[1] != G:
+        raise ValueError(
+            f"relpos_attention: packed_shapes must have shape (S, G) with S >= 1 samples and G = {G} axes (as "
+            f"max_grid {list(a.grid)}), got {tuple(shapes.shape)}"
+        )
+    S = shapes.shape[0]
+    if offsets.dim() != 1 or offsets.shape[0] != S + 1:
+        raise ValueError(
+            f"relpos_attention: packed_offsets must have shape (S + 1,) = ({S + 1},), got {tuple(offsets.shape)}"
+        )
+    if q.shape[0] != 1:
+        raise ValueError(
+            "relpos_attention: a packed call takes q of shape (1, H, T, D) (the samples are the batch), "
+            f"got B = {q.shape[0]}"
         )
 
 

@@ -12,6 +12,7 @@ import torch
 from .._dilation import dilated_call
 from .._extra_tokens import attend_extra, check_extra_tokens, merge_attention
 from ..grid import check_dilation_with_span, normalise_grid, window_spec
+from ..packed import PackedGrids, check_packed_call
 from ._autograd import refuse_double_backward
 from ._checks import check_q, check_relpos_args, check_relpos_backward_args, flag_arg, lse_dtype, real_arg
 from ._schema import RelposArgs
@@ -39,6 +40,7 @@ def relpos_attention(
     window_dilation: Optional[Union[int, Sequence[int]]] = None,
     additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None,
+    packed: Optional[PackedGrids] = None,
 ):
     r"""Positional self-attention with relative embeddings on an n-D grid.
 
@@ -114,6 +116,21 @@ def relpos_attention(
             its window (e.g. global or cross-attention tokens), in the same
             softmax; their logits are ``scale * q_i . k_extra`` (no positional
             term, bias, span or mask). Merged through the log-sum-exp.
+        packed: optional :class:`posattn.PackedGrids`: many samples of different
+            grids packed along the token axis (NaViT's "Patch n' Pack"); q, k, v,
+            q_pos are then (1, H, T, D), T >= ``packed.num_tokens``, and ``grid``
+            must be None. Queries attend to the keys of their own sample only, and
+            everything positional is the sample's own: the offsets, the span's
+            normalisation (``x_d = delta_d / max(n_d(s) - 1, 1)``), the windows and
+            their borders, the threshold box and causal order. ``rel`` and ``bias``
+            are the tables of ``packed.max_grid`` (U = prod(2 m_d - 1) rows, offset
+            ``delta`` at row ``delta + (max_grid - 1)``), shared by the samples.
+            Tokens past ``packed.num_tokens`` are tail padding: output 0, lse -inf,
+            zero gradients. The result equals a loop of single-grid calls over the
+            samples (each with its rows of the tables), except that d rel, d bias
+            and d sigma add the samples' sums in sample order (fixed: the backward
+            stays deterministic). Not with ``window_dilation`` or extra tokens
+            (ValueError). CPU kernels; on CUDA, NotImplementedError for now.
 
     Math, per batch b and head h::
 
@@ -136,7 +153,7 @@ def relpos_attention(
     """
     args, dilation, _ = _prepare(
         q, k, v, q_pos, rel, grid, sigma, threshold, span_mode, scale, causal, bias, window, window_border,
-        kernel_size, window_stride, window_causal, window_dilation, additional_keys, additional_values,
+        kernel_size, window_stride, window_causal, window_dilation, additional_keys, additional_values, packed,
     )  # fmt: skip
     return_lse = flag_arg("return_lse", return_lse)
 
@@ -157,14 +174,17 @@ def relpos_attention(
 def _prepare(
     q, k, v, q_pos=None, rel=None, grid=None, sigma=None, threshold=0.0, span_mode="add", scale=None, causal=False,
     bias=None, window=None, window_border="clip", kernel_size=None, window_stride=None, window_causal=None,
-    window_dilation=None, additional_keys=None, additional_values=None,
+    window_dilation=None, additional_keys=None, additional_values=None, packed=None,
 ):  # fmt: skip
     """relpos_attention's arguments checked and in the operator's terms: its
     RelposArgs (NATTEN's window vocabulary turned into the schema's window
     arguments), the dilation per axis (None without one), and whether extra tokens
     were given."""
     check_q(q)
-    grid_list = normalise_grid(grid, q.shape[2])
+    if packed is not None:
+        check_packed_call(packed, grid, window_dilation, additional_keys, additional_values)
+        grid = packed.max_grid
+    grid_list = normalise_grid(grid, q.shape[2], packed=packed is not None)
     spec = window_spec(window, grid_list, kernel_size, window_stride, window_causal, window_dilation)
     left, right, stride, wcausal, dilation = spec if spec is not None else (None,) * 5
     if spec is not None:  # a window beyond the axis is the axis (the op's ints are int64)
@@ -174,6 +194,7 @@ def _prepare(
     args = RelposArgs(
         q, k, v, q_pos, rel, grid_list, sigma, real_arg("threshold", threshold), span_mode, scale,
         flag_arg("causal", causal), bias, left, window_border, right, stride, wcausal,
+        None if packed is None else packed.offsets, None if packed is None else packed.shapes,
     )  # fmt: skip
     check_relpos_args(args)
     check_extra_tokens(q, v, additional_keys, additional_values)
@@ -204,7 +225,9 @@ def relpos_plan(*args, backward: bool = False, **kwargs) -> Dict[str, str]:
     kernel's refusal, or ``POSATTN_CPU_KERNEL`` / ``POSATTN_CUDA_KERNEL``). With
     ``window_dilation``, ``op_calls`` counts the operator's calls (one per sub-grid
     shape) and the plan is that of the first; with ``additional_keys``,
-    ``extra_tokens`` says how they are attended. The environment variables are read
+    ``extra_tokens`` says how they are attended; with ``packed``, ``packed_samples``
+    and ``window_samples`` count the samples and those the windowed kernels run
+    (each sample has its own plan; ``reason`` is the largest sample's). The environment variables are read
     as the operator reads them, on every call.
 
     Example::
@@ -271,13 +294,17 @@ def _relpos_setup_context(ctx, inputs, output):
     # torch.library fills in the arguments left at their schema defaults.
     a = RelposArgs(*inputs)
     out, lse = output
-    ctx.save_for_backward(a.q, a.k, a.v, a.q_pos, a.rel, a.sigma, a.bias, out, lse)
-    ctx.args = a._replace(q=None, k=None, v=None, q_pos=None, rel=None, sigma=None, bias=None)
+    ctx.save_for_backward(a.q, a.k, a.v, a.q_pos, a.rel, a.sigma, a.bias, a.packed_offsets, a.packed_shapes, out, lse)
+    ctx.args = a._replace(
+        q=None, k=None, v=None, q_pos=None, rel=None, sigma=None, bias=None, packed_offsets=None, packed_shapes=None
+    )
 
 
 def _relpos_backward(ctx, grad_out, grad_lse):
-    q, k, v, q_pos, rel, sigma, bias, out, lse = ctx.saved_tensors
-    a = ctx.args._replace(q=q, k=k, v=v, q_pos=q_pos, rel=rel, sigma=sigma, bias=bias)
+    q, k, v, q_pos, rel, sigma, bias, offsets, shapes, out, lse = ctx.saved_tensors
+    a = ctx.args._replace(
+        q=q, k=k, v=v, q_pos=q_pos, rel=rel, sigma=sigma, bias=bias, packed_offsets=offsets, packed_shapes=shapes
+    )
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dq_pos, drel, dsigma, dbias = torch.ops.posattn.relpos_attention_backward(

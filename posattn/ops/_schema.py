@@ -32,6 +32,8 @@ class RelposArgs(NamedTuple):
     window_right: Optional[Sequence[int]] = None
     window_stride: Optional[Sequence[int]] = None
     window_causal: Optional[Sequence[int]] = None
+    packed_offsets: Optional[torch.Tensor] = None
+    packed_shapes: Optional[torch.Tensor] = None
 
     # the backward schema puts out and lse after the forward's `causal` (index 10)
     _SPLIT = 11

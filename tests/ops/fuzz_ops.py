@@ -140,9 +140,103 @@ def relpos_case(rng):
     return f"relpos {entry}: {target} {kind}", target, lambda: call_relpos(entry, args)
 
 
+def valid_packed(rng: random.Random) -> dict:
+    """A valid packed call: S samples of G axes, max_grid at least their extents, tail padding."""
+    G, S = rng.randint(1, 3), rng.randint(1, 4)
+    shapes = [[rng.choice([1, 2, 3]) for _ in range(G)] for _ in range(S)]
+    max_grid = [max(s[d] for s in shapes) + rng.choice([0, 0, 1]) for d in range(G)]
+    offsets = [0]
+    for shape in shapes:
+        offsets.append(offsets[-1] + math.prod(shape))
+    T = offsets[-1] + rng.choice([0, 0, 2])
+    H, D, Dv = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 4)
+    U = math.prod(2 * m - 1 for m in max_grid)
+    dtype = rng.choice([torch.float32, torch.float64])
+    t = lambda *s: torch.randn(*s, dtype=dtype)  # noqa: E731
+    return dict(
+        q=t(1, H, T, D),
+        k=t(1, H, T, D),
+        v=t(1, H, T, Dv),
+        q_pos=t(1, H, T, D),
+        rel=t(H, U, D),
+        grid=max_grid,
+        sigma=torch.rand(H, G, dtype=dtype) + 0.2,
+        threshold=0.3,
+        span_mode="add",
+        scale=0.5,
+        causal=False,
+        packed_offsets=torch.tensor(offsets, dtype=torch.int32),
+        packed_shapes=torch.tensor(shapes, dtype=torch.int32),
+    )
+
+
+def packed_case(rng):
+    """(description, argument broken, callable) of one invalid packed relpos_attention call."""
+    a = valid_packed(rng)
+    target = rng.choice(["packed_offsets", "packed_shapes", "packed_offsets values", "packed_shapes values", "q"])
+    entries = ["op", "fake", "backward", "fake backward"]
+    if target == "q":  # a packed call has one batch row
+        for name in ("q", "k", "v", "q_pos"):
+            a[name] = torch.cat([a[name]] * 2)
+        kind = "B = 2"
+    elif target.endswith("values"):
+        target = target.split()[0]
+        off, shp = a["packed_offsets"].clone(), a["packed_shapes"].clone()
+        S, G = shp.shape
+        s, d = rng.randrange(S), rng.randrange(G)
+        kind = rng.choice(
+            ["not from 0", "not increasing", "past T"]
+            if target == "packed_offsets"
+            else ["zero", "past max_grid", "product"]
+        )
+        if kind == "not from 0":
+            off += 1
+        elif kind == "not increasing":
+            off[s + 1] = off[s]
+        elif kind == "past T":
+            off[-1] = a["q"].shape[2] + 3
+            shp[-1] = torch.tensor([1] * (G - 1) + [int(off[-1] - off[-2])], dtype=torch.int32)
+            a["grid"] = [max(m, int(shp[-1, e])) for e, m in enumerate(a["grid"])]
+            a["rel"] = torch.randn(a["rel"].shape[0], math.prod(2 * m - 1 for m in a["grid"]), a["rel"].shape[2],
+                                   dtype=a["rel"].dtype)  # fmt: skip
+        elif kind == "zero":
+            shp[s, d] = 0
+        elif kind == "past max_grid":
+            shp[s, d] = a["grid"][d] + 1
+        else:
+            shp[s, d] += 1
+        a["packed_offsets"], a["packed_shapes"] = off, shp
+        entries = ["op", "backward"]  # tensor values: a fake kernel has none to check
+    else:
+        t = a[target]
+        kind = rng.choice(["int64", "float", "drop dim", "extra dim", "resize", "meta", "not a tensor", "none"])
+        if kind == "int64":
+            a[target] = t.long()
+        elif kind == "float":
+            a[target] = t.float()
+        elif kind == "drop dim":
+            a[target] = t[0]
+        elif kind == "extra dim":
+            a[target] = t[None]
+        elif kind == "resize":
+            shape = list(t.shape)
+            shape[rng.randrange(len(shape))] += rng.choice([1, 2])
+            a[target] = torch.ones(shape, dtype=torch.int32)
+        elif kind == "meta":
+            a[target] = t.to("meta")
+        elif kind == "not a tensor":
+            a[target] = rng.choice([t.tolist(), 3.0, "offsets"])
+        else:
+            a[target] = None
+    entry = rng.choice(entries)
+    return f"relpos packed {entry}: {target} {kind}", target, lambda: call_relpos(entry, a)
+
+
 def call_relpos(entry, a):
     if entry == "wrapper":
         return ops.relpos_attention(**a)
+    a = dict(a)
+    packed = {n: a.pop(n) for n in ("packed_offsets", "packed_shapes") if n in a}
     grid = a["grid"]
     positional = [
         a["q"],
@@ -158,14 +252,15 @@ def call_relpos(entry, a):
         a["causal"],
     ]
     if entry == "op":
-        return torch.ops.posattn.relpos_attention(*positional)
+        return torch.ops.posattn.relpos_attention(*positional, **packed)
+
+    def faked(mode, x):
+        return mode.from_tensor(x) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x
+
     if entry == "fake":
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = [
-                mode.from_tensor(x) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x
-                for x in positional
-            ]
-            return torch.ops.posattn.relpos_attention(*fake)
+            fake = [faked(mode, x) for x in positional]
+            return torch.ops.posattn.relpos_attention(*fake, **{n: faked(mode, x) for n, x in packed.items()})
     # backward entries: out and lse of the size the call claims (B, H, N, Dv)
     q, v = a["q"], a["v"]
     ok = isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(v, torch.Tensor) and v.dim() == 4
@@ -175,10 +270,10 @@ def call_relpos(entry, a):
     out, lse = torch.randn(B, H, N, Dv, dtype=dtype), torch.randn(B, H, N, dtype=dtype)
     args = [out, None, *positional, out, lse]
     if entry == "backward":
-        return torch.ops.posattn.relpos_attention_backward(*args)
+        return torch.ops.posattn.relpos_attention_backward(*args, **packed)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x for x in args]
-        return torch.ops.posattn.relpos_attention_backward(*fake)
+        fake = [faked(mode, x) for x in args]
+        return torch.ops.posattn.relpos_attention_backward(*fake, **{n: faked(mode, x) for n, x in packed.items()})
 
 
 def apply_maps_case(rng):
@@ -232,7 +327,8 @@ def apply_maps_case(rng):
 def make_case(seed: int, i: int):
     rng = random.Random(seed * 100_003 + i)
     torch.manual_seed(seed * 100_003 + i)
-    return (relpos_case if rng.random() < 0.75 else apply_maps_case)(rng)
+    r = rng.random()
+    return (relpos_case if r < 0.65 else packed_case if r < 0.8 else apply_maps_case)(rng)
 
 
 def clear(e: Exception, target: str) -> bool:

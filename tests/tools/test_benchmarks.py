@@ -165,3 +165,15 @@ def test_bench_bias_json(tmp_path):
         timeout=120,
     )
     assert res.returncode != 0 and "unknown ['sdpa']" in res.stderr
+
+
+def test_packed_benchmark_runs(tmp_path):
+    """benchmarks/bench_packed_cpu.py on a tiny mix: every method runs, ratios are recorded."""
+    bench = load("bench_packed_cpu")
+    out = tmp_path / "packed.json"
+    bench.main(["--images", "3", "--heads", "2", "--dim", "4", "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    records = json.loads(out.read_text())
+    assert {r["baseline"] for r in records} == {"loop", "padded", "padded-op"}
+    assert len(records) == 12 and all(r["speedup"] > 0 for r in records)
+    shapes = bench.navit_shapes(100, seed=0)
+    assert all(4 <= n <= 16 for s in shapes for n in s) and all(0.5 <= w / h <= 2.0 + 1 / 4 for h, w in shapes)
