@@ -213,14 +213,15 @@ def greedy_pack(token_counts: Sequence[int], budget: int) -> list[list[int]]:
 
 
 def patchify(image: torch.Tensor, patch: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    """A (C, H, W) image as (H / patch * W / patch, C * patch * patch) tokens, row-major over its
-    (H / patch, W / patch) grid of patches (each token channel-major, then rows, then columns of its
-    patch), and that grid."""
+    """A (C, H, W) image as (H / patch * W / patch, patch * patch * C) tokens, row-major over its
+    (H / patch, W / patch) grid of patches, each token its patch's rows, then columns, then
+    channels (the order of :meth:`posattn.nn.TransformerClassifier.patchify`, so that a model
+    reads packed and fixed-size images alike), and that grid."""
     if image.dim() != 3:
         raise ValueError(f"patchify: image must be (C, H, W), got shape {tuple(image.shape)}")
     C, H, W = image.shape
     if patch < 1 or H % patch or W % patch:
         raise ValueError(f"patchify: patch = {patch} must divide the image's height {H} and width {W}")
     h, w = H // patch, W // patch
-    tokens = image.reshape(C, h, patch, w, patch).permute(1, 3, 0, 2, 4).reshape(h * w, C * patch * patch)
+    tokens = image.reshape(C, h, patch, w, patch).permute(1, 3, 2, 4, 0).reshape(h * w, patch * patch * C)
     return tokens, (h, w)

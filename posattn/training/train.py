@@ -18,6 +18,7 @@ from ..nn.performer import PERFORMER_DEFAULTS, PERFORMER_VARIANTS
 from .checkpoints import CheckpointStore
 from .data import Splits, batches
 from .tracking import Tracker
+from .varres import PackedBatch, VariableResolution
 
 __all__ = [
     "build_model",
@@ -230,15 +231,46 @@ class Trainer:
         self.optimizer = opt_cls(
             self.module.parameters(), lr=float(t["lr"]), betas=tuple(t["betas"]), weight_decay=float(t["weight_decay"])
         )
+        self.varres = self._variable_resolution(cfg, splits)
         n_train = len(splits.train[1])
         per_rank = math.ceil(n_train / self.dist.world_size)
-        self.steps_per_epoch = math.ceil(math.ceil(per_rank / t["batch_size"]) / t["accumulation_steps"])
+        micro_batches = math.ceil(per_rank / t["batch_size"])
+        if self.varres is not None:  # packed batches: as many as a shuffled packing makes
+            micro_batches = len(self.varres.train_batches(splits.train[1], torch.Generator().manual_seed(0)))
+        self.steps_per_epoch = math.ceil(micro_batches / t["accumulation_steps"])
         total = self.steps_per_epoch * t["epochs"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(t["schedule"], step, int(t["warmup_steps"]), total)
         )
         self.shuffle = torch.Generator().manual_seed(int(cfg["seed"]))
         self.epoch, self.step, self.best_val_acc = 0, 0, -1.0
+
+    def _variable_resolution(self, cfg: dict, splits: Splits) -> Optional[VariableResolution]:
+        """data.resolution=variable: the packed images (None for fixed-size batches)."""
+        d = cfg["data"]
+        if d.get("resolution", "fixed") != "variable":
+            return None
+        if self.dist.active:
+            raise ValueError("data.resolution=variable runs in one process (not under torchrun) for now")
+        if d["sequential"]:
+            raise ValueError("data.resolution=variable needs data.sequential=false (images, not sequences)")
+        patch = int(cfg["model"]["patch_size"])
+        lo, hi = int(d["min_side"]), int(d["max_side"])
+        if not patch <= lo <= hi:
+            raise ValueError(
+                f"data.resolution=variable needs model.patch_size <= data.min_side <= data.max_side, got "
+                f"{patch}, {lo}, {hi}"
+            )
+        return VariableResolution(
+            splits.train[0], (lo, hi), patch, int(cfg["train"]["batch_size"]), int(d["token_budget"]),
+            int(cfg["seed"] or 0),
+        )  # fmt: skip
+
+    def _logits(self, xb) -> torch.Tensor:
+        """The model's logits of a batch: images (B, *grid, C), or a packed batch."""
+        if isinstance(xb, PackedBatch):
+            return self.module.forward_packed(xb.tokens.to(self.device), xb.grids.to(self.device))
+        return self.model(xb.to(self.device))
 
     # --- checkpoints -----------------------------------------------------
 
@@ -278,9 +310,13 @@ class Trainer:
         """Mean loss and accuracy over (x, y) (sharded over ranks under torchrun)."""
         self.module.eval()
         loss_sum, correct, count = 0.0, 0.0, 0.0
-        for xb, yb in batches(x, y, self.t["eval_batch_size"], rank=self.dist.rank, world_size=self.dist.world_size):
-            xb, yb = xb.to(self.device), yb.to(self.device)
-            logits = self.module(xb)
+        if self.varres is not None:
+            split = self.varres.eval_batches(x, y)
+        else:
+            split = batches(x, y, self.t["eval_batch_size"], rank=self.dist.rank, world_size=self.dist.world_size)
+        for xb, yb in split:
+            yb = yb.to(self.device)
+            logits = self.module(xb.to(self.device)) if not isinstance(xb, PackedBatch) else self._logits(xb)
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
             correct += (logits.argmax(-1) == yb).sum().item()
             count += len(yb)
@@ -292,6 +328,10 @@ class Trainer:
     def _epoch_groups(self):
         """The epoch's micro-batches in groups of accumulation_steps."""
         x, y = self.splits.train
+        if self.varres is not None:
+            micro = self.varres.train_batches(y, self.shuffle)
+            k = self.t["accumulation_steps"]
+            return [micro[i : i + k] for i in range(0, len(micro), k)]
         micro = list(
             batches(
                 x,
@@ -327,8 +367,8 @@ class Trainer:
             group_size = sum(len(yb) for _, yb in group)
             self.optimizer.zero_grad(set_to_none=True)
             for xb, yb in group:
-                xb, yb = xb.to(self.device), yb.to(self.device)
-                logits = self.model(xb)
+                yb = yb.to(self.device)
+                logits = self._logits(xb)
                 loss = F.cross_entropy(logits, yb, reduction="sum")
                 objective = loss / group_size
                 penalty = self.module.span_penalty()  # span.penalty: once per step over the group

@@ -22,6 +22,7 @@ from .config import flatten
 from .data import DATASETS
 from .train import OPTIMIZERS, SCHEDULES
 from .values import ConfigError
+from .varres import RESOLUTIONS
 
 __all__ = ["RULES", "check_values", "check_value", "check_output_folders", "is_safe_run_name", "safe_run_name"]
 
@@ -106,6 +107,10 @@ RULES: dict[str, Rule] = {
     "data.small_dataset": _int(0, " (0: all images)"),
     "data.val_fraction": _number(lambda v: 0 < v < 1, "a number in (0, 1)"),
     "data.pad_to": _int(0, " (0: no padding)"),
+    "data.resolution": _one_of(RESOLUTIONS),
+    "data.min_side": _int(1),
+    "data.max_side": _int(1),
+    "data.token_budget": _int(0, " (0: about train.batch_size images per batch)"),
     "train.epochs": _int(1),
     "train.batch_size": _int(1),
     "train.accumulation_steps": _int(1),

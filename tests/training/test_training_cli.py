@@ -408,3 +408,50 @@ def test_cli_trains_with_algebraic_encodings(tmp_path, pe):
     assert run(tmp_path, f"-Dpositional_encoding={pe}", "-Dtrain.epochs=1", f"-Dname={pe}") == 0
     summary = json.loads((tmp_path / pe / "summary.json").read_text())
     assert 0.0 <= summary["test/acc"] <= 1.0
+
+
+VARRES = ["-Ddata.resolution=variable", "-Ddata.min_side=12", "-Ddata.max_side=28", "-Dmodel.patch_size=4"]
+
+
+def test_variable_resolution_trains_resumes_and_tests(tmp_path, capsys):
+    """-Ddata.resolution=variable: images at their own sizes, packed (issue 62). It trains, logs
+    and tests; a resumed run ends with the same weights; -mode=test finds the same accuracy (the
+    test images get the same sizes again)."""
+    assert run(tmp_path, "-Dname=v", *VARRES) == 0
+    d = tmp_path / "v"
+    summary = json.loads((d / "summary.json").read_text())
+    assert 0.0 <= summary["test/acc"] <= 1.0
+    lines = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in lines if "epoch" in m] == [1, 2]
+    capsys.readouterr()
+    assert cli_helpers.main([f"-Dout_dir={tmp_path}", "-Dname=v", "-mode=test"]) == 0
+    assert f"{summary['test/acc']:.4f}" in capsys.readouterr().out
+    cfg = load_config([*[a[2:] for a in TINY + VARRES], f"out_dir={tmp_path / 'split'}", "no_wandb=true", "name=v"])
+    runs.train(cfg, epoch_callback=lambda epoch, metrics: epoch == 1, progress=False)
+    assert cli_helpers.main([f"-Dout_dir={tmp_path / 'split'}", "-Dname=v", "--resume"]) == 0
+    a = torch.load(d / "last.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "split" / "v" / "last.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # benchmarks/varres_cross_eval.py: the run at both resolutions, its own as in the summary
+    import importlib
+
+    capsys.readouterr()
+    importlib.import_module("varres_cross_eval").main([str(d)])
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("| v | variable |") and row.endswith(f"| {summary['test/acc']:.4f} |"), row
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["-Dpositional_encoding=abs_sinusoidal"], "packed grids need attention='relpos'"),
+        (["-Dmodel.pooling=cls"], "pooling 'cls' is not supported"),
+        (["-Ddata.min_side=2"], "model.patch_size <= data.min_side <= data.max_side"),
+        (["-Ddata.token_budget=20"], "data.token_budget = 20 is smaller than the largest image's 49 tokens"),
+        (["-Ddata.resolution=native"], "data.resolution must be one of"),
+    ],
+)
+def test_variable_resolution_bad_settings(tmp_path, capsys, args, match):
+    assert run(tmp_path, *VARRES, *args) != 0
+    captured = capsys.readouterr()
+    assert re.search(match, captured.out + captured.err), captured.out[-2000:] + captured.err[-2000:]

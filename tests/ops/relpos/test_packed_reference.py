@@ -204,7 +204,12 @@ def test_patchify():
     image = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)
     tokens, grid = patchify(image, 2)
     assert grid == (2, 3) and tokens.shape == (6, 8)
-    # token (1, 2): channel 0's rows 2-3, columns 4-5, then channel 1's
-    assert tokens[1 * 3 + 2].tolist() == [16, 17, 22, 23, 40, 41, 46, 47]
+    # token (1, 2): rows 2-3, columns 4-5 of the image, each pixel's two channels
+    assert tokens[1 * 3 + 2].tolist() == [16, 40, 17, 41, 22, 46, 23, 47]
+    # as the classifier cuts a (1, H, W, C) image
+    from posattn.nn import TransformerClassifier
+
+    model = TransformerClassifier(grid=[4, 6], in_channels=2, dim=8, heads=2, depth=1, num_classes=2, patch_size=2)
+    assert torch.equal(model.patchify(image.permute(1, 2, 0)[None]).reshape(6, 8), tokens)
     with pytest.raises(ValueError, match="patch = 4 must divide"):
         patchify(image, 4)
