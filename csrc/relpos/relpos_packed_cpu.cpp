@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "../cpu/kernels.h"
@@ -28,9 +29,12 @@ struct PackedLayout {
   std::vector<Problem> problems;   // (S) each sample's own grid
   std::vector<CpuPlan> plans;
   std::vector<std::vector<int64_t>> rows;  // (S) the max_grid table's row of each of its offsets
-  std::vector<int64_t> table_off;          // (S + 1) first row of its (H, U_s) table in the gathered ones
-  std::vector<int64_t> part_off;           // (S + 1) first of its (tasks, U_s) partial rows (backward)
-  std::vector<int64_t> sig_off;            // (S + 1) first of its (tasks, G_s) d sigma partials
+  // (S) first row of its (H, U_s) table among the gathered ones, which samples of one shape share;
+  // table_rows: their rows in all; table_owner: the samples whose shape came first, one per table
+  std::vector<int64_t> table_off, table_owner;
+  int64_t table_rows = 0;
+  std::vector<int64_t> part_off;  // (S + 1) first of its (tasks, U_s) partial rows (backward)
+  std::vector<int64_t> sig_off;   // (S + 1) first of its (tasks, G_s) d sigma partials
   std::vector<BackwardSplit> splits;
   std::vector<double> cost;
   int64_t max_parts = 1;
@@ -77,9 +81,9 @@ double mean_keys(const Problem& p) {
   return p.causal ? 0.5 * keys + 0.5 : keys;
 }
 
+// (the values of packed_offsets / packed_shapes checked, and H > 0)
 PackedLayout make_layout(const RelposCall& c) {
   const RelposShape& s = c.shape;
-  check_packed_values_cpu(s, c.packed_offsets, c.packed_shapes);
   PackedLayout L;
   L.S = s.packed_samples;
   L.T = s.N;
@@ -90,7 +94,7 @@ PackedLayout make_layout(const RelposCall& c) {
   const cpu::Kernels& kernels = cpu::kernels();
   const KernelRequest request =
       kernel_request("POSATTN_CPU_KERNEL", KernelRequest::kTiled, KernelRequest::kWindow);
-  L.table_off.assign(L.S + 1, 0);
+  std::map<std::vector<int64_t>, int64_t> table_of_shape;
   double total = 0.0;
   for (int64_t i = 0; i < L.S; ++i) {
     RelposShape one = s;
@@ -104,7 +108,12 @@ PackedLayout make_layout(const RelposCall& c) {
     L.problems.push_back(make_problem(params, c.sigma));
     L.plans.push_back(cpu::plan_relpos(L.problems.back(), request));
     L.rows.push_back(offset_rows(one.grid, s.grid));
-    L.table_off[i + 1] = L.table_off[i] + s.H * static_cast<int64_t>(L.rows.back().size());
+    const auto [at, first] = table_of_shape.emplace(one.grid, L.table_rows);
+    L.table_off.push_back(at->second);
+    if (first) {
+      L.table_owner.push_back(i);
+      L.table_rows += s.H * static_cast<int64_t>(L.rows.back().size());
+    }
     L.cost.push_back(static_cast<double>(one.N) * (mean_keys(L.problems.back()) + 16.0));
     total += L.cost.back();
   }
@@ -127,16 +136,17 @@ PackedLayout make_layout(const RelposCall& c) {
   return L;
 }
 
-// Each sample's rows of an (H, U, width) table, one (H, U_s, width) table after another.
+// Each sample shape's rows of an (H, U, width) table, one (H, U_s, width) table after another.
 at::Tensor gather_tables(const PackedLayout& L, const at::Tensor& table, int64_t width) {
   const int64_t H = table.size(0), U = table.size(1);
-  at::Tensor out = at::empty({L.table_off[L.S], width}, table.options());
+  const int64_t tables = static_cast<int64_t>(L.table_owner.size());
+  at::Tensor out = at::empty({L.table_rows, width}, table.options());
   AT_DISPATCH_FLOATING_TYPES(table.scalar_type(), "packed_gather_tables", [&] {
     const scalar_t* src = table.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
-    at::parallel_for(0, L.S * H, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t sh = begin; sh < end; ++sh) {
-        const int64_t i = sh / H, h = sh % H;
+    at::parallel_for(0, tables * H, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t th = begin; th < end; ++th) {
+        const int64_t i = L.table_owner[th / H], h = th % H;
         const std::vector<int64_t>& rows = L.rows[i];
         const int64_t Us = static_cast<int64_t>(rows.size());
         scalar_t* d = dst + (L.table_off[i] + h * Us) * width;
@@ -210,6 +220,7 @@ std::tuple<at::Tensor, at::Tensor> packed_forward_cpu(const RelposCall& c) {
   const RelposShape& s = c.shape;
   at::Tensor out = at::empty({1, s.H, s.N, s.Dv}, c.q.options());
   at::Tensor lse = at::empty({1, s.H, s.N}, c.q.options());
+  check_packed_values_cpu(s, c.packed_offsets, c.packed_shapes);
   if (s.H == 0) return {out, lse};
   const PackedLayout L = make_layout(c);
   out.narrow(2, L.used, L.T - L.used).zero_();  // tail padding: output 0, lse -inf
@@ -237,6 +248,7 @@ packed_backward_cpu(const RelposCall& c, const at::Tensor& grad_out, const at::T
   at::Tensor drel = s.has_pos ? at::zeros_like(c.rel) : at::Tensor();
   at::Tensor dbias = s.has_bias ? at::zeros_like(c.bias) : at::Tensor();
   at::Tensor dsigma = s.has_sigma ? at::zeros_like(c.sigma) : at::Tensor();
+  check_packed_values_cpu(s, c.packed_offsets, c.packed_shapes);
   if (s.H == 0) return {dq, dk, dv, dqpos, drel, dsigma, dbias};
   const PackedLayout L = make_layout(c);
   const at::Tensor rel_tab = s.has_pos ? gather_tables(L, c.rel, s.D) : at::Tensor();
@@ -287,6 +299,8 @@ packed_backward_cpu(const RelposCall& c, const at::Tensor& grad_out, const at::T
     // d sigma_{h,a} += -(sum dquad x_a^2) / sigma_{h,a}^3 over the sample's axes of extent > 1.
     const at::Tensor sig = c.sigma.to(at::kDouble);
     at::Tensor ds = at::zeros({s.H, static_cast<int64_t>(s.grid.size())}, sig.options());
+    std::vector<bool> written(s.grid.size(),
+                              false);  // the first sample copies, as a single call (-0.0 stays)
     for (int64_t i = 0; i < L.S; ++i) {
       const Problem& p = L.problems[i];
       const int64_t G = p.g.ndim, np = L.splits[i].nparts;
@@ -294,7 +308,13 @@ packed_backward_cpu(const RelposCall& c, const at::Tensor& grad_out, const at::T
           dsig_part.narrow(0, L.sig_off[i], L.sig_off[i + 1] - L.sig_off[i]).view({s.H, np, G}).sum(1);
       for (int64_t d = 0; d < G; ++d) {
         const int64_t a = p.g.axis[d];
-        if (p.g.n[d] > 1) ds.select(1, a).add_(-acc.select(1, d) / sig.select(1, a).pow(3));
+        if (p.g.n[d] <= 1) continue;
+        const at::Tensor term = -acc.select(1, d) / sig.select(1, a).pow(3);
+        if (written[a])
+          ds.select(1, a).add_(term);
+        else
+          ds.select(1, a).copy_(term);
+        written[a] = true;
       }
     }
     dsigma.copy_(ds);
@@ -304,7 +324,12 @@ packed_backward_cpu(const RelposCall& c, const at::Tensor& grad_out, const at::T
 
 std::string packed_plan_cpu(const RelposCall& c) {
   const RelposShape& s = c.shape;
-  if (s.H == 0) return "device: cpu\npacked_samples: " + std::to_string(s.packed_samples) + "\n";
+  check_packed_values_cpu(s, c.packed_offsets, c.packed_shapes);
+  if (s.H == 0)
+    return "device: cpu\nisa: " + cpu::kernels_capability_name() +
+           "\nforward: tiled\nbackward: tiled\nreason: no heads (H = 0): nothing to "
+           "compute\npacked_samples: " +
+           std::to_string(s.packed_samples) + "\nwindow_samples: 0\n";
   const PackedLayout L = make_layout(c);
   int64_t windowed = 0, largest = 0;
   for (int64_t i = 0; i < L.S; ++i) {

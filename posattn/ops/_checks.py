@@ -52,6 +52,8 @@ def check_relpos_args(a: RelposArgs) -> None:
             raise TypeError(f"relpos_attention: {name} must be a tensor, got {type(t).__name__}")
     check_q(q)
     B, H, N, D = q.shape
+    if (a.packed_offsets is None) != (a.packed_shapes is None):
+        check_packed(a)  # the "given together" error first, as the operator does
     normalise_grid(grid, N, packed=a.packed_offsets is not None)
     check_packed(a)
     for name, t in tensors.items():
@@ -104,6 +106,11 @@ def check_relpos_args(a: RelposArgs) -> None:
         )
 
 
+def _shape_str(sizes) -> str:
+    """Sizes as the C++ checks print them (shape_str.h): ``(2, 3)``, ``(3)``."""
+    return "(" + ", ".join(str(int(n)) for n in sizes) + ")"
+
+
 def check_packed(a: RelposArgs) -> None:
     """The schema's packed_offsets / packed_shapes (as check_relpos_inputs in relpos_checks.cpp):
     int32 on q's device, (S + 1,) and (S, G), q of one batch row; their values are checked by
@@ -129,12 +136,12 @@ def check_packed(a: RelposArgs) -> None:
     if shapes.dim() != 2 or shapes.shape[0] < 1 or shapes.shape[1] != G:
         raise ValueError(
             f"relpos_attention: packed_shapes must have shape (S, G) with S >= 1 samples and G = {G} axes (as "
-            f"max_grid {list(a.grid)}), got {tuple(shapes.shape)}"
+            f"max_grid {_shape_str(a.grid)}), got {_shape_str(shapes.shape)}"
         )
     S = shapes.shape[0]
     if offsets.dim() != 1 or offsets.shape[0] != S + 1:
         raise ValueError(
-            f"relpos_attention: packed_offsets must have shape (S + 1,) = ({S + 1},), got {tuple(offsets.shape)}"
+            f"relpos_attention: packed_offsets must have shape (S + 1,) = ({S + 1},), got {_shape_str(offsets.shape)}"
         )
     if q.shape[0] != 1:
         raise ValueError(

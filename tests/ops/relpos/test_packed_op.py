@@ -308,3 +308,17 @@ def test_cuda_refuses_packed_calls_for_now():
     x = {n: t.detach().cuda() for n, t in packed_inputs(pk.to("cpu")).items()}
     with pytest.raises(NotImplementedError, match="packed calls .* have no CUDA kernels yet"):
         ops.relpos_attention(x["q"], x["k"], x["v"], packed=pk)
+
+
+def test_no_heads_still_checks_the_packing():
+    """H = 0: nothing to compute, but bad packings are still refused; the plan has its usual keys."""
+    pk = PackedGrids.from_shapes([[2, 2], [1, 3]])
+    q = torch.zeros(1, 0, 9, 4)
+    out = ops.relpos_attention(q, q, q, packed=pk)
+    assert out.shape == (1, 0, 9, 4)
+    bad = torch.tensor([1, 5, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="packed_offsets must start at 0"):
+        torch.ops.posattn.relpos_attention(q, q, q, None, None, [2, 3], None, 0.0, "add", 0.5, False,
+                                           packed_offsets=bad, packed_shapes=pk.shapes)  # fmt: skip
+    plan = ops.relpos_plan(q, q, q, packed=pk)
+    assert plan["forward"] == "tiled" and plan["packed_samples"] == "2" and "isa" in plan
