@@ -25,12 +25,8 @@ RELPOS_TENSORS = ("q", "k", "v", "q_pos", "rel", "sigma")
 BAD_NUMBERS = (float("nan"), float("inf"), -float("inf"), -1.0, 1.0, 1e300, 1j, None, "0.5", True)
 
 
-def valid_relpos(rng: random.Random) -> dict:
-    G = rng.randint(1, 3)
-    grid = [rng.choice([1, 2, 3, 5]) for _ in range(G)]
-    B, H, D, Dv = rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 4)
-    N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
-    dtype = rng.choice([torch.float32, torch.float64])
+def relpos_arguments(B, H, N, D, Dv, U, grid, dtype) -> dict:
+    """Valid relpos_attention arguments of these sizes (random tensors, span box on)."""
     t = lambda *s: torch.randn(*s, dtype=dtype)  # noqa: E731
     return dict(
         q=t(B, H, N, D),
@@ -39,12 +35,21 @@ def valid_relpos(rng: random.Random) -> dict:
         q_pos=t(B, H, N, D),
         rel=t(H, U, D),
         grid=grid,
-        sigma=torch.rand(H, G, dtype=dtype) + 0.2,
+        sigma=torch.rand(H, len(grid), dtype=dtype) + 0.2,
         threshold=0.3,
         span_mode="add",
         scale=0.5,
         causal=False,
     )
+
+
+def valid_relpos(rng: random.Random) -> dict:
+    G = rng.randint(1, 3)
+    grid = [rng.choice([1, 2, 3, 5]) for _ in range(G)]
+    B, H, D, Dv = rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 4)
+    N, U = math.prod(grid), math.prod(2 * n - 1 for n in grid)
+    dtype = rng.choice([torch.float32, torch.float64])
+    return relpos_arguments(B, H, N, D, Dv, U, grid, dtype)
 
 
 # Axes whose size another argument fixes (v's Dv, x's B and maps' P are free).
@@ -152,22 +157,11 @@ def valid_packed(rng: random.Random) -> dict:
     H, D, Dv = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 4)
     U = math.prod(2 * m - 1 for m in max_grid)
     dtype = rng.choice([torch.float32, torch.float64])
-    t = lambda *s: torch.randn(*s, dtype=dtype)  # noqa: E731
-    return dict(
-        q=t(1, H, T, D),
-        k=t(1, H, T, D),
-        v=t(1, H, T, Dv),
-        q_pos=t(1, H, T, D),
-        rel=t(H, U, D),
-        grid=max_grid,
-        sigma=torch.rand(H, G, dtype=dtype) + 0.2,
-        threshold=0.3,
-        span_mode="add",
-        scale=0.5,
-        causal=False,
-        packed_offsets=torch.tensor(offsets, dtype=torch.int32),
-        packed_shapes=torch.tensor(shapes, dtype=torch.int32),
+    args = relpos_arguments(1, H, T, D, Dv, U, max_grid, dtype)
+    args.update(
+        packed_offsets=torch.tensor(offsets, dtype=torch.int32), packed_shapes=torch.tensor(shapes, dtype=torch.int32)
     )
+    return args
 
 
 def packed_case(rng):
