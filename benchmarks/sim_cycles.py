@@ -57,6 +57,7 @@ def short_name(mangled: str) -> str:
         ("relpos_backward_dq", "general dq"),
         ("relpos_backward_dkv", "general dk/dv"),
         ("relpos_backward_offset", "offset (d rel, d bias, d sigma)"),
+        ("relpos_packed_check_kernel", "packed: its offsets' and shapes' check"),
     ):
         if key in mangled:
             return name

@@ -10,12 +10,14 @@
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small calls of every
 #             kernel (scripts/gpu_sanitize_cases.py)
 #   bench     benchmarks/bench_relpos_cuda.py and bench_apply_maps.py on CUDA
+#   packed    benchmarks/bench_packed.py on CUDA (bfloat16, then float32): packed calls against a
+#             loop of single calls and the padded batch (not in the default run)
 #   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
 #   small     the sanitizers and the relpos benchmark again with the plan made for a smaller GPU
 #             (POSATTN_CUDA_SMEM_OPTIN=$GPU_CHECK_SMEM_OPTIN, default 101376: an RTX 30 / 40's, A10's,
 #             L4's; 166912: an A100's): what those devices run, measured here (not in the default run;
 #             its benchmark table: bench_small.md)
-# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [profile] [small]
+# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [packed] [profile] [small]
 #   (default: build test sanitize bench)
 # Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
 # GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64"; "--dtype float32
@@ -23,7 +25,8 @@
 # Every log goes under $OUT (default build/gpu_check), at most 8 files: summary.txt (the
 # device, versions and each step's status and seconds), build.log, pytest.log,
 # sanitizer.log, bench.log, bench_relpos_cuda.md, bench_relpos_cuda.json (profile: ncu.log
-# instead of build.log when run alone; small: bench_small.md). Steps share one
+# instead of build.log when run alone; small: bench_small.md; packed: bench_packed_{bfloat16,float32}.md,
+# run it in a call of its own). Steps share one
 # deadline (GPU_CHECK_SECONDS, default 560 s: a device call is limited to 600 s); a step
 # that would not fit is skipped and says so, and a later call can run it alone
 # (`bash scripts/gpu_check.sh bench`: the build stays on a warm machine, and `build` is
@@ -124,6 +127,12 @@ print("CUDA kernels registered")'
         --markdown "$OUT/bench_relpos_cuda.md" --json "$OUT/bench_relpos_cuda.json"
       run bench-apply-maps 120 "$OUT/bench.log" "$PY" benchmarks/bench_apply_maps.py --device cuda --repeats 10
       ;;
+    packed)
+      for dtype in bfloat16 float32; do
+        run "packed-$dtype" "${GPU_CHECK_BENCH_SECONDS:-300}" "$OUT/bench.log" "$PY" benchmarks/bench_packed.py --device cuda \
+          --dtype "$dtype" --repeats 5 --markdown "$OUT/bench_packed_$dtype.md"
+      done
+      ;;
     small)
       small=${GPU_CHECK_SMEM_OPTIN:-101376}
       for tool in memcheck racecheck; do
@@ -138,7 +147,7 @@ print("CUDA kernels registered")'
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, profile, small)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, packed, profile, small)" >&2
       exit 2
       ;;
   esac

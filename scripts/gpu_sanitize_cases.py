@@ -7,10 +7,11 @@ loop of a kernel more than once: N > 128 keys per block, D > 128 channels.
 """
 
 import argparse
+import math
 
 import torch
 
-from posattn import ops
+from posattn import PackedGrids, ops
 
 
 def relpos_cases(device):
@@ -85,6 +86,35 @@ def relpos_cases(device):
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
 
 
+def packed_cases(device):
+    """Packed calls (the general kernels): 2-D and 3-D samples of several shapes, tail tokens,
+    a sample of more than 128 tokens (key chunks), a span box, a window, causal order."""
+    g = torch.Generator().manual_seed(2)
+    for shapes, max_grid, kw in (
+        ([[5, 31], [3, 4], [1, 7], [12, 12]], [12, 31], dict(sigma=True, bias=True, threshold=0.3)),
+        ([[2, 3, 4], [1, 1, 5], [3, 2, 2]], None, dict(sigma=True, window=[1, 1, 2], causal=True)),
+    ):
+        pk = PackedGrids.from_shapes(shapes, max_grid=max_grid, device=device)
+        T, H, D, U = pk.num_tokens + 3, 2, 8, math.prod(2 * m - 1 for m in pk.max_grid)
+        for dtype in (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,):
+
+            def rand(*shape):
+                return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_()
+
+            x = dict(q=rand(1, H, T, D), k=rand(1, H, T, D), v=rand(1, H, T, D), q_pos=rand(1, H, T, D))
+            x.update(rel=rand(H, U, D))
+            kw = dict(kw)
+            if kw.pop("sigma", False):
+                x["sigma"] = (0.2 + torch.rand(H, pk.num_axes, generator=g)).to(device).requires_grad_()
+            if kw.pop("bias", False):
+                x["bias"] = rand(H, U)
+            out, lse = ops.relpos_attention(**x, packed=pk, return_lse=True, **kw)
+            fin = torch.isfinite(lse)
+            grads = torch.autograd.grad((out.float() ** 2).sum() + lse[fin].sum(), list(x.values()))
+            assert all(torch.isfinite(t).all() for t in grads)
+            yield f"relpos packed {dtype} shapes {shapes} {sorted(kw)}"
+
+
 def apply_maps_cases(device):
     g = torch.Generator().manual_seed(1)
     for B, H, N, A, m, P, batched in (
@@ -109,7 +139,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     device = torch.device(p.parse_args().device)
-    for name in list(relpos_cases(device)) + list(apply_maps_cases(device)):
+    for name in list(relpos_cases(device)) + list(packed_cases(device)) + list(apply_maps_cases(device)):
         print("ok", name, flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -16,6 +16,9 @@ struct RelposParams {
   // Tokens between the (b, h) slabs of the token tensors (q, k, v, q_pos, out, lse and their
   // gradients): N, or a packed call's T when the call is one of its samples (the CPU kernels)
   int64_t tok_stride = 0;
+  // A packed call's samples S (0: not packed): N is then its T, g / U / rel_stride its max_grid's,
+  // and the CUDA kernels find each token's sample in RelposTensors' packed_offsets / packed_shapes
+  int64_t packed_samples = 0;
   int64_t G_in = 0;                       // axes of the caller's grid (sigma's second dim)
   Grid g;                                 // the grid without its size-1 axes
   int64_t U = 1;                          // offsets: prod over g of (2 n_d - 1)
@@ -37,6 +40,7 @@ inline RelposParams make_relpos_params(const RelposShape& s, double threshold, d
   p.H = s.H;
   p.N = s.N;
   p.tok_stride = s.N;
+  p.packed_samples = s.packed_samples;
   p.D = s.D;
   p.Dv = s.Dv;
   p.G_in = static_cast<int64_t>(s.grid.size());

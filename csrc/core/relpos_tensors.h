@@ -22,6 +22,10 @@ struct RelposTensors {
   const T* __restrict__ rel = nullptr;
   const T* __restrict__ bias = nullptr;
   const double* __restrict__ sigma = nullptr;  // (H, G_in) in float64 (CUDA; the CPU kernels take SpanTables)
+  // a packed call's samples (CUDA; the CPU entry point splits them itself): packed_offsets (S + 1)
+  // and packed_shapes (S, G_in), int32, on the device
+  const int* __restrict__ packed_offsets = nullptr;
+  const int* __restrict__ packed_shapes = nullptr;
   // the forward's outputs, which the backward reads: out (B, H, N, Dv), lse (B, H, N)
   T* __restrict__ out = nullptr;
   Acc* __restrict__ lse = nullptr;

@@ -1,6 +1,7 @@
 // CUDA kernels of relpos_attention: the general path, exact for every head dim and
 // dtype (float32, float64, float16, bfloat16; accumulation in float, or double for
-// float64). It is the fallback and the GPU oracle of faster paths. Torch-free
+// float64), and packed calls (each sample a call of its own grid). It is the fallback
+// and the GPU oracle of faster paths. Torch-free
 // (cuda_common.cuh): the extension (csrc/relpos/relpos_attention_cuda.cu) and the
 // simulator harness (tests/cuda_sim/harness.cu) call the launchers at the end.
 //
@@ -165,20 +166,128 @@ __device__ inline int64_t box_token(const RelposParams& p, const TokenBox& b, in
   return ravel_index(c, p.g.n, p.g.ndim);
 }
 
+// ---- packed calls -------------------------------------------------------------
+// A packed call (p.packed_samples = S > 0, B = 1, p.N = T): token t belongs to the sample s with
+// packed_offsets[s] <= t < packed_offsets[s + 1], or to the tail past packed_offsets[S]. A sample
+// is a call of its own grid: packed_sample gives its RelposParams (its extents on the max grid's
+// kept axes, its windows capped by them; U and rel_stride stay the max grid's, so that its offset
+// rows are the max-grid tables' rows from row_base on) and its tensors (at its first token of the
+// slabs of T, the tables at row_base). A sample whose values are out of range or inconsistent is
+// left alone (its tokens as tail): relpos_packed_check_kernel, launched first, reports it.
+
+// The sample holding token `tok` by a binary search of the offsets, or -1 (tail).
+__device__ inline int64_t packed_sample_of(const RelposParams& p, const int* __restrict__ off, int64_t tok) {
+  if (tok < off[0] || tok >= off[p.packed_samples]) return -1;
+  int64_t lo = 0, hi = p.packed_samples - 1;  // off[lo] <= tok
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (off[mid] <= tok)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Sample s of packed call p as a call of its own (sp, ts); false where its values are bad.
+template <typename T>
+__device__ bool packed_sample(const RelposParams& p, const RelposTensors<T>& t, int64_t s, RelposParams& sp,
+                              RelposTensors<T>& ts) {
+  const int* __restrict__ off = t.packed_offsets;
+  const int* __restrict__ shapes = t.packed_shapes;
+  const int64_t first = off[s], next = off[s + 1];
+  bool valid = first >= 0 && next > first && next <= p.N;
+  sp = p;
+  sp.packed_samples = 0;
+  sp.tok_stride = p.tok_stride;
+  int64_t tokens = 1, row_base = 0;
+  for (int64_t a = 0, d = 0; a < p.G_in; ++a) {
+    const int64_t e = shapes[s * p.G_in + a];
+    const bool kept = d < p.g.ndim && p.g.axis[d] == a;  // (axes of max extent 1 were squeezed out)
+    const int64_t m = kept ? p.g.n[d] : 1;
+    valid = valid && e >= 1 && e <= m;
+    if (!valid) break;
+    tokens *= e;
+    if (!kept) continue;
+    sp.g.n[d] = e;
+    sp.win_left[d] = min(p.win_left[d], e - 1);
+    sp.win_right[d] = min(p.win_right[d], e - 1);
+    sp.win_stride[d] = min(p.win_stride[d], e);
+    row_base += (m - e) * p.rel_stride[d];
+    ++d;
+  }
+  valid = valid && tokens == next - first;
+  sp.N = tokens;
+  ts = t;
+  ts.q = t.q + first * p.D;
+  ts.k = t.k + first * p.D;
+  ts.v = t.v + first * p.Dv;
+  if (t.qpos) ts.qpos = t.qpos + first * p.D;
+  if (t.rel) ts.rel = t.rel + row_base * p.D;
+  if (t.bias) ts.bias = t.bias + row_base;
+  if (t.out) ts.out = t.out + first * p.Dv;
+  if (t.lse) ts.lse = t.lse + first;
+  if (t.gout) ts.gout = t.gout + first * p.Dv;
+  if (t.rowd) ts.rowd = t.rowd + first;
+  if (t.dq) ts.dq = t.dq + first * p.D;
+  if (t.dk) ts.dk = t.dk + first * p.D;
+  if (t.dv) ts.dv = t.dv + first * p.Dv;
+  if (t.dqpos) ts.dqpos = t.dqpos + first * p.D;
+  return valid;
+}
+
+// Token `tok` of a packed call: its sample as a call of its own and its index `i` there (false:
+// a tail token, or one of a bad sample).
+template <typename T>
+__device__ bool packed_token(const RelposParams& p, const RelposTensors<T>& t, int64_t tok, RelposParams& sp,
+                             RelposTensors<T>& ts, int64_t& i) {
+  const int64_t s = packed_sample_of(p, t.packed_offsets, tok);
+  if (s < 0 || !packed_sample(p, t, s, sp, ts)) return false;
+  i = tok - t.packed_offsets[s];
+  return i >= 0 && i < sp.N;
+}
+
+// The values of a packed call's offsets and shapes, a thread per sample: device-side assertions with
+// the CPU check's messages (csrc/relpos/relpos_checks.cpp, check_packed_values_cpu).
+static __global__ void __launch_bounds__(kThreads)
+    relpos_packed_check_kernel(RelposParams p, const int* off, const int* shapes) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s == 0) POSATTN_DEVICE_ASSERT(off[0] == 0, "relpos_attention: packed_offsets must start at 0");
+  if (s >= p.packed_samples) return;
+  POSATTN_DEVICE_ASSERT(off[s + 1] > off[s], "relpos_attention: packed_offsets must increase");
+  int64_t tokens = 1;
+  bool inside = true;
+  for (int64_t a = 0, d = 0; a < p.G_in; ++a) {
+    const bool kept = d < p.g.ndim && p.g.axis[d] == a;
+    const int64_t e = shapes[s * p.G_in + a], m = kept ? p.g.n[d++] : 1;
+    inside = inside && e >= 1 && e <= m;
+    tokens *= inside ? e : 1;
+  }
+  POSATTN_DEVICE_ASSERT(inside,
+                        "relpos_attention: packed_shapes must have extents in [1, max_grid] on every axis");
+  POSATTN_DEVICE_ASSERT(!inside || tokens == static_cast<int64_t>(off[s + 1]) - off[s],
+                        "relpos_attention: packed_shapes gives a sample another number of tokens than "
+                        "packed_offsets do");
+  if (s == p.packed_samples - 1)
+    POSATTN_DEVICE_ASSERT(off[s + 1] <= p.N,
+                          "relpos_attention: the packed samples hold more tokens (packed_offsets[-1]) than q "
+                          "has (T)");
+}
+
+// The forward of query i of (batch, head) slab bh.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p, RelposTensors<T> t) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+__device__ void forward_query(const RelposParams& p, const RelposTensors<T>& t, int64_t i, int64_t bh,
+                              unsigned char* smem_raw) {
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: keys of a chunk
   Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
   Acc* qpos_s = q_s + p.D;                                // D
   Acc* out_s = qpos_s + p.D;                              // Dv
   Acc* red = out_s + p.Dv;                                // blockDim
   Acc* w_s = red + blockDim.x;                            // blockDim: weights of a chunk of keys
-  const int64_t blk = blockIdx.x;
-  const int64_t i = blk % p.N, bh = blk / p.N, h = bh % p.H;
+  const int64_t h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = to_acc<Acc>(t.q[(bh * p.N + i) * p.D + c]);
-    if (p.has_pos) qpos_s[c] = to_acc<Acc>(t.qpos[(bh * p.N + i) * p.D + c]);
+    q_s[c] = to_acc<Acc>(t.q[(bh * p.tok_stride + i) * p.D + c]);
+    if (p.has_pos) qpos_s[c] = to_acc<Acc>(t.qpos[(bh * p.tok_stride + i) * p.D + c]);
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) out_s[c] = 0;
   Head<Acc> hd;
@@ -188,8 +297,8 @@ __global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p
   query_limits<Acc>(p, hd, ci, lo, hi);
   const TokenBox kb = make_token_box(p, lo, hi);  // the keys the query may keep
   __syncthreads();
-  const T* kh = t.k + bh * p.N * p.D;
-  const T* vh = t.v + bh * p.N * p.Dv;
+  const T* kh = t.k + bh * p.tok_stride * p.D;
+  const T* vh = t.v + bh * p.tok_stride * p.Dv;
   const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
@@ -249,8 +358,25 @@ __global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p
     }
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    t.out[(bh * p.N + i) * p.Dv + c] = from_acc<T>(out_s[c]);
-  if (threadIdx.x == 0) t.lse[bh * p.N + i] = lse_i;
+    t.out[(bh * p.tok_stride + i) * p.Dv + c] = from_acc<T>(out_s[c]);
+  if (threadIdx.x == 0) t.lse[bh * p.tok_stride + i] = lse_i;
+}
+
+// The forward: a block per (batch, head, query), or per (head, token) of a packed call.
+template <typename T, typename Acc, bool kPacked>
+__global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p, RelposTensors<T> t) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t blk = blockIdx.x, tok = blk % p.N, bh = blk / p.N;
+  if constexpr (!kPacked) {
+    forward_query<T, Acc>(p, t, tok, bh, smem_raw);
+  } else {
+    RelposParams sp;
+    RelposTensors<T> ts;
+    int64_t i = 0;
+    if (packed_token(p, t, tok, sp, ts, i)) return forward_query<T, Acc>(sp, ts, i, bh, smem_raw);
+    for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) t.out[blk * p.Dv + c] = from_acc<T>(Acc(0));
+    if (threadIdx.x == 0) t.lse[blk] = -static_cast<Acc>(INFINITY);  // tail padding: no keys
+  }
 }
 
 // What the three backward kernels share: the saved statistics of query i and
@@ -285,10 +411,10 @@ __device__ PairGrad<T, Acc> pair_grad(const RelposParams& p, const Head<Acc>& hd
   return g;
 }
 
-// dq and d q_pos: a block per (batch, head, query), keys in chunks of blockDim.
+// dq and d q_pos of query i of (batch, head) slab bh, its keys in chunks of blockDim.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposParams p, RelposTensors<T> t) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+__device__ void backward_dq_query(const RelposParams& p, const RelposTensors<T>& t, int64_t i, int64_t bh,
+                                  unsigned char* smem_raw) {
   int64_t* row_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: offset rows of a chunk
   int64_t* tok_s = row_s + blockDim.x;                    // blockDim: its keys
   Acc* q_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
@@ -297,16 +423,15 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposPara
   Acc* dq_s = go_s + p.Dv;                                // D
   Acc* dqpos_s = dq_s + p.D;                              // D
   Acc* w_s = dqpos_s + p.D;                               // blockDim: dA * scale of a chunk
-  const int64_t blk = blockIdx.x;
-  const int64_t i = blk % p.N, bh = blk / p.N, h = bh % p.H;
+  const int64_t h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    q_s[c] = to_acc<Acc>(t.q[(bh * p.N + i) * p.D + c]);
-    qpos_s[c] = p.has_pos ? to_acc<Acc>(t.qpos[(bh * p.N + i) * p.D + c]) : Acc(0);
+    q_s[c] = to_acc<Acc>(t.q[(bh * p.tok_stride + i) * p.D + c]);
+    qpos_s[c] = p.has_pos ? to_acc<Acc>(t.qpos[(bh * p.tok_stride + i) * p.D + c]) : Acc(0);
     dq_s[c] = 0;
     dqpos_s[c] = 0;
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    go_s[c] = to_acc<Acc>(t.gout[(bh * p.N + i) * p.Dv + c]);
+    go_s[c] = to_acc<Acc>(t.gout[(bh * p.tok_stride + i) * p.Dv + c]);
   Head<Acc> hd;
   load_span_head<Acc>(p, h, t.sigma, hd);
   int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
@@ -314,9 +439,9 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposPara
   query_limits<Acc>(p, hd, ci, lo, hi);
   const TokenBox kb = make_token_box(p, lo, hi);
   __syncthreads();
-  const Acc lse_i = t.lse[bh * p.N + i], rowd_i = t.rowd[bh * p.N + i];
-  const T* kh = t.k + bh * p.N * p.D;
-  const T* vh = t.v + bh * p.N * p.Dv;
+  const Acc lse_i = t.lse[bh * p.tok_stride + i], rowd_i = t.rowd[bh * p.tok_stride + i];
+  const T* kh = t.k + bh * p.tok_stride * p.D;
+  const T* vh = t.v + bh * p.tok_stride * p.Dv;
   const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
@@ -347,17 +472,35 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposPara
     }
   }
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    t.dq[(bh * p.N + i) * p.D + c] = from_acc<T>(dq_s[c]);
-    if (p.has_pos) t.dqpos[(bh * p.N + i) * p.D + c] = from_acc<T>(dqpos_s[c]);
+    t.dq[(bh * p.tok_stride + i) * p.D + c] = from_acc<T>(dq_s[c]);
+    if (p.has_pos) t.dqpos[(bh * p.tok_stride + i) * p.D + c] = from_acc<T>(dqpos_s[c]);
   }
 }
 
-// dk and dv: a block per (batch, head, key), the queries that may keep the key
-// (within the head's reach of it, and not before it with causal attention) in
-// chunks of blockDim.
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposParams p, RelposTensors<T> t) {
+// dq and d q_pos: a block per (batch, head, query), or per (head, token) of a packed call.
+template <typename T, typename Acc, bool kPacked>
+__global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposParams p, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t blk = blockIdx.x, tok = blk % p.N, bh = blk / p.N;
+  if constexpr (!kPacked) {
+    backward_dq_query<T, Acc>(p, t, tok, bh, smem_raw);
+  } else {
+    RelposParams sp;
+    RelposTensors<T> ts;
+    int64_t i = 0;
+    if (packed_token(p, t, tok, sp, ts, i)) return backward_dq_query<T, Acc>(sp, ts, i, bh, smem_raw);
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {  // tail padding: zero gradients
+      t.dq[blk * p.D + c] = from_acc<T>(Acc(0));
+      if (p.has_pos) t.dqpos[blk * p.D + c] = from_acc<T>(Acc(0));
+    }
+  }
+}
+
+// dk and dv of key j of (batch, head) slab bh: the queries that may keep the key (within
+// the head's reach of it, and not before it with causal attention) in chunks of blockDim.
+template <typename T, typename Acc>
+__device__ void backward_dkv_key(const RelposParams& p, const RelposTensors<T>& t, int64_t j, int64_t bh,
+                                 unsigned char* smem_raw) {
   int64_t* tok_s = reinterpret_cast<int64_t*>(smem_raw);  // blockDim: queries of a chunk
   Acc* k_s = reinterpret_cast<Acc*>(tok_s + blockDim.x);  // D
   Acc* v_s = k_s + p.D;                                   // Dv
@@ -365,14 +508,13 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposPar
   Acc* dv_s = dk_s + p.D;                                 // Dv
   Acc* wp_s = dv_s + p.Dv;                                // blockDim: probabilities of a chunk (for dv)
   Acc* wa_s = wp_s + blockDim.x;                          // blockDim: dA * scale of a chunk (for dk)
-  const int64_t blk = blockIdx.x;
-  const int64_t j = blk % p.N, bh = blk / p.N, h = bh % p.H;
+  const int64_t h = bh % p.H;
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {
-    k_s[c] = to_acc<Acc>(t.k[(bh * p.N + j) * p.D + c]);
+    k_s[c] = to_acc<Acc>(t.k[(bh * p.tok_stride + j) * p.D + c]);
     dk_s[c] = 0;
   }
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-    v_s[c] = to_acc<Acc>(t.v[(bh * p.N + j) * p.Dv + c]);
+    v_s[c] = to_acc<Acc>(t.v[(bh * p.tok_stride + j) * p.Dv + c]);
     dv_s[c] = 0;
   }
   Head<Acc> hd;
@@ -393,9 +535,9 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposPar
   }
   const TokenBox qb = make_token_box(p, qlo, qhi);
   __syncthreads();
-  const T* qh = t.q + bh * p.N * p.D;
-  const T* qposh = p.has_pos ? t.qpos + bh * p.N * p.D : nullptr;
-  const T* goh = t.gout + bh * p.N * p.Dv;
+  const T* qh = t.q + bh * p.tok_stride * p.D;
+  const T* qposh = p.has_pos ? t.qpos + bh * p.tok_stride * p.D : nullptr;
+  const T* goh = t.gout + bh * p.tok_stride * p.Dv;
   const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
   const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
   const Acc scale = static_cast<Acc>(p.scale);
@@ -405,14 +547,14 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposPar
     int64_t i = 0;
     if (e < qb.count) i = box_token(p, qb, e);
     if (e < qb.count && !(p.causal && i < j)) {
-      const Acc lse_i = t.lse[bh * p.N + i];
+      const Acc lse_i = t.lse[bh * p.tok_stride + i];
       if (lse_i != -static_cast<Acc>(INFINITY)) {
         int64_t ci[kMaxGridDims], lo[kMaxGridDims], hi[kMaxGridDims];
         unravel_index(i, p.g.n, p.g.ndim, ci);
         query_limits<Acc>(p, hd, ci, lo, hi);
         const PairGrad<T, Acc> g =
             pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, qh + i * p.D, p.has_pos ? qposh + i * p.D : nullptr,
-                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, t.rowd[bh * p.N + i]);
+                              goh + i * p.Dv, k_s, v_s, relh, biash, lse_i, t.rowd[bh * p.tok_stride + i]);
         if (g.kept) {
           wp = g.prob;
           wa = g.dA * scale;
@@ -429,17 +571,117 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposPar
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
-    t.dk[(bh * p.N + j) * p.D + c] = from_acc<T>(dk_s[c]);
+    t.dk[(bh * p.tok_stride + j) * p.D + c] = from_acc<T>(dk_s[c]);
   for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x)
-    t.dv[(bh * p.N + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
+    t.dv[(bh * p.tok_stride + j) * p.Dv + c] = from_acc<T>(dv_s[c]);
+}
+
+// dk and dv: a block per (batch, head, key), or per (head, token) of a packed call.
+template <typename T, typename Acc, bool kPacked>
+__global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposParams p, RelposTensors<T> t) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t blk = blockIdx.x, tok = blk % p.N, bh = blk / p.N;
+  if constexpr (!kPacked) {
+    backward_dkv_key<T, Acc>(p, t, tok, bh, smem_raw);
+  } else {
+    RelposParams sp;
+    RelposTensors<T> ts;
+    int64_t j = 0;
+    if (packed_token(p, t, tok, sp, ts, j)) return backward_dkv_key<T, Acc>(sp, ts, j, bh, smem_raw);
+    for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) t.dk[blk * p.D + c] = from_acc<T>(Acc(0));
+    for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) t.dv[blk * p.Dv + c] = from_acc<T>(Acc(0));
+  }
 }
 
 // d rel, d bias and d sigma: `per_head` blocks per head, block b taking the
 // offsets u = b, b + per_head, ... in turn: for each, the pairs (batch, i,
 // i + delta_u) in chunks of blockDim; d rel and d bias of u are written by
 // this block alone, and d sigma is summed per block (offsets in order) into
-// dsig_part (H, per_head, G_in), reduced afterwards.
+// dsig_part (H, per_head, G_in), reduced afterwards. A packed call's offset u
+// (of its max grid) sums the pairs of its samples in sample order, each a call
+// of its own grid (its offset, reach and span from its extents).
+
+// The pairs at offset `delta` of call p (a packed call's sample, or the whole call) and head h,
+// added to drel_s (shared), dbias_u (every thread) and dsig (thread 0). Uniform across the block.
 template <typename T, typename Acc>
+__device__ void offset_pairs(const RelposParams& p, const RelposTensors<T>& t, const Head<Acc>& hd, int64_t h,
+                             const int64_t* delta, int64_t* qrow_s, Acc* drel_s, Acc* w_s, Acc* red,
+                             Acc& dbias_u, double* dsig) {
+  int64_t count_d[kMaxGridDims];
+  bool reachable = true;
+  int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
+  for (int d = 0; d < p.g.ndim; ++d) {
+    const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
+    reachable &= ad <= hd.reach[d] && ad < p.g.n[d];
+    count_d[d] = p.g.n[d] - ad;
+    count *= count_d[d] > 0 ? count_d[d] : 0;
+  }
+  int64_t doff = 0;  // flat token offset of delta
+  for (int64_t d = p.g.ndim - 1, stride = 1; d >= 0; --d) {
+    doff += delta[d] * stride;
+    stride *= p.g.n[d];
+  }
+  if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
+  if (!reachable) return;                       // no kept pair
+  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
+  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
+  const Acc scale = static_cast<Acc>(p.scale);
+  Acc sum_dA = 0, sum_dquad = 0;
+  const int64_t items = p.B * count;
+  for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
+    Acc w = 0;
+    int64_t qrow = 0;
+    if (e < items) {
+      const int64_t b = e / count;
+      int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
+      for (int d = p.g.ndim - 1; d >= 0; --d) {
+        ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
+        cj[d] = ci[d] + delta[d];
+        local /= count_d[d];
+      }
+      const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
+      const int64_t bh = b * p.H + h;
+      const Acc lse_i = t.lse[bh * p.tok_stride + i];
+      if (lse_i != -static_cast<Acc>(INFINITY)) {
+        int64_t lo[kMaxGridDims], hi[kMaxGridDims];
+        query_limits<Acc>(p, hd, ci, lo, hi);
+        const PairGrad<T, Acc> g = pair_grad<T, Acc>(
+            p, hd, ci, cj, lo, hi, t.q + (bh * p.tok_stride + i) * p.D,
+            p.has_pos ? t.qpos + (bh * p.tok_stride + i) * p.D : nullptr,
+            t.gout + (bh * p.tok_stride + i) * p.Dv, t.k + (bh * p.tok_stride + j) * p.D,
+            t.v + (bh * p.tok_stride + j) * p.Dv, relh, biash, lse_i, t.rowd[bh * p.tok_stride + i]);
+        if (g.kept) {
+          w = g.dA * scale;
+          qrow = bh * p.tok_stride + i;
+          sum_dA += g.dA;
+          sum_dquad += g.dquad;
+        }
+      }
+    }
+    w_s[threadIdx.x] = w;
+    qrow_s[threadIdx.x] = qrow;
+    __syncthreads();
+    if (p.has_pos)
+      accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, t.qpos, p.D,
+                              min(items - e0, static_cast<int64_t>(blockDim.x)));
+    __syncthreads();
+  }
+  if (p.has_bias) dbias_u += block_reduce<Acc>(sum_dA, red, false);
+  if (p.has_sigma) {
+    // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
+    const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
+    if (threadIdx.x == 0 && total != 0.0)
+      for (int d = 0; d < p.g.ndim; ++d) {
+        if (p.g.n[d] <= 1) continue;
+        const double x = normalised_offset(delta[d], p.g.n[d]);
+        const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[d]];
+        dsig[d] += -total * x * x * is * is * is;
+      }
+  }
+}
+
+template <typename T, typename Acc, bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     relpos_backward_offset_kernel(RelposParams p, int64_t per_head, RelposTensors<T> t) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -448,96 +690,39 @@ __global__ void __launch_bounds__(kThreads)
   Acc* w_s = drel_s + p.D;                                    // blockDim: dA * scale of a chunk
   Acc* red = w_s + blockDim.x;                                // blockDim
   const int64_t blk = blockIdx.x % per_head, h = blockIdx.x / per_head;
-  Head<Acc> hd;
-  load_span_head<Acc>(p, h, t.sigma, hd);
-  const T* relh = p.has_pos ? t.rel + h * p.U * p.D : nullptr;
-  const T* biash = p.has_bias ? t.bias + h * p.U : nullptr;
-  const Acc scale = static_cast<Acc>(p.scale);
-  double dsig[kMaxGridDims] = {};  // this block's d sigma per kept axis (thread 0)
+  Head<Acc> hd;  // (a packed call's samples load their own)
+  if constexpr (!kPacked) load_span_head<Acc>(p, h, t.sigma, hd);
+  double dsig[kMaxGridDims] = {};  // this block's d sigma per kept axis of the (max) grid (thread 0)
   for (int64_t u = blk; u < p.U; u += per_head) {
-    int64_t delta[kMaxGridDims], count_d[kMaxGridDims];
+    int64_t delta[kMaxGridDims];
     offset_of_row(u, p.g.n, p.g.ndim, delta);
-    bool reachable = true;
-    int64_t count = 1;  // queries per batch element whose key at this offset is on the grid
-    for (int d = 0; d < p.g.ndim; ++d) {
-      const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
-      reachable &= ad <= hd.reach[d];
-      count_d[d] = p.g.n[d] - ad;
-      count *= count_d[d];
-    }
-    int64_t doff = 0;  // flat token offset of delta
-    for (int64_t d = p.g.ndim - 1, stride = 1; d >= 0; --d) {
-      doff += delta[d] * stride;
-      stride *= p.g.n[d];
-    }
-    if (p.causal && doff > 0) reachable = false;  // every key at this offset comes after its query
-    if (!reachable) {  // no kept pair: zero gradients (uniform across the block: no barrier skipped)
-      for (int64_t c = threadIdx.x; c < (p.has_pos ? p.D : 0); c += blockDim.x)
-        t.drel[(h * p.U + u) * p.D + c] = from_acc<T>(Acc(0));
-      if (p.has_bias && threadIdx.x == 0) t.dbias[h * p.U + u] = from_acc<T>(Acc(0));
-      continue;
-    }
     __syncthreads();  // the previous offset is done with drel_s, w_s, qrow_s and red
     for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) drel_s[c] = 0;
-    Acc sum_dA = 0, sum_dquad = 0;
-    const int64_t items = p.B * count;
-    for (int64_t e0 = 0; e0 < items; e0 += blockDim.x) {
-      const int64_t e = e0 + threadIdx.x;
-      Acc w = 0;
-      int64_t qrow = 0;
-      if (e < items) {
-        const int64_t b = e / count;
-        int64_t local = e % count, ci[kMaxGridDims], cj[kMaxGridDims];
-        for (int d = p.g.ndim - 1; d >= 0; --d) {
-          ci[d] = local % count_d[d] + (delta[d] < 0 ? -delta[d] : 0);
-          cj[d] = ci[d] + delta[d];
-          local /= count_d[d];
+    Acc dbias_u = 0;
+    if constexpr (!kPacked) {
+      offset_pairs<T, Acc>(p, t, hd, h, delta, qrow_s, drel_s, w_s, red, dbias_u, dsig);
+    } else {
+      for (int64_t s = 0; s < p.packed_samples; ++s) {  // in sample order
+        bool on_grid =
+            true;  // (a cheap test first: thousands of small samples, most offsets off their grids)
+        for (int d = 0; d < p.g.ndim; ++d) {
+          const int64_t ad = delta[d] < 0 ? -delta[d] : delta[d];
+          on_grid = on_grid && ad < t.packed_shapes[s * p.G_in + p.g.axis[d]];
         }
-        const int64_t i = ravel_index(ci, p.g.n, p.g.ndim), j = i + doff;
-        const int64_t bh = b * p.H + h;
-        const Acc lse_i = t.lse[bh * p.N + i];
-        if (lse_i != -static_cast<Acc>(INFINITY)) {
-          int64_t lo[kMaxGridDims], hi[kMaxGridDims];
-          query_limits<Acc>(p, hd, ci, lo, hi);
-          const PairGrad<T, Acc> g =
-              pair_grad<T, Acc>(p, hd, ci, cj, lo, hi, t.q + (bh * p.N + i) * p.D,
-                                p.has_pos ? t.qpos + (bh * p.N + i) * p.D : nullptr,
-                                t.gout + (bh * p.N + i) * p.Dv, t.k + (bh * p.N + j) * p.D,
-                                t.v + (bh * p.N + j) * p.Dv, relh, biash, lse_i, t.rowd[bh * p.N + i]);
-          if (g.kept) {
-            w = g.dA * scale;
-            qrow = bh * p.N + i;
-            sum_dA += g.dA;
-            sum_dquad += g.dquad;
-          }
-        }
+        if (!on_grid) continue;
+        RelposParams sp;
+        RelposTensors<T> st;
+        if (!packed_sample(p, t, s, sp, st)) continue;  // (reported by the check kernel)
+        Head<Acc> sh;
+        load_span_head<Acc>(sp, h, t.sigma, sh);
+        offset_pairs<T, Acc>(sp, st, sh, h, delta, qrow_s, drel_s, w_s, red, dbias_u, dsig);
       }
-      w_s[threadIdx.x] = w;
-      qrow_s[threadIdx.x] = qrow;
-      __syncthreads();
-      if (p.has_pos)
-        accumulate_rows<T, Acc>(drel_s, w_s, qrow_s, t.qpos, p.D,
-                                min(items - e0, static_cast<int64_t>(blockDim.x)));
-      __syncthreads();
     }
+    __syncthreads();  // (drel_s complete)
     if (p.has_pos)
       for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x)
         t.drel[(h * p.U + u) * p.D + c] = from_acc<T>(drel_s[c]);
-    if (p.has_bias) {
-      const Acc total = block_reduce<Acc>(sum_dA, red, false);
-      if (threadIdx.x == 0) t.dbias[h * p.U + u] = from_acc<T>(total);
-    }
-    if (p.has_sigma) {
-      // d sigma_d += d quad * d quad / d sigma_d = d quad * (-x_d^2 / sigma_d^3), x_d fixed by the offset
-      const double total = static_cast<double>(block_reduce<Acc>(sum_dquad, red, false));
-      if (threadIdx.x == 0 && total != 0.0)
-        for (int d = 0; d < p.g.ndim; ++d) {
-          if (p.g.n[d] <= 1) continue;
-          const double x = normalised_offset(delta[d], p.g.n[d]);
-          const double is = 1.0 / t.sigma[h * p.G_in + p.g.axis[d]];
-          dsig[d] += -total * x * x * is * is * is;
-        }
-    }
+    if (p.has_bias && threadIdx.x == 0) t.dbias[h * p.U + u] = from_acc<T>(dbias_u);
   }
   if (p.has_sigma && threadIdx.x == 0)
     for (int d = 0; d < p.g.ndim; ++d) t.dsig_part[(h * per_head + blk) * p.G_in + p.g.axis[d]] = dsig[d];
@@ -576,33 +761,51 @@ size_t backward_offset_smem(const RelposParams& p) {
   return sizeof(int64_t) * kThreads + sizeof(acc_t<T>) * (p.D + 2 * kThreads);
 }
 
-// out and lse. The caller has checked token_blocks(p) <= INT_MAX and the shared memory.
-template <typename T>
-cudaError_t launch_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_forward_kernel<T, acc_t<T>>, token_blocks(p), kThreads, forward_smem<T>(p),
-                      stream, p, t);
+// A packed call's offsets and shapes, checked on the device before its kernels (nothing otherwise).
+inline cudaError_t launch_packed_check(const RelposParams& p, const int* offsets, const int* shapes,
+                                       cudaStream_t stream) {
+  if (p.packed_samples == 0) return cudaSuccess;
+  return cuda::launch(relpos_packed_check_kernel, (p.packed_samples + kThreads - 1) / kThreads, kThreads, 0,
+                      stream, p, offsets, shapes);
 }
 
-// dq and d q_pos (query-major).
+// out and lse (a packed call's values checked first). The caller has checked token_blocks(p) <=
+// INT_MAX and the shared memory.
+template <typename T>
+cudaError_t launch_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
+  const cudaError_t err = launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
+  if (err != cudaSuccess) return err;
+  return cuda::launch(p.packed_samples > 0 ? relpos_forward_kernel<T, acc_t<T>, true>
+                                           : relpos_forward_kernel<T, acc_t<T>, false>,
+                      token_blocks(p), kThreads, forward_smem<T>(p), stream, p, t);
+}
+
+// dq and d q_pos (query-major; the first of the backward's kernels: a packed call's values checked first).
 template <typename T>
 cudaError_t launch_backward_dq(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_backward_dq_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
-                      backward_dq_smem<T>(p), stream, p, t);
+  const cudaError_t err = launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
+  if (err != cudaSuccess) return err;
+  return cuda::launch(p.packed_samples > 0 ? relpos_backward_dq_kernel<T, acc_t<T>, true>
+                                           : relpos_backward_dq_kernel<T, acc_t<T>, false>,
+                      token_blocks(p), kThreads, backward_dq_smem<T>(p), stream, p, t);
 }
 
 // dk and dv (key-major).
 template <typename T>
 cudaError_t launch_backward_dkv(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  return cuda::launch(relpos_backward_dkv_kernel<T, acc_t<T>>, token_blocks(p), kThreads,
-                      backward_dkv_smem<T>(p), stream, p, t);
+  return cuda::launch(p.packed_samples > 0 ? relpos_backward_dkv_kernel<T, acc_t<T>, true>
+                                           : relpos_backward_dkv_kernel<T, acc_t<T>, false>,
+                      token_blocks(p), kThreads, backward_dkv_smem<T>(p), stream, p, t);
 }
 
 // d rel, d bias and the d sigma partials (nothing to do without q_pos, bias and sigma).
 template <typename T>
 cudaError_t launch_backward_offset(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
   if (!(p.has_pos || p.has_bias || p.has_sigma)) return cudaSuccess;
-  return cuda::launch(relpos_backward_offset_kernel<T, acc_t<T>>, offset_blocks(p), kThreads,
-                      backward_offset_smem<T>(p), stream, p, offset_blocks_per_head(p), t);
+  return cuda::launch(p.packed_samples > 0 ? relpos_backward_offset_kernel<T, acc_t<T>, true>
+                                           : relpos_backward_offset_kernel<T, acc_t<T>, false>,
+                      offset_blocks(p), kThreads, backward_offset_smem<T>(p), stream, p,
+                      offset_blocks_per_head(p), t);
 }
 
 }  // namespace cuda_general

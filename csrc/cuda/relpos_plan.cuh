@@ -89,6 +89,7 @@ inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool align
   if (dt == DType::kFloat32 && !dev.allow_tf32)
     return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
   if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
+  if (p.packed_samples > 0) return "packed calls (packed=) run on the general kernels so far";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
   if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
   if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";

@@ -73,6 +73,8 @@ RelposTensors<T> relpos_inputs(const RelposCall& c, const at::Tensor& sigma = at
   t.rel = ptr_or_null<const T>(c.rel);
   t.bias = ptr_or_null<const T>(c.bias);
   t.sigma = ptr_or_null<const double>(sigma);
+  t.packed_offsets = ptr_or_null<const int>(c.packed_offsets);
+  t.packed_shapes = ptr_or_null<const int>(c.packed_shapes);
   return t;
 }
 

@@ -159,18 +159,9 @@ void launch_backward(const RelposCall& c, const CudaPlan& plan, const RelposTens
     check_launch(cuda_general::launch_backward_offset<T>(p, t, stream));
 }
 
-// Packed calls have CPU kernels only so far (issue 62's CUDA kernels are to come).
-void refuse_packed(const RelposCall& c) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !c.shape.packed(),
-      "relpos_attention: packed calls (packed=, packed_offsets / packed_shapes) have no CUDA "
-      "kernels yet; run them on the CPU, or with posattn.reference.relpos_attention");
-}
-
 std::tuple<at::Tensor, at::Tensor> relpos_attention_cuda(POSATTN_RELPOS_HEAD_PARAMS,
                                                          POSATTN_RELPOS_TAIL_PARAMS) {
   const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
-  refuse_packed(c);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   const RelposShape& s = c.shape;
@@ -196,7 +187,6 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
                                POSATTN_RELPOS_HEAD_PARAMS, const at::Tensor& out, const at::Tensor& lse,
                                POSATTN_RELPOS_TAIL_PARAMS) {
   const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
-  refuse_packed(c);
   const RelposShape& s = c.shape;
   check_relpos_backward_inputs(s, q, grad_out, grad_lse, out, lse);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_attention_backward (CUDA): q must be a CUDA tensor");
@@ -260,7 +250,6 @@ relpos_attention_backward_cuda(const at::Tensor& grad_out, const c10::optional<a
 
 std::string relpos_plan_cuda(POSATTN_RELPOS_HEAD_PARAMS, POSATTN_RELPOS_TAIL_PARAMS, bool backward) {
   const RelposCall c = checked_call(POSATTN_RELPOS_ARGS);
-  refuse_packed(c);
   TORCH_CHECK_VALUE(q.is_cuda(), "relpos_plan (CUDA): q must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(q.device());
   return describe(plan_call(c, backward), backward);

@@ -219,11 +219,9 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
             args.update(window=self.window, window_border=self.window_border)
         return args, (q_content, k, v)
 
-    def _use_fused(self, x: torch.Tensor, packed: bool = False) -> bool:
+    def _use_fused(self, x: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "fused"
-        if packed and x.device.type != "cpu":  # the packed CUDA kernels are to come (issue 62)
-            return False
         return ops.has_kernel("relpos_attention", x)
 
     def forward(
@@ -234,7 +232,7 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         shared: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         args, (q, k, v) = self._inputs(x, grid, has_cls, shared)
-        fused = self._use_fused(x, isinstance(grid, PackedGrids))
+        fused = self._use_fused(x)
         attend = ops.relpos_attention if fused else reference.relpos_attention
         out = attend(**args)  # (B, H, N, D)
         if has_cls:

@@ -130,7 +130,9 @@ def relpos_attention(
             samples (each with its rows of the tables), except that d rel, d bias
             and d sigma add the samples' sums in sample order (fixed: the backward
             stays deterministic). Not with ``window_dilation`` or extra tokens
-            (ValueError). CPU kernels; on CUDA, NotImplementedError for now.
+            (ValueError). The CPU kernels, and on CUDA the general kernels (not
+            the fast ones yet); bad offsets / shapes on CUDA are device-side
+            assertions.
 
     Math, per batch b and head h::
 

@@ -202,6 +202,12 @@ RelposRun relpos_setup(const Case& c) {
   s.grid = getv(c, "grid");
   s.N = 1;
   for (int64_t n : s.grid) s.N *= n;
+  if (has(c, "packed_offsets")) {  // a packed call: grid is max_grid, T tokens, S samples
+    s.N = geti(c, "T");
+    s.packed_samples = static_cast<int64_t>(getv(c, "packed_offsets").size()) - 1;
+    if (s.N < 1 || s.packed_samples < 1 || s.B != 1)
+      fail("a packed case needs T >= 1, S >= 1 samples and B = 1");
+  }
   s.has_pos = geti(c, "has_pos") != 0;
   s.has_sigma = geti(c, "has_sigma") != 0;
   s.has_bias = geti(c, "has_bias") != 0;
@@ -309,6 +315,15 @@ int run_relpos(const Case& c) {
   t.rel = rel.p;
   t.bias = bias.p;
   t.sigma = sigma.p;
+  // a packed call's offsets and shapes, as the case gives them (bad ones too: the device checks them)
+  std::vector<int> off_h, shp_h;
+  for (int64_t x : getv(c, "packed_offsets")) off_h.push_back(static_cast<int>(x));
+  for (int64_t x : getv(c, "packed_shapes")) shp_h.push_back(static_cast<int>(x));
+  Dev<int> packed_offsets(off_h.size()), packed_shapes(shp_h.size());
+  packed_offsets.upload(off_h);
+  packed_shapes.upload(shp_h);
+  t.packed_offsets = packed_offsets.p;
+  t.packed_shapes = packed_shapes.p;
   t.out = out.p;
   t.lse = lse.p;
   if (run.fwd.path == Kernels::kFast) {

@@ -18,7 +18,7 @@ import pytest
 import simlib
 import torch
 
-from posattn import reference
+from posattn import PackedGrids, reference
 
 pytestmark = [
     pytest.mark.cuda_sim,
@@ -1067,6 +1067,233 @@ assert EXTENDED <= {c.name for c in GENERAL + AUTO}, "EXTENDED names a case that
 def test_auto_path(case, tmp_path):
     # check_relpos also checks that the plan chose the kernels the case names
     check_relpos(case, tmp_path)
+
+
+# ---- packed calls ------------------------------------------------------------------
+# Samples of different grids in one call (posattn.PackedGrids): each a call of its own grid, with
+# its rows of the max-grid tables; against the float64 reference of the loop of single calls.
+
+
+class PackedCase:
+    """One packed relpos_attention call: its samples' grids, the max grid, tail tokens, options."""
+
+    def __init__(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        shapes: List[tuple],
+        *,
+        max_grid: Optional[List[int]] = None,
+        tail: int = 0,
+        path: str = "general",
+        H: int = 2,
+        D: int = 8,
+        Dv: Optional[int] = None,
+        pos: bool = True,
+        sigma: bool = False,
+        bias: bool = False,
+        threshold: float = 0.0,
+        span_mode: str = "add",
+        causal: bool = False,
+        window=None,
+        window_border: str = "clip",
+        natten: Optional[tuple] = None,
+        repeats: int = 1,
+        seed: int = 0,
+    ):
+        self.name, self.dtype, self.path = name, dtype, path
+        self.shapes = [tuple(s) for s in shapes]
+        self.grid = (
+            list(max_grid) if max_grid is not None else [max(s[d] for s in self.shapes) for d in range(len(shapes[0]))]
+        )
+        self.tail, self.H, self.D, self.Dv = tail, H, D, D if Dv is None else Dv
+        self.pos, self.sigma, self.bias = pos, sigma, bias
+        self.threshold, self.span_mode, self.causal = threshold, span_mode, causal
+        self.window, self.window_border, self.natten = window, window_border, natten
+        self.repeats, self.seed = repeats, seed
+        self.B, self.backward, self.glse, self.special = 1, True, True, None
+
+    def __repr__(self):
+        return self.name
+
+    def packed(self):
+        return PackedGrids.from_shapes(self.shapes, max_grid=self.grid)
+
+    @property
+    def T(self) -> int:
+        return sum(math.prod(s) for s in self.shapes) + self.tail
+
+
+def _packed_settings(c: PackedCase, offsets=None, shapes=None) -> dict:
+    """The harness' lines of a packed case (`offsets` / `shapes`: other values than the case's)."""
+    pk = c.packed()
+    offsets = pk.offsets.tolist() if offsets is None else offsets
+    shapes = [n for s in c.shapes for n in s] if shapes is None else shapes
+    return dict(
+        op="relpos",
+        **simlib.plan_settings(c.path),
+        B=1,
+        H=c.H,
+        D=c.D,
+        Dv=c.Dv,
+        grid=c.grid,
+        T=c.T,
+        packed_offsets=offsets,
+        packed_shapes=shapes,
+        has_pos=c.pos,
+        has_sigma=c.sigma,
+        has_bias=c.bias,
+        multiply=c.span_mode == "multiply",
+        threshold=repr(float(c.threshold)),
+        scale=repr(c.D**-0.5),
+        causal=c.causal,
+        window=None if c.window is None else ([c.window] * len(c.grid) if isinstance(c.window, int) else c.window),
+        window_shift=c.window_border == "shift",
+        **_natten_settings(c),
+        backward=True,
+        repeats=c.repeats,
+        has_glse=True,
+    )
+
+
+def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(c.seed)
+    U = math.prod(2 * n - 1 for n in c.grid)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=F64) * scale).to(c.dtype).to(F64)
+
+    x = dict(q=rand(1, c.H, c.T, c.D), k=rand(1, c.H, c.T, c.D), v=rand(1, c.H, c.T, c.Dv))
+    if c.pos:
+        x["q_pos"] = rand(1, c.H, c.T, c.D)
+        x["rel"] = rand(c.H, U, c.D, scale=0.7)
+    if c.bias:
+        x["bias"] = rand(c.H, U, scale=0.8)
+    if c.sigma:
+        x["sigma"] = 0.15 + 0.6 * torch.rand(c.H, len(c.grid), generator=g, dtype=F64)
+    return x
+
+
+def check_packed(c: PackedCase, tmp_path: Path):
+    x = _packed_inputs(c)
+    g = torch.Generator().manual_seed(c.seed + 1)
+    gout = torch.randn(1, c.H, c.T, c.Dv, generator=g, dtype=F64).to(c.dtype).to(F64)
+    acc = F64 if c.dtype == F64 else F32
+    glse = (torch.randn(1, c.H, c.T, generator=g, dtype=F64) * 0.5).to(acc).to(F64)
+    arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
+    arrays["gout"] = gout.to(c.dtype)
+    arrays["glse"] = glse.to(acc)
+    run = simlib.run_case(simlib.harness(c.dtype), tmp_path / "case", _packed_settings(c), arrays, timeout=900)
+    assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
+    out = run.read("out", c.dtype, (1, c.H, c.T, c.Dv))
+    lse = run.read("lse", acc, (1, c.H, c.T))
+    # the reference of the loop of single calls, its loss shifted as _reference's by the rounding of out
+    xr = {k: t.clone().requires_grad_() for k, t in x.items()}
+    out_ref, lse_ref = reference.relpos_attention(
+        **xr,
+        threshold=c.threshold,
+        span_mode=c.span_mode,
+        scale=c.D**-0.5,
+        causal=c.causal,
+        return_lse=True,
+        window=c.window,
+        window_border=c.window_border,
+        packed=c.packed(),
+        **_natten_args(c),
+    )
+    shift = (gout * out_ref.detach()).sum(-1) - (gout * out.double()).sum(-1)
+    glse_shifted = glse + torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    loss = (out_ref * gout).sum() + (lse_ref * glse_shifted).masked_fill(~torch.isfinite(lse_ref), 0).sum()
+    names = list(xr)
+    grads = dict(zip(names, torch.autograd.grad(loss, [xr[n] for n in names])))
+    errors = {"out": _rel_err("out", out, out_ref.detach()), "lse": _rel_err("lse", lse, lse_ref.detach())}
+    assert errors["out"] < FWD_TOL[c.dtype] and errors["lse"] < FWD_TOL[c.dtype], errors
+    plan = run.result()
+    assert (plan["forward"], plan["backward"]) == ("general", "general"), plan
+    assert plan["offsets"] == ("general" if (c.pos or c.bias or c.sigma) else "none"), plan
+    for name, want in grads.items():
+        got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
+        errors["d" + name] = _rel_err("d" + name, got, want)
+    bad = {k: e for k, e in errors.items() if k.startswith("d") and not e < GRAD_TOL[c.dtype]}
+    assert not bad, f"gradients off (tolerance {GRAD_TOL[c.dtype]}): {errors}"
+    if c.repeats > 1:
+        assert plan["bitwise_equal"] == "1", "the backward is not bitwise reproducible"
+    return errors
+
+
+PACKED = [
+    # a max grid larger than every sample, a sample of one row, tail tokens, spans and thresholds
+    PackedCase(
+        "packed-f64-2d-span-tail",
+        F64,
+        [(3, 4), (1, 5), (4, 4), (2, 1)],
+        max_grid=[5, 6],
+        tail=3,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        D=4,
+        Dv=3,
+        repeats=2,
+    ),
+    # windows and causal order in each sample's own grid; a one-token sample
+    PackedCase(
+        "packed-f32-1d-window-causal", F32, [(7,), (3,), (12,), (1,)], window=2, causal=True, bias=True, sigma=True
+    ),
+    # 3-D, span multiply, NATTEN's border rule; an axis of the max grid of extent 1 (squeezed out)
+    PackedCase(
+        "packed-bf16-3d-multiply-shift",
+        BF16,
+        [(2, 1, 3), (1, 1, 4), (3, 1, 2)],
+        sigma=True,
+        span_mode="multiply",
+        window=[1, 0, 1],
+        window_border="shift",
+        tail=2,
+    ),
+    # NATTEN's strided and causal windows per sample, no q_pos (bias only)
+    PackedCase(
+        "packed-f16-2d-natten-nopos",
+        F16,
+        [(4, 5), (5, 3), (2, 2)],
+        natten=((3, 2), (2, 1), (False, True)),
+        pos=False,
+        bias=True,
+        sigma=True,
+        threshold=0.5,
+    ),
+    # a call the fast kernels would take alone: the plan sends packed calls to the general ones
+    PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
+]
+
+
+@pytest.mark.parametrize("case", PACKED, ids=repr)
+def test_packed(case, tmp_path):
+    check_packed(case, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "offsets,shapes,message",
+    [
+        ([1, 7, 11], None, "packed_offsets must start at 0"),
+        ([0, 6, 6], None, "packed_offsets must increase"),
+        ([0, 6, 10], [2, 3, 0, 4], "packed_shapes must have extents in [1, max_grid] on every axis"),
+        ([0, 6, 10], [2, 3, 1, 5], "packed_shapes must have extents in [1, max_grid] on every axis"),
+        ([0, 6, 11], None, "packed_shapes gives a sample another number of tokens than packed_offsets do"),
+        ([0, 6, 13], [2, 3, 3, 3], "the packed samples hold more tokens (packed_offsets[-1]) than q has (T)"),
+    ],
+    ids=["start", "increase", "zero-extent", "past-max-grid", "tokens", "past-T"],
+)
+def test_packed_values_checked_on_the_device(offsets, shapes, message, tmp_path):
+    """Bad packed_offsets / packed_shapes stop the kernels with the CPU check's message (and the
+    kernels stay within their tensors meanwhile: the simulator's harness lets them go on)."""
+    c = PackedCase("bad-packed", F32, [(2, 3), (2, 2)], max_grid=[3, 4], tail=2, sigma=True, bias=True, D=4)
+    x = _packed_inputs(c)
+    arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
+    arrays["gout"] = torch.randn(1, c.H, c.T, c.Dv, dtype=F32)
+    arrays["glse"] = torch.zeros(1, c.H, c.T, dtype=F32)
+    run = simlib.run_case(simlib.harness(c.dtype), tmp_path / "case", _packed_settings(c, offsets, shapes), arrays)
+    assert simlib.ASSERT_PREFIX + "relpos_attention: " + message in run.output, run.tail()
 
 
 # ---- apply_maps ------------------------------------------------------------------

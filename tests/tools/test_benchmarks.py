@@ -168,8 +168,8 @@ def test_bench_bias_json(tmp_path):
 
 
 def test_packed_benchmark_runs(tmp_path):
-    """benchmarks/bench_packed_cpu.py on a tiny mix: every method runs, ratios are recorded."""
-    bench = load("bench_packed_cpu")
+    """benchmarks/bench_packed.py on a tiny mix: every method runs, ratios are recorded."""
+    bench = load("bench_packed")
     out = tmp_path / "packed.json"
     bench.main(["--images", "3", "--heads", "2", "--dim", "4", "--warmup", "0", "--repeats", "1", "--json", str(out)])
     records = json.loads(out.read_text())

@@ -41,3 +41,17 @@ def test_raw_files_round_trip(dtype, tmp_path):
     simlib.write_tensor(tmp_path / "t.bin", t)
     assert (tmp_path / "t.bin").stat().st_size == t.numel() * t.element_size()
     assert torch.equal(simlib.read_tensor(tmp_path / "t.bin", dtype, (3, 5)), t)
+
+
+def test_packed_cycles_benchmark_mix_and_refusal(tmp_path, monkeypatch):
+    """benchmarks/sim_packed_cycles.py: its mix of images (sides 2..max, aspect ratios 1:2 to 2:1,
+    seeded) and a clear exit where the simulator cannot run (its timing runs are a benchmark's, not CI's)."""
+    import sim_packed_cycles
+
+    shapes = sim_packed_cycles.mix(20, 7, seed=1)
+    assert len(shapes) == 20 and shapes == sim_packed_cycles.mix(20, 7, seed=1)
+    assert all(2 <= n <= 7 for s in shapes for n in s) and all(max(s) <= 2 * min(s) for s in shapes)
+    monkeypatch.setenv("GPUSIM_KIT", str(tmp_path / "nowhere"))
+    monkeypatch.setattr("sys.argv", ["sim_packed_cycles.py"])
+    with pytest.raises(SystemExit, match="sim_packed_cycles: no simulator kit"):
+        sim_packed_cycles.main()

@@ -49,8 +49,8 @@ def run(mod, x, pk, **kw):
 
 def grads(out, lse, x, seed=3):
     g = torch.Generator().manual_seed(seed)
-    go = torch.randn(out.shape, generator=g, dtype=F64).to(out.dtype)  # the same values in every dtype
-    gl = torch.randn(lse.shape, generator=g, dtype=F64).to(lse.dtype)
+    go = torch.randn(out.shape, generator=g, dtype=F64).to(out.device, out.dtype)  # the same values in every dtype
+    gl = torch.randn(lse.shape, generator=g, dtype=F64).to(lse.device, lse.dtype)
     loss = (out * go).sum() + torch.where(lse.isfinite(), lse * gl, 0).sum()
     return torch.autograd.grad(loss, list(x.values()))
 
@@ -300,14 +300,53 @@ def test_wrapper_errors():
     assert plan["packed_samples"] == "2" and plan["device"] == "cpu" and plan["forward"] in ("tiled", "window")
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [dict(threshold=0.3), dict(window=1, causal=True)], ids=["span", "window-causal"])
+@pytest.mark.parametrize("axes", ["1d", "2d", "3d"])
 @pytest.mark.cuda
-def test_cuda_refuses_packed_calls_for_now():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    pk = PackedGrids.from_shapes([[2, 2], [1, 3]], device="cuda")
-    x = {n: t.detach().cuda() for n, t in packed_inputs(pk.to("cpu")).items()}
-    with pytest.raises(NotImplementedError, match="packed calls .* have no CUDA kernels yet"):
-        ops.relpos_attention(x["q"], x["k"], x["v"], packed=pk)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
+    """CUDA (the general kernels take packed calls): the float64 loop of single calls on the same
+    (rounded) inputs, within the error of the dtype's rounding (float64: to rounding), tail tokens
+    0 / -inf, every gradient."""
+    pk = PackedGrids.from_shapes(SHAPES[axes])
+    x = packed_inputs(pk, tail=2, D=32, Dv=32)
+    sigma_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    x = {n: t.detach().to(sigma_dtype if n == "sigma" else dtype).to(F64).requires_grad_() for n, t in x.items()}
+    ref_out, ref_lse = run(reference, x, pk, **kw)
+    want = grads(ref_out, ref_lse, x)
+    xc = {n: t.detach().to("cuda", sigma_dtype if n == "sigma" else dtype).requires_grad_() for n, t in x.items()}
+    pkc = pk.to("cuda")
+    out, lse = run(ops, xc, pkc, **kw)
+    plan = ops.relpos_plan(*[xc[n] for n in ("q", "k", "v", "q_pos", "rel")], packed=pkc)
+    assert plan["forward"] == "general", plan
+    tol = {F64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+    assert torch.equal(lse.isinf().cpu(), ref_lse.isinf())
+    torch.testing.assert_close(out.double().cpu(), ref_out, atol=tol, rtol=0)
+    for name, a, b in zip(x, grads(out, lse, xc), want):
+        torch.testing.assert_close(a.double().cpu(), b, atol=tol * max(1.0, b.abs().max().item()), rtol=0, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_bad_packing_is_a_device_side_assertion_with_the_cpu_message():
+    import subprocess
+    import sys
+
+    code = """
+import torch
+q = torch.randn(1, 2, 10, 4, device="cuda")
+off = torch.tensor([0, 6, 11], dtype=torch.int32, device="cuda")
+shp = torch.tensor([[2, 3], [2, 2]], dtype=torch.int32, device="cuda")
+import posattn
+out = torch.ops.posattn.relpos_attention(q, q, q, None, None, [3, 4], None, 0.0, "add", 0.5, False,
+                                         packed_offsets=off, packed_shapes=shp)
+torch.cuda.synchronize()
+print("NO ERROR")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, r.stdout
+    assert "packed_shapes gives a sample another number of tokens than packed_offsets do" in r.stderr
 
 
 def test_no_heads_still_checks_the_packing():

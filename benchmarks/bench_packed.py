@@ -1,9 +1,10 @@
-"""CPU benchmark of packed relpos_attention (posattn.PackedGrids, NaViT's "Patch n' Pack").
+"""Benchmark of packed relpos_attention (posattn.PackedGrids, NaViT's "Patch n' Pack"), CPU or CUDA.
 
 A NaViT-like mix: S images whose sides are 4..16 patches with aspect ratios from 1:2 to 2:1
 (seeded), B = 1, with q_pos / rel and a learned bias, dense and in a 7x7 window. Forward and
-forward + backward (gradients of q, k, v, q_pos, rel, bias), float32, median of interleaved
-rounds after warm-up, in one process.
+forward + backward (gradients of q, k, v, q_pos, rel, bias), float32 (on CUDA also bfloat16),
+median of interleaved rounds after warm-up, in one process (on CUDA each time after a
+synchronisation, and the peak memory of each method's forward + backward).
 
   packed      ops.relpos_attention(..., packed=grids): one call over all samples
   loop        one ops.relpos_attention call per sample on its own grid, with its rows of the
@@ -15,8 +16,9 @@ rounds after warm-up, in one process.
               (the op has no key mask, so the padding keys take part: not the same result)
 
 Usage:
-  python benchmarks/bench_packed_cpu.py                  # the issue's mix: 32 images, H = 4, D = 32
-  python benchmarks/bench_packed_cpu.py --images 64 --repeats 5 --markdown results.md
+  python benchmarks/bench_packed.py                  # the issue's mix: 32 images, H = 4, D = 32
+  python benchmarks/bench_packed.py --images 64 --repeats 5 --markdown results.md
+  python benchmarks/bench_packed.py --device cuda --dtype bfloat16   # (scripts/gpu_check.sh bench)
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ def navit_shapes(images: int, seed: int, lo: int = 4, hi: int = 16) -> list[list
     return shapes
 
 
-def make_inputs(pk: PackedGrids, heads: int, dim: int, seed: int = 0) -> dict:
+def make_inputs(pk: PackedGrids, heads: int, dim: int, seed: int = 0, dtype=torch.float32) -> dict:
     g = torch.Generator().manual_seed(seed)
     T, U = pk.num_tokens, num_offsets(pk.max_grid)
 
     def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).requires_grad_()
+        return (torch.randn(*shape, generator=g) * scale).to(pk.device, dtype).requires_grad_()
 
     return dict(
         q=rand(1, heads, T, dim),
@@ -71,10 +73,11 @@ def padded_batch(x: dict, pk: PackedGrids) -> tuple:
     batch, and the (S, M) mask of real tokens; differentiable in x."""
     mh, mw = pk.max_grid
     M = mh * mw
+    dev = pk.device
     parts, masks = {n: [] for n in ("q", "k", "v", "q_pos")}, []
     for start, (h, w) in pk.samples():
-        cells = (torch.arange(h)[:, None] * mw + torch.arange(w)[None]).reshape(-1)
-        mask = torch.zeros(M, dtype=torch.bool)
+        cells = (torch.arange(h, device=dev)[:, None] * mw + torch.arange(w, device=dev)[None]).reshape(-1)
+        mask = torch.zeros(M, dtype=torch.bool, device=dev)
         mask[cells] = True
         masks.append(mask)
         for n in parts:
@@ -89,7 +92,7 @@ def make_method(name: str, x: dict, pk: PackedGrids, window):
     if name == "packed":
         return lambda: ops.relpos_attention(q, k, v, qp, rel, bias=bias, packed=pk, window=window), params
     if name == "loop":
-        rows = [sample_offset_rows(shape, pk.max_grid) for _, shape in pk.samples()]
+        rows = [sample_offset_rows(shape, pk.max_grid, device=pk.device) for _, shape in pk.samples()]
 
         def loop():
             outs = []
@@ -112,8 +115,8 @@ def make_method(name: str, x: dict, pk: PackedGrids, window):
         return loop, params
     grid = list(pk.max_grid)
     coords = grid_coords(grid)
-    delta = coords[None] - coords[:, None]  # (M, M, 2): key minus query
-    rows = offset_rows(delta, grid)
+    delta = (coords[None] - coords[:, None]).to(pk.device)  # (M, M, 2): key minus query
+    rows = offset_rows(delta, grid).to(pk.device)
     if name == "padded-op":
 
         def padded_op():
@@ -121,7 +124,7 @@ def make_method(name: str, x: dict, pk: PackedGrids, window):
             return ops.relpos_attention(b["q"], b["k"], b["v"], b["q_pos"], rel, grid, bias=bias, window=window)
 
         return padded_op, params
-    keep_window = torch.ones(rows.shape, dtype=torch.bool)
+    keep_window = torch.ones(rows.shape, dtype=torch.bool, device=pk.device)
     if window is not None:
         keep_window = (delta.abs() <= window).all(-1)
     scale = q.shape[-1] ** -0.5
@@ -146,13 +149,16 @@ def fwd_bwd(run, params):
 
 def bench(args) -> tuple[list[dict], list[str]]:
     shapes = navit_shapes(args.images, args.seed)
-    pk = PackedGrids.from_shapes(shapes)
-    x = make_inputs(pk, args.heads, args.dim)
+    pk = PackedGrids.from_shapes(shapes, device=args.device)
+    x = make_inputs(pk, args.heads, args.dim, dtype=getattr(torch, args.dtype))
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     tokens = pk.num_tokens
     mh, mw = pk.max_grid
     print(
         f"{args.images} images, {tokens} tokens, largest grid {mh}x{mw} (padded: {args.images * mh * mw} tokens), "
-        f"H = {args.heads}, D = {args.dim}, {torch.get_num_threads()} threads",
+        f"H = {args.heads}, D = {args.dim}, {args.dtype}, "
+        + (torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"),
         flush=True,
     )
     records, lines = [], []
@@ -160,22 +166,33 @@ def bench(args) -> tuple[list[dict], list[str]]:
         label = "dense" if window is None else f"{2 * window + 1}x{2 * window + 1} window"
         runs = {m: make_method(m, x, pk, window) for m in args.methods}
         times = {(m, kind): [] for m in runs for kind in ("fwd", "fwd_bwd")}
+        peak = {}
         for rnd in range(args.warmup + args.repeats):
             for m, (run, params) in runs.items():
+                sync()
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     run()
+                sync()
                 t1 = time.perf_counter()
+                if cuda and rnd == 0:
+                    torch.cuda.reset_peak_memory_stats()
                 fwd_bwd(run, params)
+                sync()
                 t2 = time.perf_counter()
+                if cuda and rnd == 0:
+                    peak[m] = torch.cuda.max_memory_allocated() / 2**20
                 if rnd >= args.warmup:
                     times[(m, "fwd")].append(1e3 * (t1 - t0))
                     times[(m, "fwd_bwd")].append(1e3 * (t2 - t1))
         med = {key: statistics.median(v) for key, v in times.items()}
-        lines.append(f"| {label} | method | fwd ms | fwd+bwd ms |")
-        lines.append("|---|---|---|---|")
+        lines.append(f"| {label} | method | fwd ms | fwd+bwd ms |" + (" peak MiB |" if cuda else ""))
+        lines.append("|---|---|---|---|" + ("---|" if cuda else ""))
         for m in runs:
-            lines.append(f"| {label} | {m} | {med[(m, 'fwd')]:.2f} | {med[(m, 'fwd_bwd')]:.2f} |")
+            lines.append(
+                f"| {label} | {m} | {med[(m, 'fwd')]:.2f} | {med[(m, 'fwd_bwd')]:.2f} |"
+                + (f" {peak[m]:.0f} |" if cuda else "")
+            )
         if "packed" in runs:
             for base in [b for b in runs if b != "packed"]:
                 for kind in ("fwd", "fwd_bwd"):
@@ -208,9 +225,15 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="bfloat16: CUDA only")
     p.add_argument("--markdown", help="also write the results table to this file")
     p.add_argument("--json", help="also write ratio records for benchmarks/compare.py to this file")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device")
+    if args.dtype == "bfloat16" and args.device != "cuda":
+        p.error("--dtype bfloat16 needs --device cuda (the CPU kernels take float32 and float64)")
     torch.set_num_threads(args.threads)
     records, lines = bench(args)
     write_records(args.json, records)
