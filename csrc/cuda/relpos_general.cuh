@@ -38,6 +38,7 @@
 #include "../core/relpos_tiling.h"
 #include "cuda_common.cuh"
 #include "relpos_head.cuh"
+#include "relpos_packed.cuh"
 
 namespace posattn {
 namespace relpos {
@@ -166,114 +167,6 @@ __device__ inline int64_t box_token(const RelposParams& p, const TokenBox& b, in
   return ravel_index(c, p.g.n, p.g.ndim);
 }
 
-// ---- packed calls -------------------------------------------------------------
-// A packed call (p.packed_samples = S > 0, B = 1, p.N = T): token t belongs to the sample s with
-// packed_offsets[s] <= t < packed_offsets[s + 1], or to the tail past packed_offsets[S]. A sample
-// is a call of its own grid: packed_sample gives its RelposParams (its extents on the max grid's
-// kept axes, its windows capped by them; U and rel_stride stay the max grid's, so that its offset
-// rows are the max-grid tables' rows from row_base on) and its tensors (at its first token of the
-// slabs of T, the tables at row_base). A sample whose values are out of range or inconsistent is
-// left alone (its tokens as tail): relpos_packed_check_kernel, launched first, reports it.
-
-// The sample holding token `tok` by a binary search of the offsets, or -1 (tail).
-__device__ inline int64_t packed_sample_of(const RelposParams& p, const int* __restrict__ off, int64_t tok) {
-  if (tok < off[0] || tok >= off[p.packed_samples]) return -1;
-  int64_t lo = 0, hi = p.packed_samples - 1;  // off[lo] <= tok
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (off[mid] <= tok)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
-// Sample s of packed call p as a call of its own (sp, ts); false where its values are bad.
-template <typename T>
-__device__ bool packed_sample(const RelposParams& p, const RelposTensors<T>& t, int64_t s, RelposParams& sp,
-                              RelposTensors<T>& ts) {
-  const int* __restrict__ off = t.packed_offsets;
-  const int* __restrict__ shapes = t.packed_shapes;
-  const int64_t first = off[s], next = off[s + 1];
-  bool valid = first >= 0 && next > first && next <= p.N;
-  sp = p;
-  sp.packed_samples = 0;
-  sp.tok_stride = p.tok_stride;
-  int64_t tokens = 1, row_base = 0;
-  for (int64_t a = 0, d = 0; a < p.G_in; ++a) {
-    const int64_t e = shapes[s * p.G_in + a];
-    const bool kept = d < p.g.ndim && p.g.axis[d] == a;  // (axes of max extent 1 were squeezed out)
-    const int64_t m = kept ? p.g.n[d] : 1;
-    valid = valid && e >= 1 && e <= m;
-    if (!valid) break;
-    tokens *= e;
-    if (!kept) continue;
-    sp.g.n[d] = e;
-    sp.win_left[d] = min(p.win_left[d], e - 1);
-    sp.win_right[d] = min(p.win_right[d], e - 1);
-    sp.win_stride[d] = min(p.win_stride[d], e);
-    row_base += (m - e) * p.rel_stride[d];
-    ++d;
-  }
-  valid = valid && tokens == next - first;
-  sp.N = tokens;
-  ts = t;
-  ts.q = t.q + first * p.D;
-  ts.k = t.k + first * p.D;
-  ts.v = t.v + first * p.Dv;
-  if (t.qpos) ts.qpos = t.qpos + first * p.D;
-  if (t.rel) ts.rel = t.rel + row_base * p.D;
-  if (t.bias) ts.bias = t.bias + row_base;
-  if (t.out) ts.out = t.out + first * p.Dv;
-  if (t.lse) ts.lse = t.lse + first;
-  if (t.gout) ts.gout = t.gout + first * p.Dv;
-  if (t.rowd) ts.rowd = t.rowd + first;
-  if (t.dq) ts.dq = t.dq + first * p.D;
-  if (t.dk) ts.dk = t.dk + first * p.D;
-  if (t.dv) ts.dv = t.dv + first * p.Dv;
-  if (t.dqpos) ts.dqpos = t.dqpos + first * p.D;
-  return valid;
-}
-
-// Token `tok` of a packed call: its sample as a call of its own and its index `i` there (false:
-// a tail token, or one of a bad sample).
-template <typename T>
-__device__ bool packed_token(const RelposParams& p, const RelposTensors<T>& t, int64_t tok, RelposParams& sp,
-                             RelposTensors<T>& ts, int64_t& i) {
-  const int64_t s = packed_sample_of(p, t.packed_offsets, tok);
-  if (s < 0 || !packed_sample(p, t, s, sp, ts)) return false;
-  i = tok - t.packed_offsets[s];
-  return i >= 0 && i < sp.N;
-}
-
-// The values of a packed call's offsets and shapes, a thread per sample: device-side assertions with
-// the CPU check's messages (csrc/relpos/relpos_checks.cpp, check_packed_values_cpu).
-static __global__ void __launch_bounds__(kThreads)
-    relpos_packed_check_kernel(RelposParams p, const int* off, const int* shapes) {
-  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (s == 0) POSATTN_DEVICE_ASSERT(off[0] == 0, "relpos_attention: packed_offsets must start at 0");
-  if (s >= p.packed_samples) return;
-  POSATTN_DEVICE_ASSERT(off[s + 1] > off[s], "relpos_attention: packed_offsets must increase");
-  int64_t tokens = 1;
-  bool inside = true;
-  for (int64_t a = 0, d = 0; a < p.G_in; ++a) {
-    const bool kept = d < p.g.ndim && p.g.axis[d] == a;
-    const int64_t e = shapes[s * p.G_in + a], m = kept ? p.g.n[d++] : 1;
-    inside = inside && e >= 1 && e <= m;
-    tokens *= inside ? e : 1;
-  }
-  POSATTN_DEVICE_ASSERT(inside,
-                        "relpos_attention: packed_shapes must have extents in [1, max_grid] on every axis");
-  POSATTN_DEVICE_ASSERT(!inside || tokens == static_cast<int64_t>(off[s + 1]) - off[s],
-                        "relpos_attention: packed_shapes gives a sample another number of tokens than "
-                        "packed_offsets do");
-  if (s == p.packed_samples - 1)
-    POSATTN_DEVICE_ASSERT(off[s + 1] <= p.N,
-                          "relpos_attention: the packed samples hold more tokens (packed_offsets[-1]) than q "
-                          "has (T)");
-}
-
 // The forward of query i of (batch, head) slab bh.
 template <typename T, typename Acc>
 __device__ void forward_query(const RelposParams& p, const RelposTensors<T>& t, int64_t i, int64_t bh,
@@ -373,7 +266,8 @@ __global__ void __launch_bounds__(kThreads) relpos_forward_kernel(RelposParams p
     RelposParams sp;
     RelposTensors<T> ts;
     int64_t i = 0;
-    if (packed_token(p, t, tok, sp, ts, i)) return forward_query<T, Acc>(sp, ts, i, bh, smem_raw);
+    if (cuda_packed::packed_token(p, t, tok, sp, ts, i))
+      return forward_query<T, Acc>(sp, ts, i, bh, smem_raw);
     for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) t.out[blk * p.Dv + c] = from_acc<T>(Acc(0));
     if (threadIdx.x == 0) t.lse[blk] = -static_cast<Acc>(INFINITY);  // tail padding: no keys
   }
@@ -488,7 +382,8 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dq_kernel(RelposPara
     RelposParams sp;
     RelposTensors<T> ts;
     int64_t i = 0;
-    if (packed_token(p, t, tok, sp, ts, i)) return backward_dq_query<T, Acc>(sp, ts, i, bh, smem_raw);
+    if (cuda_packed::packed_token(p, t, tok, sp, ts, i))
+      return backward_dq_query<T, Acc>(sp, ts, i, bh, smem_raw);
     for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) {  // tail padding: zero gradients
       t.dq[blk * p.D + c] = from_acc<T>(Acc(0));
       if (p.has_pos) t.dqpos[blk * p.D + c] = from_acc<T>(Acc(0));
@@ -587,7 +482,8 @@ __global__ void __launch_bounds__(kThreads) relpos_backward_dkv_kernel(RelposPar
     RelposParams sp;
     RelposTensors<T> ts;
     int64_t j = 0;
-    if (packed_token(p, t, tok, sp, ts, j)) return backward_dkv_key<T, Acc>(sp, ts, j, bh, smem_raw);
+    if (cuda_packed::packed_token(p, t, tok, sp, ts, j))
+      return backward_dkv_key<T, Acc>(sp, ts, j, bh, smem_raw);
     for (int64_t c = threadIdx.x; c < p.D; c += blockDim.x) t.dk[blk * p.D + c] = from_acc<T>(Acc(0));
     for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) t.dv[blk * p.Dv + c] = from_acc<T>(Acc(0));
   }
@@ -712,7 +608,7 @@ __global__ void __launch_bounds__(kThreads)
         if (!on_grid) continue;
         RelposParams sp;
         RelposTensors<T> st;
-        if (!packed_sample(p, t, s, sp, st)) continue;  // (reported by the check kernel)
+        if (!cuda_packed::packed_sample(p, t, s, sp, st)) continue;  // (reported by the check kernel)
         Head<Acc> sh;
         load_span_head<Acc>(sp, h, t.sigma, sh);
         offset_pairs<T, Acc>(sp, st, sh, h, delta, qrow_s, drel_s, w_s, red, dbias_u, dsig);
@@ -761,19 +657,11 @@ size_t backward_offset_smem(const RelposParams& p) {
   return sizeof(int64_t) * kThreads + sizeof(acc_t<T>) * (p.D + 2 * kThreads);
 }
 
-// A packed call's offsets and shapes, checked on the device before its kernels (nothing otherwise).
-inline cudaError_t launch_packed_check(const RelposParams& p, const int* offsets, const int* shapes,
-                                       cudaStream_t stream) {
-  if (p.packed_samples == 0) return cudaSuccess;
-  return cuda::launch(relpos_packed_check_kernel, (p.packed_samples + kThreads - 1) / kThreads, kThreads, 0,
-                      stream, p, offsets, shapes);
-}
-
 // out and lse (a packed call's values checked first). The caller has checked token_blocks(p) <=
 // INT_MAX and the shared memory.
 template <typename T>
 cudaError_t launch_forward(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  const cudaError_t err = launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
+  const cudaError_t err = cuda_packed::launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
   if (err != cudaSuccess) return err;
   return cuda::launch(p.packed_samples > 0 ? relpos_forward_kernel<T, acc_t<T>, true>
                                            : relpos_forward_kernel<T, acc_t<T>, false>,
@@ -783,7 +671,7 @@ cudaError_t launch_forward(const RelposParams& p, const RelposTensors<T>& t, cud
 // dq and d q_pos (query-major; the first of the backward's kernels: a packed call's values checked first).
 template <typename T>
 cudaError_t launch_backward_dq(const RelposParams& p, const RelposTensors<T>& t, cudaStream_t stream) {
-  const cudaError_t err = launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
+  const cudaError_t err = cuda_packed::launch_packed_check(p, t.packed_offsets, t.packed_shapes, stream);
   if (err != cudaSuccess) return err;
   return cuda::launch(p.packed_samples > 0 ? relpos_backward_dq_kernel<T, acc_t<T>, true>
                                            : relpos_backward_dq_kernel<T, acc_t<T>, false>,
