@@ -58,6 +58,7 @@ def short_name(mangled: str) -> str:
         ("relpos_backward_dkv", "general dk/dv"),
         ("relpos_backward_offset", "offset (d rel, d bias, d sigma)"),
         ("relpos_packed_check_kernel", "packed: its offsets' and shapes' check"),
+        ("packed_schedule_kernel", "packed: the fast kernels' schedule"),
     ):
         if key in mangled:
             return name

@@ -5,9 +5,11 @@ another (each with its own launches: what a loop over the images costs on a GPU)
 cycles per kernel and the ratios. Each run takes minutes (timing mode).
 
     python benchmarks/sim_packed_cycles.py [--samples 6] [--max-side 6] [--dtype f32] [--window 1]
+        [--path general|auto] [--no-span] [--forward-only]
 
-Today the general kernels take packed calls (the fast ones do not yet): the comparison is of the
-general kernels, packed against per sample.
+--path general (the default) compares the general kernels, packed against per sample; --path auto
+the kernels the plan chooses (the fast forward takes packed calls without a span: --no-span; their
+backward is the general kernels' so far).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def mix(samples: int, max_side: int, seed: int):
     return shapes
 
 
-def run_one(workdir: Path, name: str, grid, shapes, window, backward: bool, dtype, H: int, D: int):
+def run_one(
+    workdir: Path, name: str, grid, shapes, window, backward: bool, dtype, H: int, D: int, path: str, span: bool
+):
     """Cycles per launch of one harness run: a packed call (shapes given) or a single grid."""
     T = sum(math.prod(s) for s in shapes) if shapes else math.prod(grid)
     U = math.prod(2 * n - 1 for n in grid)
@@ -56,7 +60,7 @@ def run_one(workdir: Path, name: str, grid, shapes, window, backward: bool, dtyp
     )
     settings = dict(
         op="relpos",
-        **simlib.plan_settings("general"),
+        **simlib.plan_settings(path),
         B=1,
         H=H,
         D=D,
@@ -64,7 +68,7 @@ def run_one(workdir: Path, name: str, grid, shapes, window, backward: bool, dtyp
         grid=list(grid),
         has_pos=1,
         has_bias=1,
-        has_sigma=1,
+        has_sigma=int(span),
         scale=repr(D**-0.5),
         window=[window] * len(grid) if window else None,
         backward=int(backward),
@@ -76,7 +80,8 @@ def run_one(workdir: Path, name: str, grid, shapes, window, backward: bool, dtyp
             offsets.append(offsets[-1] + math.prod(s))
         settings.update(T=T, packed_offsets=offsets, packed_shapes=[n for s in shapes for n in s])
     case = workdir / f"{name}-{'bwd' if backward else 'fwd'}"
-    res = simlib.run_case(simlib.harness(dtype), case, settings, arrays, timing=True, timeout=7200, rundir=case / "sim")
+    harness = simlib.harness(dtype, D if path != "general" else None)
+    res = simlib.run_case(harness, case, settings, arrays, timing=True, timeout=7200, rundir=case / "sim")
     if res.returncode != 0:
         raise RuntimeError(res.tail())
     return kernel_cycles((case / "sim" / "gpgpusim.log").read_text())
@@ -91,6 +96,9 @@ def main():
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--path", choices=["general", "auto"], default="general")
+    ap.add_argument("--no-span", dest="span", action="store_false", help="q_pos and bias only")
+    ap.add_argument("--forward-only", action="store_true")
     args = ap.parse_args()
     why = simlib.unavailable()
     if why:
@@ -100,18 +108,19 @@ def main():
     dtype = DTYPES[args.dtype]
     print(
         f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), {len(shapes)} images {shapes}, max grid "
-        f"{max_grid}, {args.dtype}, H = {args.heads}, D = {args.dim}, q_pos + bias + span, "
+        f"{max_grid}, {args.dtype}, H = {args.heads}, D = {args.dim}, q_pos + bias{' + span' if args.span else ''}, "
         f"{'window ' + str(2 * args.window + 1) + 'x' + str(2 * args.window + 1) if args.window else 'dense'}; "
-        "general kernels"
+        f"{args.path} kernels"
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for backward in (False, True):
+        for backward in (False,) if args.forward_only else (False, True):
             what = "forward + backward" if backward else "forward"
-            packed = run_one(work, "packed", max_grid, shapes, args.window, backward, dtype, args.heads, args.dim)
+            opts = (backward, dtype, args.heads, args.dim, args.path, args.span)
+            packed = run_one(work, "packed", max_grid, shapes, args.window, *opts)
             single = []
             for i, s in enumerate(shapes):
-                single += run_one(work, f"single{i}", s, None, args.window, backward, dtype, args.heads, args.dim)
+                single += run_one(work, f"single{i}", s, None, args.window, *opts)
             total_p, total_s = sum(c for _, c in packed), sum(c for _, c in single)
             print(f"\n{what}: packed {total_p:,} cycles in {len(packed)} launches; per sample {total_s:,} cycles in "
                   f"{len(single)} launches; per sample / packed = {total_s / total_p:.2f}x")  # fmt: skip

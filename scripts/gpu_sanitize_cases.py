@@ -87,15 +87,17 @@ def relpos_cases(device):
 
 
 def packed_cases(device):
-    """Packed calls (the general kernels): 2-D and 3-D samples of several shapes, tail tokens,
-    a sample of more than 128 tokens (key chunks), a span box, a window, causal order."""
+    """Packed calls: on the general kernels, 2-D and 3-D samples of several shapes, tail tokens, a
+    sample of more than 128 tokens (key chunks), a span box, a window, causal order; on the fast
+    forward (bfloat16, D = 32, no span), samples of several query tiles and key blocks, a window."""
     g = torch.Generator().manual_seed(2)
-    for shapes, max_grid, kw in (
-        ([[5, 31], [3, 4], [1, 7], [12, 12]], [12, 31], dict(sigma=True, bias=True, threshold=0.3)),
-        ([[2, 3, 4], [1, 1, 5], [3, 2, 2]], None, dict(sigma=True, window=[1, 1, 2], causal=True)),
+    for shapes, max_grid, D, kw in (
+        ([[5, 31], [3, 4], [1, 7], [12, 12]], [12, 31], 8, dict(sigma=True, bias=True, threshold=0.3)),
+        ([[2, 3, 4], [1, 1, 5], [3, 2, 2]], None, 8, dict(sigma=True, window=[1, 1, 2], causal=True)),
+        ([[9, 12], [5, 7], [1, 1], [17, 8]], [17, 13], 32, dict(bias=True, window=[3, 2])),
     ):
         pk = PackedGrids.from_shapes(shapes, max_grid=max_grid, device=device)
-        T, H, D, U = pk.num_tokens + 3, 2, 8, math.prod(2 * m - 1 for m in pk.max_grid)
+        T, H, U = pk.num_tokens + 3, 2, math.prod(2 * m - 1 for m in pk.max_grid)
         for dtype in (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,):
 
             def rand(*shape):

@@ -56,9 +56,11 @@ for arch in archs:
             if m2 and name:
                 regs = int(m2.group(1))
                 demangled = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout.strip()
-                # (the forward's and backward's last template argument is the layout class)
-                sc = re.search(r"fast_(?:forward|backward)_kernel<.*, (\d)>\(", demangled)
-                runs = sc is None or int(sc.group(1)) in RUNS.get(arch, {0, 1, 2})
+                # the layout class: the forward's fifth template argument (T, D, POS, NDIM, SC, PACKED), the
+                # backward's sixth (T, D, POS, NDIM, KEYS, SC, HALF)
+                m3 = re.search(r"fast_(forward|backward)_kernel<([^<>]*)>\(", demangled)
+                sc = int(m3.group(2).split(", ")[4 if m3.group(1) == "forward" else 5]) if m3 else None
+                runs = sc is None or sc in RUNS.get(arch, {0, 1, 2})
                 flag = ""
                 if not stack == st == ld == 0:
                     flag = "   <-- stack or spills" if runs else "   (stack or spills: a class these devices never run)"

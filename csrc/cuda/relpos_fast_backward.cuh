@@ -1009,6 +1009,7 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
+  if (p.packed_samples > 0) return cudaErrorInvalidValue;  // (packed calls: the general kernels)
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;

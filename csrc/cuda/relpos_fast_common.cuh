@@ -117,11 +117,14 @@ __device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T*
 }
 
 // The grid of a call as the kernels see it: extents, token strides and offset-row strides
-// per axis in 32 bits (NDIM = 1: the N tokens in a row).
+// per axis in 32 bits (NDIM = 1: the N tokens in a row), and the offset row of offset 0 (the
+// tables' centre, (U - 1) / 2). A packed call's sample (set_sample) has its own extents and
+// token strides and the max grid's offset rows.
 template <int NDIM>
 struct FastGrid {
-  int n[NDIM], gs[NDIM], rs[NDIM];
+  int n[NDIM], gs[NDIM], rs[NDIM], c0;
   __device__ __forceinline__ explicit FastGrid(const RelposParams& p) {
+    c0 = static_cast<int>((p.U - 1) / 2);
     if constexpr (NDIM == 1) {
       n[0] = static_cast<int>(p.N), gs[0] = 1, rs[0] = 1;
     } else {
@@ -130,6 +133,20 @@ struct FastGrid {
       for (int a = NDIM - 1; a >= 0; --a) {
         n[a] = static_cast<int>(p.g.n[a]), gs[a] = s, rs[a] = static_cast<int>(p.rel_stride[a]);
         s *= n[a];
+      }
+    }
+  }
+  // sample s of a packed call p (its values checked by the schedule: relpos_packed.cuh)
+  __device__ __forceinline__ void set_sample(const RelposParams& p, const int* __restrict__ off,
+                                             const int* __restrict__ shapes, int s) {
+    if constexpr (NDIM == 1) {
+      n[0] = off[s + 1] - off[s];
+    } else {
+      int st = 1;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        n[a] = shapes[static_cast<int64_t>(s) * p.G_in + p.g.axis[a]], gs[a] = st;
+        st *= n[a];
       }
     }
   }
@@ -180,6 +197,13 @@ struct FastGrid {
       u += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * rs[a];
     return u;
   }
+  // the same in a packed call's sample (its offsets' rows on the max grid's tables: from their centre)
+  __device__ __forceinline__ int first_offset_packed(const int* qo, const int* kb) const {
+    int u = c0;
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) u += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1)) * rs[a];
+    return u;
+  }
 };
 
 // Which keys a query keeps along axis a: [lo, hi] of its window and span box
@@ -188,7 +212,7 @@ struct FastGrid {
 // (or its grid is not of NDIM axes: the control on any grid). Neither bound decreases as
 // the query's coordinate grows, so the queries of a box keep keys in [lo(its first cell),
 // hi(its last)] only, and all of them every key of [lo(its last cell), hi(its first)].
-template <int NDIM>
+template <int NDIM, bool PACKED = false>
 struct KeyRanges {
   bool boxed;
   int span[NDIM];
@@ -208,8 +232,14 @@ struct KeyRanges {
   __device__ __forceinline__ int2 operator()(const RelposParams& p, const FastGrid<NDIM>& g, int a,
                                              int c) const {
     if (!boxed) return make_int2(0, g.n[a] - 1);
+    AxisLimit l = window_limit(p, a, span[a]);
+    if constexpr (PACKED) {  // a sample: its windows capped by its own extents, as a call of its grid has
+                             // them
+      l.n = g.n[a];
+      l.left = min(l.left, l.n - 1), l.right = min(l.right, l.n - 1), l.stride = min(l.stride, l.n);
+    }
     int64_t lo, hi;
-    axis_key_range(window_limit(p, a, span[a]), min(c, g.n[a] - 1), lo, hi);
+    axis_key_range(l, min(c, g.n[a] - 1), lo, hi);
     return make_int2(static_cast<int>(lo), static_cast<int>(hi));
   }
 };
@@ -482,7 +512,9 @@ cudaError_t check_fast_call(const RelposParams& p, const RelposTensors<T>& t, in
     // the offset tables the call needs, filled (a null table would drop its bias or span)
     if ((t.offset_add != nullptr) != has_offset_add(p) || (t.offset_mul != nullptr) != has_offset_mul(p))
       return cudaErrorInvalidValue;
-    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * p.N - 1 || p.N > (int64_t{1} << 30) - kBlockN))
+    // (a packed call's tokens in a row: its samples', the max grid's extent at most)
+    const int64_t row = p.packed_samples > 0 ? p.g.n[0] : p.N;
+    if (NDIM == 1 && (p.g.ndim > 1 || p.U != 2 * row - 1 || p.N > (int64_t{1} << 30) - kBlockN))
       return cudaErrorInvalidValue;
     if (NDIM > 1 && (p.U != num_offsets(p.g.n, NDIM) || p.U > (int64_t{1} << 26)))
       return cudaErrorInvalidValue;

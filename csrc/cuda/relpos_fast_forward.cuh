@@ -55,6 +55,7 @@
 #include "../core/relpos_tensors.h"
 #include "relpos_fast_boxes.cuh"
 #include "relpos_fast_common.cuh"
+#include "relpos_packed.cuh"
 #include "warp_primitives.cuh"
 
 namespace posattn::relpos::cuda_fast {
@@ -268,11 +269,12 @@ __device__ __forceinline__ void p_times_v(float (&o)[D / 8][4], const float (&s)
   }
 }
 
-// Grid (query tiles, H, B)
+// Grid (query tiles, H, B); PACKED: a packed call (B = 1), blocks over every sample's query tiles
+// (relpos_packed.cuh: packed_block_sample), each run as a call of its sample's grid
 // (__launch_bounds__'s minimum of 1 block per SM: without it ptxas aimed at fewer registers and
 // spilled on the 1-D grid at D = 32; held to the blocks per SM that shared memory allows,
 // the control spilled at D = 64 and 128. Occupancy against registers is for ncu on a GPU.)
-template <typename T, int D, bool POS, int NDIM, int SC>
+template <typename T, int D, bool POS, int NDIM, int SC, bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync with bf16, ldmatrix and cp.async need sm_80; the host never launches this below it
@@ -286,24 +288,32 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int N = static_cast<int>(p.N);
-  const FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  int tile = blockIdx.x;
+  int64_t first = 0;  // the call's first token (PACKED: its sample's)
+  if constexpr (PACKED) {
+    int s = 0;
+    if (!cuda_packed::packed_block_sample(p, t.packed_tiles, blockIdx.x, &s, &tile)) return;
+    g.set_sample(p, t.packed_offsets, t.packed_shapes, s);
+    first = t.packed_offsets[s];
+  }
   const int (&n)[NDIM] = g.n;
   const int (&gs)[NDIM] = g.gs;
   const int (&rs)[NDIM] = g.rs;
   // the query tile's origin (tiles row-major over the grid) and its first token
   int t0[NDIM], tile_first = 0;
-  g.box_origin(blockIdx.x, t0);
+  g.box_origin(tile, t0);
 #pragma unroll
   for (int a = 0; a < NDIM; ++a) tile_first += t0[a] * gs[a];
   const int64_t bh = blockIdx.z * p.H + blockIdx.y;
-  const int64_t head = bh * N * D;  // the (batch, head)'s offset in q, k, v, out
+  const int64_t row0 = bh * p.tok_stride + first;  // the call's first row of the (batch, head)
+  const int64_t head = row0 * D;                   // its offset in q, k, v, out
   const T* q = t.q + head;
   const T* k = t.k + head;
   const T* v = t.v + head;
 
   // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
-  const KeyRanges<NDIM> kr(p, t.sigma, g, blockIdx.y);
+  const KeyRanges<NDIM, PACKED> kr(p, t.sigma, g, blockIdx.y);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
   // each row's ranges (row lane of warp w; rows past the grid's end as its last cell's),
   // read by the warp from its first barrier on
@@ -363,10 +373,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   // chunk c of the offset tile of key block kb into rel stage rst: its rel rows' columns
   // [c DC, (c + 1) DC) and, with chunk 0, the warp's add / mul entries
   const auto load_offsets = [&](int rst, const int* kb, int c) {
-    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
-                                         g.first_offset(t0, kb), U, rs, c == 0 ? add : nullptr,
-                                         c == 0 ? mul : nullptr, fsmem + L::table_at(rst, w, 0),
-                                         fsmem + L::table_at(rst, w, 1), woff, lane);
+    load_offset_tile<T, DC, NDIM, LR, D>(
+        smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+        PACKED ? g.first_offset_packed(t0, kb) : g.first_offset(t0, kb), U, rs, c == 0 ? add : nullptr,
+        c == 0 ? mul : nullptr, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   // (kSerial) part h of key block kb's rows of x (K or V: columns h kKVC ...) into the one buffer
   const auto load_part = [&](const T* x, int h, const int* kb) {
@@ -662,8 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
       F::store2(out + static_cast<int64_t>(row) * D + 8 * nd + 2 * (lane % 4), o[nd][2 * r] * inv,
                 o[nd][2 * r + 1] * inv);
     }
-    if (lane % 4 == 0)
-      t.lse[bh * N + row] = l_run[r] == 0.f ? -INFINITY : (m_run[r] + log2f(l_run[r])) * kLn2;
+    if (lane % 4 == 0) t.lse[row0 + row] = l_run[r] == 0.f ? -INFINITY : (m_run[r] + log2f(l_run[r])) * kLn2;
   }
 #endif
 }
@@ -674,6 +683,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 // checks the rest: the layout within `optin`, check_fast_call's (relpos_fast_common.cuh), out
 // aligned to two elements (the paired stores), out and lse given. cudaErrorInvalidValue where
 // one fails.
+// A packed call (p.packed_samples > 0; B = 1, t.packed_tiles a workspace of S + 1 ints): its
+// schedule (relpos_packed.cuh: its offsets and shapes checked on the device, the tail's outputs
+// written), then one launch over every sample's query tiles (as many blocks as the bound from T, S and the
+// max grid allows; those past the last tile return). Not yet with a span (its tables are the max grid's; the
+// plan sends such calls to the general kernels).
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                 cudaStream_t stream) {
@@ -685,6 +699,16 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   if (sc < 0) return cudaErrorInvalidValue;
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
+  const bool packed = p.packed_samples > 0;
+  const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
+                                  NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
+  if (packed) {
+    if (p.B != 1 || p.has_sigma) return cudaErrorInvalidValue;
+    const cudaError_t e = cuda_packed::launch_packed_schedule(p, t, NDIM, tile_box, stream);
+    if (e != cudaSuccess) return e;
+    tiles = cuda_packed::packed_tiles_bound(p, NDIM, tile_box);
+    if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  }
   return by_smem_class(sc, [&](auto c) -> cudaError_t {
     constexpr int SC = fwd_canonical_class<T, D, POS, NDIM, decltype(c)::value>();
     using L = FwdLayout<T, D, POS, NDIM, SC>;
@@ -692,7 +716,8 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
       return cudaErrorInvalidValue;  // (the plan never gives it such a call)
     } else {
       if (L::kBytes > optin) return cudaErrorInvalidValue;
-      auto kernel = fast_forward_kernel<T, D, POS, NDIM, SC>;
+      auto kernel =
+          packed ? fast_forward_kernel<T, D, POS, NDIM, SC, true> : fast_forward_kernel<T, D, POS, NDIM, SC>;
       if (L::kBytes > 48 * 1024) {
         const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);

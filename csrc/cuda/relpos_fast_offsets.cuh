@@ -907,6 +907,7 @@ template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR, bool QCH
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {
   using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DA == 0 ? D : DC, AR, DA != 0 && QCH, XP>;
+  if (p.packed_samples > 0) return cudaErrorInvalidValue;  // (packed calls: the general kernels)
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;

@@ -1,9 +1,11 @@
 // Packed calls of relpos_attention on CUDA (posattn.PackedGrids; RelposParams::packed_samples):
-// finding a token's sample, a sample as a call of its own grid, and the device-side check of the
-// offsets' and shapes' values. Torch-free, shared by the kernels that take packed calls
-// (relpos_general.cuh today).
+// finding a token's sample, a sample as a call of its own grid, the device-side check of the
+// offsets' and shapes' values, and the fast kernels' schedule (every sample's tiles in one launch,
+// the values checked and the outputs of the tokens no tile holds written on the way). Torch-free, shared by
+// the kernels that take packed calls (relpos_general.cuh; the fast forward, relpos_fast_forward.cuh).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../core/relpos_params.h"
@@ -22,15 +24,15 @@ constexpr int kCheckThreads = 128;
 // kept axes, its windows capped by them; U and rel_stride stay the max grid's, so that its offset
 // rows are the max-grid tables' rows from row_base on) and its tensors (at its first token of the
 // slabs of T, the tables at row_base). A sample whose values are out of range or inconsistent is
-// left alone (its tokens as tail): relpos_packed_check_kernel, launched first, reports it.
+// left alone (its tokens as tail): relpos_packed_check_kernel (packed_schedule_kernel), launched
+// first, reports it.
 
-// The sample holding token `tok` by a binary search of the offsets, or -1 (tail).
-__device__ inline int64_t packed_sample_of(const RelposParams& p, const int* __restrict__ off, int64_t tok) {
-  if (tok < off[0] || tok >= off[p.packed_samples]) return -1;
-  int64_t lo = 0, hi = p.packed_samples - 1;  // off[lo] <= tok
+// The largest i in [0, n) with a[i] <= x, a being non-decreasing with a[0] <= x (a binary search).
+__device__ inline int64_t last_at_most(const int* __restrict__ a, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n - 1;  // a[lo] <= x
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (off[mid] <= tok)
+    if (a[mid] <= x)
       lo = mid;
     else
       hi = mid - 1;
@@ -38,34 +40,50 @@ __device__ inline int64_t packed_sample_of(const RelposParams& p, const int* __r
   return lo;
 }
 
+// The sample holding token `tok` by a binary search of the offsets, or -1 (tail).
+__device__ inline int64_t packed_sample_of(const RelposParams& p, const int* __restrict__ off, int64_t tok) {
+  if (tok < off[0] || tok >= off[p.packed_samples]) return -1;
+  return last_at_most(off, p.packed_samples, tok);
+}
+
+// Sample s's extents on the max grid's kept axes (n[d], d < p.g.ndim) and its tokens, and whether
+// its values are good: offsets within [0, T] and increasing, extents in [1, max grid] whose
+// product is its number of tokens.
+__device__ inline bool packed_extents(const RelposParams& p, const int* __restrict__ off,
+                                      const int* __restrict__ shapes, int64_t s, int64_t* n,
+                                      int64_t* tokens) {
+  const int64_t first = off[s], next = off[s + 1];
+  bool valid = first >= 0 && next > first && next <= p.N;
+  *tokens = 1;
+  for (int64_t a = 0, d = 0; a < p.G_in && valid; ++a) {
+    const int64_t e = shapes[s * p.G_in + a];
+    const bool kept = d < p.g.ndim && p.g.axis[d] == a;  // (axes of max extent 1 were squeezed out)
+    valid = e >= 1 && e <= (kept ? p.g.n[d] : 1);
+    *tokens *= e;
+    if (kept) n[d++] = e;
+  }
+  return valid && *tokens == next - first;
+}
+
 // Sample s of packed call p as a call of its own (sp, ts); false where its values are bad.
 template <typename T>
 __device__ bool packed_sample(const RelposParams& p, const RelposTensors<T>& t, int64_t s, RelposParams& sp,
                               RelposTensors<T>& ts) {
-  const int* __restrict__ off = t.packed_offsets;
-  const int* __restrict__ shapes = t.packed_shapes;
-  const int64_t first = off[s], next = off[s + 1];
-  bool valid = first >= 0 && next > first && next <= p.N;
+  int64_t n[kMaxGridDims] = {}, tokens = 0;
+  const bool valid = packed_extents(p, t.packed_offsets, t.packed_shapes, s, n, &tokens);
+  const int64_t first = t.packed_offsets[s];
   sp = p;
   sp.packed_samples = 0;
   sp.tok_stride = p.tok_stride;
-  int64_t tokens = 1, row_base = 0;
-  for (int64_t a = 0, d = 0; a < p.G_in; ++a) {
-    const int64_t e = shapes[s * p.G_in + a];
-    const bool kept = d < p.g.ndim && p.g.axis[d] == a;  // (axes of max extent 1 were squeezed out)
-    const int64_t m = kept ? p.g.n[d] : 1;
-    valid = valid && e >= 1 && e <= m;
-    if (!valid) break;
-    tokens *= e;
-    if (!kept) continue;
+  int64_t row_base = 0;
+  for (int d = 0; d < p.g.ndim && valid; ++d) {
+    const int64_t e = n[d];
     sp.g.n[d] = e;
     sp.win_left[d] = min(p.win_left[d], e - 1);
     sp.win_right[d] = min(p.win_right[d], e - 1);
     sp.win_stride[d] = min(p.win_stride[d], e);
-    row_base += (m - e) * p.rel_stride[d];
-    ++d;
+    row_base += (p.g.n[d] - e) * p.rel_stride[d];
   }
-  valid = valid && tokens == next - first;
   sp.N = tokens;
   ts = t;
   ts.q = t.q + first * p.D;
@@ -96,13 +114,12 @@ __device__ bool packed_token(const RelposParams& p, const RelposTensors<T>& t, i
   return i >= 0 && i < sp.N;
 }
 
-// The values of a packed call's offsets and shapes, a thread per sample: device-side assertions with
-// the CPU check's messages (csrc/relpos/relpos_checks.cpp, check_packed_values_cpu).
-static __global__ void __launch_bounds__(kCheckThreads)
-    relpos_packed_check_kernel(RelposParams p, const int* off, const int* shapes) {
-  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// The values of sample s's offsets and shapes (s = 0 also the first offset, s = S - 1 also the
+// last): device-side assertions with the CPU check's messages (csrc/relpos/relpos_checks.cpp,
+// check_packed_values_cpu).
+__device__ inline void assert_packed_sample(const RelposParams& p, const int* __restrict__ off,
+                                            const int* __restrict__ shapes, int64_t s) {
   if (s == 0) POSATTN_DEVICE_ASSERT(off[0] == 0, "relpos_attention: packed_offsets must start at 0");
-  if (s >= p.packed_samples) return;
   POSATTN_DEVICE_ASSERT(off[s + 1] > off[s], "relpos_attention: packed_offsets must increase");
   int64_t tokens = 1;
   bool inside = true;
@@ -123,12 +140,151 @@ static __global__ void __launch_bounds__(kCheckThreads)
                           "has (T)");
 }
 
+// The general kernels' check of a packed call, a thread per sample.
+static __global__ void __launch_bounds__(kCheckThreads)
+    relpos_packed_check_kernel(RelposParams p, const int* off, const int* shapes) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s < p.packed_samples) assert_packed_sample(p, off, shapes, s);
+}
+
 // A packed call's offsets and shapes, checked on the device before its kernels (nothing otherwise).
 inline cudaError_t launch_packed_check(const RelposParams& p, const int* offsets, const int* shapes,
                                        cudaStream_t stream) {
   if (p.packed_samples == 0) return cudaSuccess;
   return cuda::launch(relpos_packed_check_kernel, (p.packed_samples + kCheckThreads - 1) / kCheckThreads,
                       kCheckThreads, 0, stream, p, offsets, shapes);
+}
+
+// ---- the fast kernels' schedule ----------------------------------------------------------------
+
+// The fast kernels take a packed call as one launch of blocks over all samples' tiles: a tile is a
+// box of `tile` cells (its extents on the kept axes; ndim 1: `tile[0]` tokens in a row), sample s
+// holds prod_d ceil(n_d / tile_d) of them (0: a bad sample), and block b takes tile b - prefix[s]
+// of the sample s with prefix[s] <= b < prefix[s + 1] (packed_block_sample), in sample order;
+// blocks past prefix[S] have none.
+constexpr int kScheduleThreads = 1024;
+
+// The tiles of sample s (0 where its values are bad: packed_extents' checks).
+__device__ inline int packed_sample_tiles(const RelposParams& p, const int* __restrict__ off,
+                                          const int* __restrict__ shapes, int64_t s, int ndim, int3 tile) {
+  const int64_t first = off[s], next = off[s + 1];
+  bool valid = first >= 0 && next > first && next <= p.N;
+  int64_t tokens = 1, tiles = 1;
+  for (int64_t a = 0, d = 0; a < p.G_in && valid; ++a) {
+    const int64_t e = shapes[s * p.G_in + a];
+    const bool kept = d < p.g.ndim && p.g.axis[d] == a;
+    valid = e >= 1 && e <= (kept ? p.g.n[d] : 1);
+    tokens *= e;
+    if (!kept) continue;
+    const int x = d == 0 ? tile.x : d == 1 ? tile.y : tile.z;
+    tiles *= (e + x - 1) / x;
+    ++d;
+  }
+  if (ndim == 1) tiles = (tokens + tile.x - 1) / tile.x;
+  return valid && tokens == next - first ? static_cast<int>(tiles) : 0;
+}
+
+// out 0 and lse -inf for tokens [from, to) of every head, by threads `lane` of `lanes`.
+template <typename T>
+__device__ void packed_zero_rows(const RelposParams& p, const RelposTensors<T>& t, int64_t from, int64_t to,
+                                 int64_t lane, int64_t lanes) {
+  using Acc = acc_t<T>;
+  const int64_t rows = to - from;
+  for (int64_t i = lane; i < p.H * rows * p.Dv; i += lanes) {
+    const int64_t h = i / (rows * p.Dv), r = i % (rows * p.Dv);
+    t.out[(h * p.tok_stride + from) * p.Dv + r] = cuda::from_acc<T>(Acc(0));
+  }
+  for (int64_t i = lane; i < p.H * rows; i += lanes)
+    t.lse[i / rows * p.tok_stride + from + i % rows] = -static_cast<Acc>(INFINITY);
+}
+
+// A packed call's schedule for the fast forward, one block: its offsets' and shapes' values checked
+// (assert_packed_sample), t.packed_tiles[0] = 0 and [s + 1] = the tiles of samples 0 ... s
+// (kScheduleThreads samples at a time, a block-wide scan of warp scans), and the outputs of the
+// tokens no tile holds: tail padding and bad samples' (out 0, lse -inf).
+template <typename T>
+__global__ void __launch_bounds__(kScheduleThreads)
+    packed_schedule_kernel(RelposParams p, RelposTensors<T> t, int ndim, int3 tile) {
+  __shared__ int warp_sums[kScheduleThreads / 32];
+  const int* __restrict__ off = t.packed_offsets;
+  const int* __restrict__ shapes = t.packed_shapes;
+  int* __restrict__ prefix = t.packed_tiles;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  int carry = 0;  // the tiles of the samples before this round's
+  if (threadIdx.x == 0) prefix[0] = 0;
+  for (int64_t base = 0; base < p.packed_samples; base += kScheduleThreads) {
+    const int64_t s = base + threadIdx.x;
+    int tiles = 0;
+    if (s < p.packed_samples) {
+      assert_packed_sample(p, off, shapes, s);
+      tiles = packed_sample_tiles(p, off, shapes, s, ndim, tile);
+      const int64_t first = off[s], next = off[s + 1];
+      if (tiles == 0 && first >= 0 && next > first)  // (a bad sample's tokens, within T)
+        packed_zero_rows(p, t, first, min(next, p.N), 0, 1);
+    }
+    int x = tiles;  // inclusive scan: the warp's, then the warps' sums
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[w] = x;
+    __syncthreads();
+    if (w == 0) {
+      int y = warp_sums[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int z = __shfl_up_sync(0xffffffffu, y, o);
+        if (lane >= o) y += z;
+      }
+      warp_sums[lane] = y;
+    }
+    __syncthreads();
+    x += w > 0 ? warp_sums[w - 1] : 0;
+    if (s < p.packed_samples) prefix[s + 1] = carry + x;
+    carry += warp_sums[kScheduleThreads / 32 - 1];
+    __syncthreads();  // every thread has read the warps' sums before the next round's
+  }
+  const int64_t tail = off[p.packed_samples];  // (tail padding from there, within T)
+  if (tail >= 0 && tail < p.N) packed_zero_rows(p, t, tail, p.N, threadIdx.x, kScheduleThreads);
+}
+
+// The block's sample and its tile there (false: block b is past the last tile).
+__device__ __forceinline__ bool packed_block_sample(const RelposParams& p, const int* __restrict__ prefix,
+                                                    int b, int* s, int* tile) {
+  if (b >= prefix[p.packed_samples]) return false;
+  *s = static_cast<int>(last_at_most(prefix, p.packed_samples, b));
+  *tile = b - prefix[*s];
+  return true;
+}
+
+// An upper bound of a packed call's tiles from T, S and the max grid only (the blocks launched: no
+// host sync, the same grid for every packing of those sizes): each sample holds at most as many
+// tiles as the max grid, and as tokens (ndim 1: ceil(tokens / tile[0]) <= (tokens + tile[0] - 1) /
+// tile[0]).
+inline int64_t packed_tiles_bound(const RelposParams& p, int ndim, int3 tile) {
+  const int ext[3] = {tile.x, tile.y, tile.z};
+  int64_t per = 1;
+  if (ndim == 1) {
+    int64_t m = 1;
+    for (int d = 0; d < p.g.ndim; ++d) m *= p.g.n[d];
+    per = (m + ext[0] - 1) / ext[0];
+  } else {
+    for (int d = 0; d < ndim; ++d) per *= (p.g.n[d] + ext[d] - 1) / ext[d];
+  }
+  const int64_t by_tokens = ndim == 1 ? (p.N + (ext[0] - 1) * p.packed_samples) / ext[0] : p.N;
+  return std::min(per * p.packed_samples, by_tokens);
+}
+
+// The schedule of a packed call for tiles of `tile` cells on `ndim` axes (packed_schedule_kernel),
+// into t.packed_tiles (S + 1 ints); t.out and t.lse given.
+template <typename T>
+cudaError_t launch_packed_schedule(const RelposParams& p, const RelposTensors<T>& t, int ndim, int3 tile,
+                                   cudaStream_t stream) {
+  if (t.packed_tiles == nullptr || t.packed_offsets == nullptr || t.packed_shapes == nullptr ||
+      t.out == nullptr || t.lse == nullptr || p.B != 1)
+    return cudaErrorInvalidValue;
+  return cuda::launch(packed_schedule_kernel<T>, 1, kScheduleThreads, 0, stream, p, t, ndim, tile);
 }
 
 }  // namespace cuda_packed

@@ -89,7 +89,6 @@ inline std::string fast_call_refusal(const RelposParams& p, DType dt, bool align
   if (dt == DType::kFloat32 && !dev.allow_tf32)
     return "float32 goes through TF32 tensor cores only where torch.backends.cuda.matmul.allow_tf32 is True";
   if (dt == DType::kFloat64) return "it takes float16, bfloat16 and (with TF32 allowed) float32 only";
-  if (p.packed_samples > 0) return "packed calls (packed=) run on the general kernels so far";
   if (p.D != p.Dv || (p.D != 32 && p.D != 64 && p.D != 128)) return "it needs D == Dv in {32, 64, 128}";
   if (p.g.ndim > 3) return "it takes grids of at most 3 axes (size-1 axes aside)";
   if (p.B > 65535 || p.H > 65535) return "it takes at most 65535 batch elements and heads";
@@ -121,6 +120,8 @@ inline std::string lacks_layout(const char* what, int64_t D, int ndim, int sc) {
 inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
                                 size_t* smem, std::string* layout) {
   std::string why = fast_call_refusal(p, dt, aligned16, dev);
+  if (why.empty() && p.packed_samples > 0 && p.has_sigma)
+    why = "packed calls (packed=) with a span run on the general kernels so far";
   int sc = -1;
   if (why.empty()) why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;
@@ -152,6 +153,8 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                          std::string* layout) {
   std::string why;
+  if (p.packed_samples > 0)
+    return "the backward of packed calls (packed=) runs on the general kernels so far";
   const int sc = cuda_fast::smem_class_of(dev.smem_optin);  // (fast_refusal checked it)
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
@@ -186,6 +189,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // (fast_offset_order_ints: a ticket, a flag per block, the order's table); `layout`: its shape.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints, std::string* layout) {
+  if (p.packed_samples > 0) return "packed calls (packed=) take the general kernels' so far";
   int sc = -1;
   std::string why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;

@@ -1174,6 +1174,14 @@ def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
     return x
 
 
+def _packed_forward_path(c: PackedCase) -> str:
+    """The forward the plan must give a packed call (relpos_plan.cuh, fast_refusal): the fast one
+    where it takes the call alone, but for a span (its tables are per sample: the general kernels
+    so far); the backward, d rel, d bias and d sigma of packed calls are the general kernels'."""
+    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
+    return "fast" if c.path == "auto" and fast and not c.sigma else "general"
+
+
 def check_packed(c: PackedCase, tmp_path: Path):
     x = _packed_inputs(c)
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -1183,7 +1191,8 @@ def check_packed(c: PackedCase, tmp_path: Path):
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
-    run = simlib.run_case(simlib.harness(c.dtype), tmp_path / "case", _packed_settings(c), arrays, timeout=900)
+    fast_d = c.D if c.path != "general" and c.dtype != F64 and c.D in (32, 64, 128) else None
+    run = simlib.run_case(simlib.harness(c.dtype, fast_d), tmp_path / "case", _packed_settings(c), arrays, timeout=900)
     assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
     out = run.read("out", c.dtype, (1, c.H, c.T, c.Dv))
     lse = run.read("lse", acc, (1, c.H, c.T))
@@ -1207,15 +1216,18 @@ def check_packed(c: PackedCase, tmp_path: Path):
     names = list(xr)
     grads = dict(zip(names, torch.autograd.grad(loss, [xr[n] for n in names])))
     errors = {"out": _rel_err("out", out, out_ref.detach()), "lse": _rel_err("lse", lse, lse_ref.detach())}
-    assert errors["out"] < FWD_TOL[c.dtype] and errors["lse"] < FWD_TOL[c.dtype], errors
     plan = run.result()
-    assert (plan["forward"], plan["backward"]) == ("general", "general"), plan
+    assert (plan["forward"], plan["backward"]) == (_packed_forward_path(c), "general"), plan
+    fwd_tol = TF32_TOL if plan["forward"] == "fast" and c.dtype == F32 else FWD_TOL[c.dtype]
+    assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
     assert plan["offsets"] == ("general" if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
         got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
         errors["d" + name] = _rel_err("d" + name, got, want)
-    bad = {k: e for k, e in errors.items() if k.startswith("d") and not e < GRAD_TOL[c.dtype]}
-    assert not bad, f"gradients off (tolerance {GRAD_TOL[c.dtype]}): {errors}"
+    # (float32's backward takes the fast forward's lse and out, through TF32)
+    grad_tol = TF32_GRAD_TOL if plan["forward"] == "fast" and c.dtype == F32 else GRAD_TOL[c.dtype]
+    bad = {k: e for k, e in errors.items() if k.startswith("d") and not e < grad_tol}
+    assert not bad, f"gradients off (tolerance {grad_tol}): {errors}"
     if c.repeats > 1:
         assert plan["bitwise_equal"] == "1", "the backward is not bitwise reproducible"
     return errors
@@ -1262,14 +1274,74 @@ PACKED = [
         sigma=True,
         threshold=0.5,
     ),
-    # a call the fast kernels would take alone: the plan sends packed calls to the general ones
+    # a call the fast kernels would take alone but for its span (per sample: the general kernels so far)
     PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
+    # the fast forward: samples of several query tiles and key blocks (8 x 8 on 2-D grids), one of a
+    # cell, a max grid past every sample, windows, tail tokens
+    PackedCase(
+        "packed-fast-bf16-2d-window",
+        BF16,
+        [(9, 12), (5, 7), (1, 1), (8, 8), (3, 17)],
+        max_grid=[10, 18],
+        path="auto",
+        D=32,
+        bias=True,
+        window=3,
+        tail=5,
+    ),
+    # 1-D: samples of 1, 2 and 3 tiles of 64 tokens, causal order in each
+    PackedCase(
+        "packed-fast-f16-1d-causal", F16, [(70,), (5,), (130,), (1,)], path="auto", D=32, bias=True, causal=True
+    ),
+    # 3-D through TF32, bias only (no q_pos), NATTEN's border rule; the control (no term) on 2-D, NATTEN's
+    # strides (one past a sample's extent: capped by it) and causal axes
+    PackedCase(
+        "packed-fast-f32-3d-bias-shift",
+        F32,
+        [(5, 3, 6), (2, 4, 4), (1, 1, 3), (4, 5, 5)],
+        path="auto",
+        D=32,
+        pos=False,
+        bias=True,
+        window=[1, 2, 1],
+        window_border="shift",
+        tail=2,
+    ),
+    PackedCase(
+        "packed-fast-bf16-2d-plain-natten",
+        BF16,
+        [(9, 10), (4, 6), (12, 3)],
+        path="auto",
+        D=32,
+        pos=False,
+        natten=((3, 5), (2, 4), (True, False)),
+        H=1,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", PACKED, ids=repr)
 def test_packed(case, tmp_path):
     check_packed(case, tmp_path)
+
+
+def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
+    """One sample that fills max_grid, on the fast forward: the very bits of the call on its grid
+    (the packed instance's sample geometry, schedule and row offsets against the single one's)."""
+    c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, bias=True, window=[2, 5], causal=True)
+    x = _packed_inputs(c)
+    arrays = {k: t.to(c.dtype) for k, t in x.items()}
+    packed = dict(_packed_settings(c), backward=False, repeats=1)
+    single = {k: v for k, v in packed.items() if k not in ("T", "packed_offsets", "packed_shapes")}
+    runs = [
+        simlib.run_case(simlib.harness(c.dtype, c.D), tmp_path / name, settings, arrays)
+        for name, settings in (("packed", packed), ("single", single))
+    ]
+    for run in runs:
+        assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
+        assert run.result()["forward"] == "fast", run.result()
+    for name in ("out", "lse"):
+        assert (runs[0].dir / f"{name}.out.bin").read_bytes() == (runs[1].dir / f"{name}.out.bin").read_bytes(), name
 
 
 @pytest.mark.parametrize(
@@ -1293,6 +1365,25 @@ def test_packed_values_checked_on_the_device(offsets, shapes, message, tmp_path)
     arrays["gout"] = torch.randn(1, c.H, c.T, c.Dv, dtype=F32)
     arrays["glse"] = torch.zeros(1, c.H, c.T, dtype=F32)
     run = simlib.run_case(simlib.harness(c.dtype), tmp_path / "case", _packed_settings(c, offsets, shapes), arrays)
+    assert simlib.ASSERT_PREFIX + "relpos_attention: " + message in run.output, run.tail()
+
+
+@pytest.mark.parametrize(
+    "offsets,shapes,message",
+    [
+        ([0, 6, 11], None, "packed_shapes gives a sample another number of tokens than packed_offsets do"),
+        ([0, 6, 10], [2, 3, 1, 5], "packed_shapes must have extents in [1, max_grid] on every axis"),
+    ],
+    ids=["tokens", "past-max-grid"],
+)
+def test_packed_values_checked_before_the_fast_forward(offsets, shapes, message, tmp_path):
+    """The fast forward's launcher checks them too (its schedule gives a bad sample no tiles)."""
+    c = PackedCase("bad-packed-fast", BF16, [(2, 3), (2, 2)], max_grid=[3, 4], tail=2, path="auto", D=32, bias=True)
+    x = _packed_inputs(c)
+    arrays = {k: t.to(c.dtype) for k, t in x.items()}
+    settings = dict(_packed_settings(c, offsets, shapes), backward=False)
+    run = simlib.run_case(simlib.harness(c.dtype, c.D), tmp_path / "case", settings, arrays)
+    assert run.result()["forward"] == "fast", run.tail()
     assert simlib.ASSERT_PREFIX + "relpos_attention: " + message in run.output, run.tail()
 
 

@@ -301,16 +301,19 @@ def test_wrapper_errors():
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kw", [dict(threshold=0.3), dict(window=1, causal=True)], ids=["span", "window-causal"])
+@pytest.mark.parametrize(
+    "kw", [dict(threshold=0.3), dict(window=1, causal=True), dict(window=1)], ids=["span", "window-causal", "nospan"]
+)
 @pytest.mark.parametrize("axes", ["1d", "2d", "3d"])
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
-    """CUDA (the general kernels take packed calls): the float64 loop of single calls on the same
-    (rounded) inputs, within the error of the dtype's rounding (float64: to rounding), tail tokens
-    0 / -inf, every gradient."""
+    """CUDA: the float64 loop of single calls on the same (rounded) inputs, within the error of the
+    dtype's rounding (float64: to rounding), tail tokens 0 / -inf, every gradient. The general
+    kernels take packed calls with a span (sigma), the fast forward bfloat16 ones without."""
     pk = PackedGrids.from_shapes(SHAPES[axes])
-    x = packed_inputs(pk, tail=2, D=32, Dv=32)
+    span = kw != dict(window=1)
+    x = packed_inputs(pk, tail=2, D=32, Dv=32, sigma=span)
     sigma_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
     x = {n: t.detach().to(sigma_dtype if n == "sigma" else dtype).to(F64).requires_grad_() for n, t in x.items()}
     ref_out, ref_lse = run(reference, x, pk, **kw)
@@ -318,8 +321,10 @@ def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
     xc = {n: t.detach().to("cuda", sigma_dtype if n == "sigma" else dtype).requires_grad_() for n, t in x.items()}
     pkc = pk.to("cuda")
     out, lse = run(ops, xc, pkc, **kw)
-    plan = ops.relpos_plan(*[xc[n] for n in ("q", "k", "v", "q_pos", "rel")], packed=pkc)
-    assert plan["forward"] == "general", plan
+    plan = ops.relpos_plan(
+        *[xc[n] for n in ("q", "k", "v", "q_pos", "rel")], sigma=xc.get("sigma"), bias=xc["bias"], packed=pkc, **kw
+    )
+    assert plan["forward"] == ("fast" if dtype == torch.bfloat16 and not span else "general"), plan
     tol = {F64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
     assert torch.equal(lse.isinf().cpu(), ref_lse.isinf())
     torch.testing.assert_close(out.double().cpu(), ref_out, atol=tol, rtol=0)
