@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "../core/relpos_params.h"
@@ -205,43 +206,50 @@ __device__ void packed_zero_rows(const RelposParams& p, const RelposTensors<T>& 
 template <typename T>
 __global__ void __launch_bounds__(kScheduleThreads)
     packed_schedule_kernel(RelposParams p, RelposTensors<T> t, int ndim, int3 tile) {
-  __shared__ int warp_sums[kScheduleThreads / 32];
+  __shared__ int64_t warp_sums[kScheduleThreads / 32];
   const int* __restrict__ off = t.packed_offsets;
   const int* __restrict__ shapes = t.packed_shapes;
   int* __restrict__ prefix = t.packed_tiles;
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  int carry = 0;  // the tiles of the samples before this round's
-  if (threadIdx.x == 0) prefix[0] = 0;
+  int64_t carry = 0;  // the tiles of the samples before this round's
+  if (threadIdx.x == 0) {
+    prefix[0] = 0;
+    if (off[0] > 0)
+      packed_zero_rows(p, t, 0, min(static_cast<int64_t>(off[0]), p.N), 0, 1);  // (bad: tokens before it)
+  }
   for (int64_t base = 0; base < p.packed_samples; base += kScheduleThreads) {
     const int64_t s = base + threadIdx.x;
     int tiles = 0;
     if (s < p.packed_samples) {
       assert_packed_sample(p, off, shapes, s);
       tiles = packed_sample_tiles(p, off, shapes, s, ndim, tile);
-      const int64_t first = off[s], next = off[s + 1];
-      if (tiles == 0 && first >= 0 && next > first)  // (a bad sample's tokens, within T)
-        packed_zero_rows(p, t, first, min(next, p.N), 0, 1);
+      const int64_t from = max(static_cast<int64_t>(off[s]), int64_t{0}),
+                    to = min(static_cast<int64_t>(off[s + 1]), p.N);
+      if (tiles == 0 && to > from) packed_zero_rows(p, t, from, to, 0, 1);  // (a bad sample's tokens in T)
     }
-    int x = tiles;  // inclusive scan: the warp's, then the warps' sums
+    // inclusive scan, the warp's then the warps' sums, in 64 bits: bad offsets can make overlapping
+    // samples of more tiles than T (saturated below: the prefix stays non-decreasing, so that a
+    // block's sample always has tiles, and blocks past the bound launched have none)
+    int64_t x = tiles;
 #pragma unroll
     for (int o = 1; o < 32; o *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
       if (lane >= o) x += y;
     }
     if (lane == 31) warp_sums[w] = x;
     __syncthreads();
     if (w == 0) {
-      int y = warp_sums[lane];
+      int64_t y = warp_sums[lane];
 #pragma unroll
       for (int o = 1; o < 32; o *= 2) {
-        const int z = __shfl_up_sync(0xffffffffu, y, o);
+        const int64_t z = __shfl_up_sync(0xffffffffu, y, o);
         if (lane >= o) y += z;
       }
       warp_sums[lane] = y;
     }
     __syncthreads();
     x += w > 0 ? warp_sums[w - 1] : 0;
-    if (s < p.packed_samples) prefix[s + 1] = carry + x;
+    if (s < p.packed_samples) prefix[s + 1] = static_cast<int>(min(carry + x, static_cast<int64_t>(INT_MAX)));
     carry += warp_sums[kScheduleThreads / 32 - 1];
     __syncthreads();  // every thread has read the warps' sums before the next round's
   }
