@@ -46,6 +46,7 @@
 
 #include "cuda_common.cuh"
 #include "relpos_fast_common.cuh"
+#include "relpos_packed.cuh"
 
 namespace posattn::relpos::cuda_fast {
 
@@ -340,8 +341,10 @@ __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], flo
   }
 }
 
-// Grid (fixed boxes, H, B)
-template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC, int HALF = 0>
+// Grid (fixed boxes, H, B); PACKED: a packed call (B = 1), blocks over every sample's fixed boxes
+// (relpos_packed.cuh: packed_block_sample; tiles and key blocks have the same extents, so the
+// forward's schedule serves), each run as a call of its sample's grid, as the forward's are
+template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC, int HALF = 0, bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // as the forward: sm_80 instructions, never launched below it
@@ -360,25 +363,34 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int N = static_cast<int>(p.N);
-  const FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  int box = blockIdx.x;
+  int64_t tok0 = 0;  // the call's first token (PACKED: its sample's)
+  if constexpr (PACKED) {
+    int s = 0;
+    if (!cuda_packed::packed_block_sample(p, t.packed_tiles, blockIdx.x, &s, &box)) return;
+    g.set_sample(p, t.packed_offsets, t.packed_shapes, s);
+    tok0 = t.packed_offsets[s];
+  }
   const int (&n)[NDIM] = g.n;
   const int (&rs)[NDIM] = g.rs;
   // the fixed box's origin (boxes row-major over the grid; tiles and key blocks have the
   // same extents)
   int fo[NDIM];
-  g.box_origin(blockIdx.x, fo);
+  g.box_origin(box, fo);
   const int64_t bh = blockIdx.z * p.H + blockIdx.y;
-  const int64_t head = bh * N * D;
+  const int64_t row0 = PACKED ? bh * p.tok_stride + tok0 : bh * N;  // the call's first row of (batch, head)
+  const int64_t head = row0 * D;
   const T* q = t.q + head;
   const T* k = t.k + head;
   const T* v = t.v + head;
   const T* qp = POS && t.qpos ? t.qpos + head : nullptr;  // (null: tables only, as the forward)
   const T* dout = t.gout + head;
-  const float* lse_g = t.lse + bh * N;
-  const float* rowd_g = t.rowd + bh * N;
+  const float* lse_g = t.lse + row0;
+  const float* rowd_g = t.rowd + row0;
 
   // which keys a query keeps along axis a (KeyRanges: windows and span boxes)
-  const KeyRanges<NDIM> kr(p, t.sigma, g, blockIdx.y);
+  const KeyRanges<NDIM, PACKED> kr(p, t.sigma, g, blockIdx.y);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
 
   // the streamed boxes: origins first[a] + i ext per axis, cnt[a] of them, visited
@@ -516,12 +528,13 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   }
   // the offset tile between the query tile at qo and the key block at kb into rel stage
   // rst: its rel rows' columns [c DC, (c + 1) DC) (chunk c: all of them where RC = 1) and,
-  // with `tables`, each warp's add / mul entries
+  // with `tables`, each warp's add / mul entries (PACKED: the max-grid tables' rows, from their
+  // centre; never with a span, whose tables would be the sample's)
   const auto load_offsets = [&](int rst, const int* qo, const int* kb, int c = 0, bool tables = true) {
-    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
-                                         g.first_offset(qo, kb), U, rs, tables ? add : nullptr,
-                                         tables ? mul : nullptr, fsmem + L::table_at(rst, w, 0),
-                                         fsmem + L::table_at(rst, w, 1), woff, lane);
+    load_offset_tile<T, DC, NDIM, LR, D>(
+        smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+        PACKED ? g.first_offset_packed(qo, kb) : g.first_offset(qo, kb), U, rs, tables ? add : nullptr,
+        tables ? mul : nullptr, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   const auto key_rows = [&](const int* kb) { return [&g, kb](const int* x) { return g.key_token(kb, x); }; };
   // q_pos's rows of the query tile: its slot, or (kQposRegs) each warp's 16 in its positional
@@ -997,19 +1010,28 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #endif
 }
 
+// Whether the fast backward takes packed calls at head dim D: not at D = 128, where the packed
+// instances would spill registers (ptxas sm_90: up to 160 bytes; a sample's geometry lives in
+// registers, where a single grid's is reread from the kernel's parameters).
+constexpr bool packed_backward_dim(int64_t D) {
+  return D <= 64;
+}
+
 // Launches both backward kernels over every (batch, head) and box, each in its layout of the
 // class of a device with `optin` bytes of opt-in shared memory per block (smem_class_of; their
 // canonical instances). The caller has checked sm_80+ and that both layouts fit
 // (fast_backward_layout); this checks the rest: the layouts within `optin`, check_fast_call's
 // (relpos_fast_common.cuh), gout 16-byte aligned, dq, dk, dv (dq_pos) aligned to two elements,
-// and gout, rowd, lse, dq, dk, dv given.
+// and gout, rowd, lse, dq, dk, dv given. A packed call (p.packed_samples > 0; B = 1, t.packed_tiles
+// a workspace of S + 1 ints): the schedule of the forward's tiles (relpos_packed.cuh, its values
+// checked again, the gradients of the tokens no box holds written 0), then both kernels over
+// every sample's boxes (as many blocks as the forward's bound; those past the last box return).
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                  cudaStream_t stream) {
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
-  if (p.packed_samples > 0) return cudaErrorInvalidValue;  // (packed calls: the general kernels)
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, POS, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
@@ -1023,6 +1045,17 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   if (t.gout == nullptr || t.rowd == nullptr || t.lse == nullptr || t.dq == nullptr || t.dk == nullptr ||
       t.dv == nullptr)
     return cudaErrorInvalidValue;
+  const bool packed = p.packed_samples > 0;
+  if (packed) {
+    // (with a span its tables would be the sample's: the general kernels)
+    if (p.B != 1 || p.has_sigma || !packed_backward_dim(D)) return cudaErrorInvalidValue;
+    const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
+                                    NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
+    const cudaError_t e = cuda_packed::launch_packed_schedule<T, true>(p, t, NDIM, tile_box, stream);
+    if (e != cudaSuccess) return e;
+    boxes = cuda_packed::packed_tiles_bound(p, NDIM, tile_box);
+    if (boxes >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  }
   return by_smem_class(sc, [&](auto c) -> cudaError_t {
     constexpr int QC = bwd_canonical_class<T, D, POS, NDIM, false, decltype(c)::value>();
     constexpr int KC = bwd_canonical_class<T, D, POS, NDIM, true, decltype(c)::value>();
@@ -1042,11 +1075,23 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
         kernel<<<grid, kThreads, bytes, stream>>>(p, t);
         e = cudaGetLastError();
       };
-      launch(fast_backward_kernel<T, D, POS, NDIM, false, QC>, QL::kBytes);
-      launch(fast_backward_kernel<T, D, POS, NDIM, true, KC>, KL::kBytes);
-      // (the second halves of the columns: D = 128 with a term per offset, float32 or ops)
-      if constexpr (QL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1>, QL::kBytes);
-      if constexpr (KL::kHalves == 2) launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1>, KL::kBytes);
+      const auto launch_both = [&](auto packed_tag) {
+        constexpr bool PK = decltype(packed_tag)::value;
+        launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 0, PK>, QL::kBytes);
+        launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 0, PK>, KL::kBytes);
+        // (the second halves of the columns: D = 128 with a term per offset, float32 or ops)
+        if constexpr (QL::kHalves == 2)
+          launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1, PK>, QL::kBytes);
+        if constexpr (KL::kHalves == 2)
+          launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1, PK>, KL::kBytes);
+      };
+      if constexpr (packed_backward_dim(D)) {
+        if (packed) {
+          launch_both(std::true_type{});
+          return e;
+        }
+      }
+      launch_both(std::false_type{});
       return e;
     }
   });

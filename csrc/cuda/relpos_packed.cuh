@@ -2,7 +2,8 @@
 // finding a token's sample, a sample as a call of its own grid, the device-side check of the
 // offsets' and shapes' values, and the fast kernels' schedule (every sample's tiles in one launch,
 // the values checked and the outputs of the tokens no tile holds written on the way). Torch-free, shared by
-// the kernels that take packed calls (relpos_general.cuh; the fast forward, relpos_fast_forward.cuh).
+// the kernels that take packed calls (relpos_general.cuh; the fast forward and backward,
+// relpos_fast_forward.cuh, relpos_fast_backward.cuh).
 #pragma once
 
 #include <algorithm>
@@ -185,25 +186,39 @@ __device__ inline int packed_sample_tiles(const RelposParams& p, const int* __re
   return valid && tokens == next - first ? static_cast<int>(tiles) : 0;
 }
 
-// out 0 and lse -inf for tokens [from, to) of every head, by threads `lane` of `lanes`.
-template <typename T>
+// Rows [from, to) of every head of x (rows of `width` elements, p.tok_stride rows a head) set to
+// `value`, by threads `lane` of `lanes`.
+template <typename X>
+__device__ void packed_zero_span(const RelposParams& p, X* x, int64_t width, int64_t from, int64_t to,
+                                 int64_t lane, int64_t lanes, X value) {
+  const int64_t n = (to - from) * width;
+  for (int64_t i = lane; i < p.H * n; i += lanes) x[(i / n * p.tok_stride + from) * width + i % n] = value;
+}
+
+// The outputs of tokens [from, to) of every head, by threads `lane` of `lanes`: the forward's (BWD
+// false: out 0, lse -inf), or the backward's (d q, d k, d v, d q_pos 0).
+template <typename T, bool BWD>
 __device__ void packed_zero_rows(const RelposParams& p, const RelposTensors<T>& t, int64_t from, int64_t to,
                                  int64_t lane, int64_t lanes) {
   using Acc = acc_t<T>;
-  const int64_t rows = to - from;
-  for (int64_t i = lane; i < p.H * rows * p.Dv; i += lanes) {
-    const int64_t h = i / (rows * p.Dv), r = i % (rows * p.Dv);
-    t.out[(h * p.tok_stride + from) * p.Dv + r] = cuda::from_acc<T>(Acc(0));
+  const T zero = cuda::from_acc<T>(Acc(0));
+  if constexpr (!BWD) {
+    packed_zero_span(p, t.out, p.Dv, from, to, lane, lanes, zero);
+    packed_zero_span(p, t.lse, int64_t{1}, from, to, lane, lanes, -static_cast<Acc>(INFINITY));
+  } else {
+    packed_zero_span(p, t.dq, p.D, from, to, lane, lanes, zero);
+    packed_zero_span(p, t.dk, p.D, from, to, lane, lanes, zero);
+    packed_zero_span(p, t.dv, p.Dv, from, to, lane, lanes, zero);
+    if (t.dqpos != nullptr) packed_zero_span(p, t.dqpos, p.D, from, to, lane, lanes, zero);
   }
-  for (int64_t i = lane; i < p.H * rows; i += lanes)
-    t.lse[i / rows * p.tok_stride + from + i % rows] = -static_cast<Acc>(INFINITY);
 }
 
-// A packed call's schedule for the fast forward, one block: its offsets' and shapes' values checked
+// A packed call's schedule for the fast kernels, one block: its offsets' and shapes' values checked
 // (assert_packed_sample), t.packed_tiles[0] = 0 and [s + 1] = the tiles of samples 0 ... s
 // (kScheduleThreads samples at a time, a block-wide scan of warp scans), and the outputs of the
-// tokens no tile holds: tail padding and bad samples' (out 0, lse -inf).
-template <typename T>
+// tokens no tile holds: tail padding and bad samples' (packed_zero_rows: the forward's, or BWD the
+// backward's d q, d k, d v, d q_pos).
+template <typename T, bool BWD = false>
 __global__ void __launch_bounds__(kScheduleThreads)
     packed_schedule_kernel(RelposParams p, RelposTensors<T> t, int ndim, int3 tile) {
   __shared__ int64_t warp_sums[kScheduleThreads / 32];
@@ -215,7 +230,8 @@ __global__ void __launch_bounds__(kScheduleThreads)
   if (threadIdx.x == 0) {
     prefix[0] = 0;
     if (off[0] > 0)
-      packed_zero_rows(p, t, 0, min(static_cast<int64_t>(off[0]), p.N), 0, 1);  // (bad: tokens before it)
+      packed_zero_rows<T, BWD>(p, t, 0, min(static_cast<int64_t>(off[0]), p.N), 0,
+                               1);  // (bad: tokens before it)
   }
   for (int64_t base = 0; base < p.packed_samples; base += kScheduleThreads) {
     const int64_t s = base + threadIdx.x;
@@ -225,7 +241,8 @@ __global__ void __launch_bounds__(kScheduleThreads)
       tiles = packed_sample_tiles(p, off, shapes, s, ndim, tile);
       const int64_t from = max(static_cast<int64_t>(off[s]), int64_t{0}),
                     to = min(static_cast<int64_t>(off[s + 1]), p.N);
-      if (tiles == 0 && to > from) packed_zero_rows(p, t, from, to, 0, 1);  // (a bad sample's tokens in T)
+      if (tiles == 0 && to > from)
+        packed_zero_rows<T, BWD>(p, t, from, to, 0, 1);  // (a bad sample's tokens in T)
     }
     // inclusive scan, the warp's then the warps' sums, in 64 bits: bad offsets can make overlapping
     // samples of more tiles than T (saturated below: the prefix stays non-decreasing, so that a
@@ -254,7 +271,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
     __syncthreads();  // every thread has read the warps' sums before the next round's
   }
   const int64_t tail = off[p.packed_samples];  // (tail padding from there, within T)
-  if (tail >= 0 && tail < p.N) packed_zero_rows(p, t, tail, p.N, threadIdx.x, kScheduleThreads);
+  if (tail >= 0 && tail < p.N) packed_zero_rows<T, BWD>(p, t, tail, p.N, threadIdx.x, kScheduleThreads);
 }
 
 // The block's sample and its tile there (false: block b is past the last tile).
@@ -285,14 +302,17 @@ inline int64_t packed_tiles_bound(const RelposParams& p, int ndim, int3 tile) {
 }
 
 // The schedule of a packed call for tiles of `tile` cells on `ndim` axes (packed_schedule_kernel),
-// into t.packed_tiles (S + 1 ints); t.out and t.lse given.
-template <typename T>
+// into t.packed_tiles (S + 1 ints); the forward's (t.out and t.lse given) or BWD the backward's
+// (t.dq, t.dk, t.dv given).
+template <typename T, bool BWD = false>
 cudaError_t launch_packed_schedule(const RelposParams& p, const RelposTensors<T>& t, int ndim, int3 tile,
                                    cudaStream_t stream) {
-  if (t.packed_tiles == nullptr || t.packed_offsets == nullptr || t.packed_shapes == nullptr ||
-      t.out == nullptr || t.lse == nullptr || p.B != 1)
+  const bool outputs =
+      BWD ? t.dq != nullptr && t.dk != nullptr && t.dv != nullptr : t.out != nullptr && t.lse != nullptr;
+  if (t.packed_tiles == nullptr || t.packed_offsets == nullptr || t.packed_shapes == nullptr || !outputs ||
+      p.B != 1)
     return cudaErrorInvalidValue;
-  return cuda::launch(packed_schedule_kernel<T>, 1, kScheduleThreads, 0, stream, p, t, ndim, tile);
+  return cuda::launch(packed_schedule_kernel<T, BWD>, 1, kScheduleThreads, 0, stream, p, t, ndim, tile);
 }
 
 }  // namespace cuda_packed

@@ -153,8 +153,11 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                          std::string* layout) {
   std::string why;
-  if (p.packed_samples > 0)
-    return "the backward of packed calls (packed=) runs on the general kernels so far";
+  if (p.packed_samples > 0 && p.has_sigma)
+    return "the backward of packed calls (packed=) with a span runs on the general kernels so far";
+  if (p.packed_samples > 0 && !cuda_fast::packed_backward_dim(p.D))
+    return "the backward of packed calls (packed=) at D = 128 runs on the general kernels so far (their fast "
+           "instances would spill registers)";
   const int sc = cuda_fast::smem_class_of(dev.smem_optin);  // (fast_refusal checked it)
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);

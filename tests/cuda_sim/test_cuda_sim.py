@@ -1100,8 +1100,9 @@ class PackedCase:
         natten: Optional[tuple] = None,
         repeats: int = 1,
         seed: int = 0,
+        smem_optin: int = simlib.PLAN_SMEM_OPTIN,
     ):
-        self.name, self.dtype, self.path = name, dtype, path
+        self.name, self.dtype, self.path, self.smem_optin = name, dtype, path, smem_optin
         self.shapes = [tuple(s) for s in shapes]
         self.grid = (
             list(max_grid) if max_grid is not None else [max(s[d] for s in self.shapes) for d in range(len(shapes[0]))]
@@ -1131,7 +1132,7 @@ def _packed_settings(c: PackedCase, offsets=None, shapes=None) -> dict:
     shapes = [n for s in c.shapes for n in s] if shapes is None else shapes
     return dict(
         op="relpos",
-        **simlib.plan_settings(c.path),
+        **simlib.plan_settings(c.path, c.smem_optin),
         B=1,
         H=c.H,
         D=c.D,
@@ -1174,12 +1175,14 @@ def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
     return x
 
 
-def _packed_forward_path(c: PackedCase) -> str:
-    """The forward the plan must give a packed call (relpos_plan.cuh, fast_refusal): the fast one
-    where it takes the call alone, but for a span (its tables are per sample: the general kernels
-    so far); the backward, d rel, d bias and d sigma of packed calls are the general kernels'."""
-    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
-    return "fast" if c.path == "auto" and fast and not c.sigma else "general"
+def _packed_path(c: PackedCase, backward: bool = False) -> str:
+    """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
+    (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
+    alone, but for a span (its tables are per sample: the general kernels so far) and the backward
+    at D = 128 (its packed instances would spill); d rel, d bias and d sigma of packed calls are the
+    general kernels'."""
+    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and not c.sigma
+    return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
 
 
 def check_packed(c: PackedCase, tmp_path: Path):
@@ -1217,14 +1220,14 @@ def check_packed(c: PackedCase, tmp_path: Path):
     grads = dict(zip(names, torch.autograd.grad(loss, [xr[n] for n in names])))
     errors = {"out": _rel_err("out", out, out_ref.detach()), "lse": _rel_err("lse", lse, lse_ref.detach())}
     plan = run.result()
-    assert (plan["forward"], plan["backward"]) == (_packed_forward_path(c), "general"), plan
+    assert (plan["forward"], plan["backward"]) == (_packed_path(c), _packed_path(c, backward=True)), plan
     fwd_tol = TF32_TOL if plan["forward"] == "fast" and c.dtype == F32 else FWD_TOL[c.dtype]
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
     assert plan["offsets"] == ("general" if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
         got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
         errors["d" + name] = _rel_err("d" + name, got, want)
-    # (float32's backward takes the fast forward's lse and out, through TF32)
+    # (float32's fast backward, and the general one after the fast forward's lse and out: through TF32)
     grad_tol = TF32_GRAD_TOL if plan["forward"] == "fast" and c.dtype == F32 else GRAD_TOL[c.dtype]
     bad = {k: e for k, e in errors.items() if k.startswith("d") and not e < grad_tol}
     assert not bad, f"gradients off (tolerance {grad_tol}): {errors}"
@@ -1274,7 +1277,7 @@ PACKED = [
         sigma=True,
         threshold=0.5,
     ),
-    # a call the fast kernels would take alone but for its span (per sample: the general kernels so far)
+    # a span on the fast path's types: the general kernels
     PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
     # the fast forward: samples of several query tiles and key blocks (8 x 8 on 2-D grids), one of a
     # cell, a max grid past every sample, windows, tail tokens
@@ -1307,6 +1310,20 @@ PACKED = [
         window_border="shift",
         tail=2,
     ),
+    # the backward's other layouts: a 99 KiB device's (q_pos in registers, dS' in the positional
+    # buffers) at D = 64
+    PackedCase(
+        "packed-fast-bf16-2d-d64-sm86",
+        BF16,
+        [(8, 9), (3, 5), (1, 2)],
+        path="auto",
+        D=64,
+        H=1,
+        bias=True,
+        window=2,
+        tail=2,
+        smem_optin=simlib.SMEM_SM86,
+    ),
     PackedCase(
         "packed-fast-bf16-2d-plain-natten",
         BF16,
@@ -1326,12 +1343,17 @@ def test_packed(case, tmp_path):
 
 
 def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
-    """One sample that fills max_grid, on the fast forward: the very bits of the call on its grid
-    (the packed instance's sample geometry, schedule and row offsets against the single one's)."""
+    """One sample that fills max_grid, on the fast kernels: the very bits of the call on its grid,
+    forward and d q, d k, d v, d q_pos (the packed instances' sample geometry, schedule and row
+    offsets against the single ones'; d rel and d bias of packed calls come from the general
+    kernels)."""
     c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, bias=True, window=[2, 5], causal=True)
     x = _packed_inputs(c)
+    g = torch.Generator().manual_seed(c.seed + 1)
     arrays = {k: t.to(c.dtype) for k, t in x.items()}
-    packed = dict(_packed_settings(c), backward=False, repeats=1)
+    arrays["gout"] = torch.randn(1, c.H, c.T, c.Dv, generator=g, dtype=F64).to(c.dtype)
+    arrays["glse"] = (torch.randn(1, c.H, c.T, generator=g, dtype=F64) * 0.5).to(F32)
+    packed = dict(_packed_settings(c), repeats=1)
     single = {k: v for k, v in packed.items() if k not in ("T", "packed_offsets", "packed_shapes")}
     runs = [
         simlib.run_case(simlib.harness(c.dtype, c.D), tmp_path / name, settings, arrays)
@@ -1339,8 +1361,8 @@ def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
     ]
     for run in runs:
         assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
-        assert run.result()["forward"] == "fast", run.result()
-    for name in ("out", "lse"):
+        assert (run.result()["forward"], run.result()["backward"]) == ("fast", "fast"), run.result()
+    for name in ("out", "lse", "dq", "dk", "dv") + (("dq_pos",) if c.pos else ()):
         assert (runs[0].dir / f"{name}.out.bin").read_bytes() == (runs[1].dir / f"{name}.out.bin").read_bytes(), name
 
 

@@ -310,7 +310,8 @@ def test_wrapper_errors():
 def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
     """CUDA: the float64 loop of single calls on the same (rounded) inputs, within the error of the
     dtype's rounding (float64: to rounding), tail tokens 0 / -inf, every gradient. The general
-    kernels take packed calls with a span (sigma), the fast forward bfloat16 ones without."""
+    kernels take packed calls with a span (sigma), the fast forward and backward bfloat16 ones
+    without."""
     pk = PackedGrids.from_shapes(SHAPES[axes])
     span = kw != dict(window=1)
     x = packed_inputs(pk, tail=2, D=32, Dv=32, sigma=span)
@@ -325,6 +326,15 @@ def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
         *[xc[n] for n in ("q", "k", "v", "q_pos", "rel")], sigma=xc.get("sigma"), bias=xc["bias"], packed=pkc, **kw
     )
     assert plan["forward"] == ("fast" if dtype == torch.bfloat16 and not span else "general"), plan
+    bwd_plan = ops.relpos_plan(
+        *[xc[n] for n in ("q", "k", "v", "q_pos", "rel")],
+        sigma=xc.get("sigma"),
+        bias=xc["bias"],
+        packed=pkc,
+        backward=True,
+        **kw,
+    )
+    assert bwd_plan["backward"] == plan["forward"], bwd_plan
     tol = {F64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
     assert torch.equal(lse.isinf().cpu(), ref_lse.isinf())
     torch.testing.assert_close(out.double().cpu(), ref_out, atol=tol, rtol=0)
