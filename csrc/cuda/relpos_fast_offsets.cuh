@@ -37,6 +37,7 @@
 
 #include "cuda_common.cuh"
 #include "relpos_fast_backward.cuh"
+#include "relpos_packed.cuh"
 #include "relpos_fast_tables.cuh"
 
 namespace posattn::relpos::cuda_fast {
@@ -53,7 +54,8 @@ template <int NDIM>
 inline OffsetTiles offset_tiles(const RelposParams& p) {
   OffsetTiles o;
   for (int a = 0; a < NDIM; ++a) {
-    const int64_t n = NDIM == 1 ? p.N : p.g.n[a], e = extent<NDIM>(Box::kTile, a);
+    // (a packed call's tiles: the max grid's, which holds every sample's)
+    const int64_t n = NDIM == 1 && p.packed_samples == 0 ? p.N : p.g.n[a], e = extent<NDIM>(Box::kTile, a);
     int64_t lim = n - 1;  // the largest offset a key may have along the axis
     if (p.has_box && p.g.ndim == NDIM)
       lim = std::min<int64_t>(lim, axis_max_offset(window_limit(p, a, n - 1)));
@@ -281,8 +283,11 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
 
 // One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
 // above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
-// block 0); its done flag set when its adds are in memory.
-template <typename T, int D, int NDIM, int DA, int DC, bool AR = false, bool QCH = false, int XP = 1>
+// block 0); its done flag set when its adds are in memory. PACKED: a packed call without a span
+// (B = 1): the tile offsets of the max grid, whose boxes' rows every sample shares, and the pairs of
+// every sample in sample order (each a pair of its sample's grid, as the backward has them).
+template <typename T, int D, int NDIM, int DA, int DC, bool AR = false, bool QCH = false, int XP = 1,
+          bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fast_offsets_kernel(RelposParams p, RelposTensors<T> t, OffsetTiles ot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -311,8 +316,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int item = *ticket, h = item % H, zc = item / H % Z, rank = item / (H * Z);
   int* const done = t.offset_order + 1;  // then (NDIM > 1) the order's table
-  const FastGrid<NDIM> g(p);
-  const int (&n)[NDIM] = g.n;
+  // the grid of the tile offsets and offset rows (gm; PACKED: the max grid) and that of the pairs
+  // (g; PACKED: the sample of the pair decode last took)
+  FastGrid<NDIM> gm(p);
+  if constexpr (PACKED && NDIM == 1) gm.n[0] = static_cast<int>(p.g.n[0]);
+  const int (&n)[NDIM] = gm.n;
+  FastGrid<NDIM> g = gm;
   // this item's tile offset, its number among the head's (row-major over dT + reach: its d sigma
   // partial), the query tiles it pairs
   int dT[NDIM], icnt[NDIM], ilo[NDIM], tiles = 1;
@@ -327,19 +336,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     ilo[a] = max(0, -dT[a]);
     tiles *= icnt[a];
   }
-  const int64_t total = static_cast<int64_t>(p.B) * tiles;  // pairs (b, I), b-major
-  const KeyRanges<NDIM> kr(p, t.sigma, g, h);
+  // pairs (b, I), b-major; PACKED: pair j is tile I (j's low 32 bits, of those of sample s whose key
+  // block lies in s) of sample s = j >> 32 (b: s)
+  const int64_t total = PACKED ? p.packed_samples << 32 : static_cast<int64_t>(p.B) * tiles;
+  KeyRanges<NDIM, PACKED> kr(p, t.sigma, g, h);
   const auto key_range = [&](int a, int c) { return kr(p, g, a, c); };
-  // pair j: its batch element, query tile origin and key block origin
+  // PACKED: g, kr, icnt and tiles for sample s (its pairs of dT; none where its values are bad: the
+  // backward's kernels report them), unless they are already s's (cur)
+  int cur = -1;
+  const auto set_sample = [&](int s) {
+    if constexpr (PACKED) {
+      if (s == cur) return;
+      cur = s;
+      const bool valid = cuda_packed::packed_sample_grid<NDIM>(p, t.packed_offsets, t.packed_shapes, s, g.n);
+      tiles = valid ? 1 : 0;
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        const int e = extent<NDIM>(Box::kTile, a);
+        icnt[a] = max(0, (g.n[a] + e - 1) / e - abs(dT[a]));
+        tiles *= icnt[a];
+      }
+#pragma unroll
+      for (int a = NDIM - 1, st = 1; a >= 0; --a) g.gs[a] = st, st *= g.n[a];
+      kr = KeyRanges<NDIM, PACKED>(p, t.sigma, g, h);
+    }
+  };
+  // the first row of batch element (PACKED: sample) b of the head
+  const auto rows_of = [&](int b) -> int64_t {
+    return PACKED ? h * p.tok_stride + t.packed_offsets[b] : (static_cast<int64_t>(b) * p.H + h) * N;
+  };
+  // pair j: its batch element (PACKED: sample, g its grid), query tile origin and key block origin
   const auto decode = [&](int64_t j, int& b, int* qo, int* kb) {
-    b = static_cast<int>(j / tiles);
-    int rest = static_cast<int>(j % tiles);
+    int rest;
+    if constexpr (PACKED) {
+      b = static_cast<int>(j >> 32);
+      rest = static_cast<int>(j & 0xffffffff);
+      set_sample(b);
+    } else {
+      b = static_cast<int>(j / tiles);
+      rest = static_cast<int>(j % tiles);
+    }
 #pragma unroll
     for (int a = NDIM - 1; a >= 0; --a) {
       const int e = extent<NDIM>(Box::kTile, a);
-      qo[a] = (ilo[a] + rest % icnt[a]) * e;
+      const int cnt = PACKED ? max(icnt[a], 1) : icnt[a];  // (a sample without pairs: none decoded)
+      qo[a] = (ilo[a] + rest % cnt) * e;
       kb[a] = qo[a] + dT[a] * e;
-      rest /= icnt[a];
+      rest /= cnt;
     }
   };
   // the first pair from j on whose key block meets its tile's key ranges (and causal limit)
@@ -347,11 +390,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (; j < total; ++j) {
       int b, qo[NDIM], kb[NDIM];
       decode(j, b, qo, kb);
+      if constexpr (PACKED) {
+        if ((j & 0xffffffff) >= tiles) {  // past sample b's pairs: the next sample's first
+          j = ((static_cast<int64_t>(b) + 1) << 32) - 1;
+          continue;
+        }
+      }
       bool meets = true;
       int first_key = 0, last_query = 0;
 #pragma unroll
       for (int a = 0; a < NDIM; ++a) {
-        const int e = extent<NDIM>(Box::kTile, a), last = min(qo[a] + e, n[a]) - 1;
+        const int e = extent<NDIM>(Box::kTile, a), last = min(qo[a] + e, g.n[a]) - 1;
         meets = meets && kb[a] <= key_range(a, last).y && kb[a] + e - 1 >= key_range(a, qo[a]).x;
         first_key += kb[a] * g.gs[a];
         last_query += last * g.gs[a];
@@ -389,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // d rel's accumulators (AR: filled from the registers at the end, over the spent inputs)
   float* acc = AR ? reinterpret_cast<float*>(smem_raw) : fs + L::kAcc;
   const float scale = static_cast<float>(p.scale);
-  fill_warp_columns<NDIM, L>(w, lane, g.rs, woff, wrow);
+  fill_warp_columns<NDIM, L>(w, lane, gm.rs, woff, wrow);
   if constexpr (!AR)
     for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
   __syncwarp();
@@ -399,13 +448,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int a = 0; a < NDIM; ++a) {
     const int e = extent<NDIM>(Box::kTile, a);
-    u0 += (dT[a] * e - (e - 1) + n[a] - 1) * g.rs[a];
+    u0 += (dT[a] * e - (e - 1) + n[a] - 1) * gm.rs[a];
   }
   // columns [c DC, (c + 1) DC) of the pair's Q, dO, K, V rows (one stage) and, where the rows
   // come in chunks, of the tile offset box's rel rows (QCH: and of q_pos's, with the last chunk
   // its DA columns of d rel's block)
   const auto load_chunk = [&](int c, int b, const int* qo, const int* kb) {
-    const int64_t bh_rows = (static_cast<int64_t>(b) * p.H + h) * N * D, head = bh_rows + c * DC;
+    const int64_t bh_rows = rows_of(b) * D, head = bh_rows + c * DC;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
     if (QCH && pos) {
       load_rows_async<T, DC, LD, kBlockM, D>(smem + L::qpos_at(0), t.qpos + head, tok);
@@ -418,19 +467,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         smem + L::kK, t.k + head, smem + L::kV, t.v + head,
         [&g, kb](const int* x) { return g.key_token(kb, x); });
     if (kNC > 1 && pos)
-      load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, rel + c * DC, u0, U, g.rs, nullptr, nullptr, nullptr,
+      load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, rel + c * DC, u0, U, gm.rs, nullptr, nullptr, nullptr,
                                           nullptr, woff, lane);
   };
   // the pair's first chunk, its q_pos rows (stage st), lse and rowd (one stage)
   const auto load_pair = [&](int st, int b, const int* qo, const int* kb) {
     load_chunk(0, b, qo, kb);
-    const int64_t bh = static_cast<int64_t>(b) * p.H + h, head = bh * N * D;
+    const int64_t row0 = rows_of(b), head = row0 * D;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
     if (!QCH && pos) load_rows_async<T, D, QLD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
     if (threadIdx.x < kBlockM) {
       const int r = tok(threadIdx.x);
-      const float* lse_g = t.lse + bh * N;
-      const float* rowd_g = t.rowd + bh * N;
+      const float* lse_g = t.lse + row0;
+      const float* rowd_g = t.rowd + row0;
       warp::cp_async_4(rows + threadIdx.x, r >= 0 ? lse_g + r : lse_g, r >= 0);
       warp::cp_async_4(rows + kBlockM + threadIdx.x, r >= 0 ? rowd_g + r : rowd_g, r >= 0);
     }
@@ -440,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_pair(0, b, qo, kb);
   // the tile offset box (the same for every pair): the warp's add / mul entries and (whole
   // rows) its rel rows
-  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, g.rs, add, mul,
+  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, gm.rs, add, mul,
                                       fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff, lane);
   warp::cp_async_commit();
 
@@ -683,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int x = extent<NDIM>(Box::kTile, a);
       delta[a] = dT[a] * x - (x - 1) + coord<NDIM>(Box::kTileOffsets, e, a);
       in = in && delta[a] > -n[a] && delta[a] < n[a];
-      u += (delta[a] + n[a] - 1) * g.rs[a];
+      u += (delta[a] + n[a] - 1) * gm.rs[a];
     }
     return in ? u : -1;
   };
@@ -907,7 +956,9 @@ template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR, bool QCH
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {
   using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DA == 0 ? D : DC, AR, DA != 0 && QCH, XP>;
-  if (p.packed_samples > 0) return cudaErrorInvalidValue;  // (packed calls: the general kernels)
+  const bool packed = p.packed_samples > 0;  // (with a span: the general kernels; B = 1)
+  if (packed && (p.has_sigma || p.B != 1 || t.packed_offsets == nullptr || t.packed_shapes == nullptr))
+    return cudaErrorInvalidValue;
   int64_t boxes = 0;
   const cudaError_t bad = check_fast_call<D, true, NDIM>(p, t, &boxes);
   if (bad != cudaSuccess) return bad;
@@ -930,9 +981,11 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       e = cudaMemsetAsync(t.dbias_acc, 0, sizeof(float) * p.H * p.U, stream);
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
+    auto kernel = packed ? fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP, true>
+                         : fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>;
     if (e == cudaSuccess && L::kBytes > 48 * 1024)
-      e = cudaFuncSetAttribute(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(L::kBytes));
     const int64_t items = fast_offset_items<T, D>(p, SC);
     if (fast_offset_order_ints<T, D>(p, SC) >= INT_MAX) return cudaErrorInvalidValue;
     if (e == cudaSuccess) e = cudaMemsetAsync(t.offset_order, 0, sizeof(int) * (1 + items), stream);
@@ -943,8 +996,7 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       }
     }
     if (e == cudaSuccess && p.B > 0) {
-      fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>
-          <<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
+      kernel<<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
       e = cudaGetLastError();
     }
     if (e == cudaSuccess && pos) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);

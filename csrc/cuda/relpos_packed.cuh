@@ -67,6 +67,33 @@ __device__ inline bool packed_extents(const RelposParams& p, const int* __restri
   return valid && *tokens == next - first;
 }
 
+// packed_extents for a kernel of NDIM = p.g.ndim axes (NDIM 1: p.g.ndim <= 1): sample s's extents
+// on the kept axes into n (registers: no array indexed at run time) and whether its values are
+// good; n[0] of a 1-D sample: its tokens.
+template <int NDIM>
+__device__ __forceinline__ bool packed_sample_grid(const RelposParams& p, const int* __restrict__ off,
+                                                   const int* __restrict__ shapes, int64_t s, int* n) {
+  const int64_t first = off[s], next = off[s + 1];
+  bool valid = first >= 0 && next > first && next <= p.N;
+  int64_t tokens = 1;
+  for (int64_t a = 0; a < p.G_in; ++a) {  // (axes of max extent 1, squeezed out: extent 1)
+    const int64_t e = shapes[s * p.G_in + a];
+    bool kept = false;
+#pragma unroll
+    for (int d = 0; d < NDIM; ++d) {
+      if (d < p.g.ndim && p.g.axis[d] == a) {
+        kept = true;
+        valid = valid && e >= 1 && e <= p.g.n[d];
+        n[d] = static_cast<int>(e);
+      }
+    }
+    valid = valid && (kept || e == 1);
+    tokens *= valid ? e : 1;
+  }
+  if (NDIM == 1) n[0] = static_cast<int>(valid ? tokens : 1);
+  return valid && tokens == next - first;
+}
+
 // Sample s of packed call p as a call of its own (sp, ts); false where its values are bad.
 template <typename T>
 __device__ bool packed_sample(const RelposParams& p, const RelposTensors<T>& t, int64_t s, RelposParams& sp,

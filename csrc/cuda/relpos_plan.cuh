@@ -192,7 +192,8 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // (fast_offset_order_ints: a ticket, a flag per block, the order's table); `layout`: its shape.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints, std::string* layout) {
-  if (p.packed_samples > 0) return "packed calls (packed=) take the general kernels' so far";
+  if (p.packed_samples > 0 && p.has_sigma)
+    return "packed calls (packed=) with a span take the general kernels' so far";
   int sc = -1;
   std::string why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;

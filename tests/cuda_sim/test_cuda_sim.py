@@ -1179,8 +1179,8 @@ def _packed_path(c: PackedCase, backward: bool = False) -> str:
     """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
     (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
     alone, but for a span (its tables are per sample: the general kernels so far) and the backward
-    at D = 128 (its packed instances would spill); d rel, d bias and d sigma of packed calls are the
-    general kernels'."""
+    at D = 128 (its packed instances would spill). d rel and d bias come from the fast offset kernel
+    wherever the fast forward takes the call (after the general backward at D = 128)."""
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and not c.sigma
     return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
 
@@ -1223,7 +1223,8 @@ def check_packed(c: PackedCase, tmp_path: Path):
     assert (plan["forward"], plan["backward"]) == (_packed_path(c), _packed_path(c, backward=True)), plan
     fwd_tol = TF32_TOL if plan["forward"] == "fast" and c.dtype == F32 else FWD_TOL[c.dtype]
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
-    assert plan["offsets"] == ("general" if (c.pos or c.bias or c.sigma) else "none"), plan
+    offsets = "fast" if _packed_path(c) == "fast" and not c.sigma else "general"
+    assert plan["offsets"] == (offsets if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
         got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
         errors["d" + name] = _rel_err("d" + name, got, want)
@@ -1324,6 +1325,8 @@ PACKED = [
         tail=2,
         smem_optin=simlib.SMEM_SM86,
     ),
+    # D = 128: the general backward (the packed fast instances would spill), then the fast offset kernel
+    PackedCase("packed-fast-f16-1d-d128", F16, [(70,), (9,)], path="auto", D=128, H=1, bias=True, window=20, tail=3),
     PackedCase(
         "packed-fast-bf16-2d-plain-natten",
         BF16,
@@ -1344,9 +1347,8 @@ def test_packed(case, tmp_path):
 
 def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
     """One sample that fills max_grid, on the fast kernels: the very bits of the call on its grid,
-    forward and d q, d k, d v, d q_pos (the packed instances' sample geometry, schedule and row
-    offsets against the single ones'; d rel and d bias of packed calls come from the general
-    kernels)."""
+    forward, d q, d k, d v, d q_pos, d rel and d bias (the packed instances' sample geometry,
+    schedule and row offsets against the single ones'; the fast offset kernel's pairs of the sample)."""
     c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, bias=True, window=[2, 5], causal=True)
     x = _packed_inputs(c)
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -1361,8 +1363,11 @@ def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
     ]
     for run in runs:
         assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
-        assert (run.result()["forward"], run.result()["backward"]) == ("fast", "fast"), run.result()
-    for name in ("out", "lse", "dq", "dk", "dv") + (("dq_pos",) if c.pos else ()):
+        plan = run.result()
+        assert (plan["forward"], plan["backward"], plan["offsets"]) == ("fast", "fast", "fast"), plan
+    names = ("out", "lse", "dq", "dk", "dv") + (("dq_pos",) if c.pos else ())
+    names += ("drel",) + (("dbias",) if c.bias else ())
+    for name in names:
         assert (runs[0].dir / f"{name}.out.bin").read_bytes() == (runs[1].dir / f"{name}.out.bin").read_bytes(), name
 
 

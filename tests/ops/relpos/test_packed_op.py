@@ -310,8 +310,8 @@ def test_wrapper_errors():
 def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
     """CUDA: the float64 loop of single calls on the same (rounded) inputs, within the error of the
     dtype's rounding (float64: to rounding), tail tokens 0 / -inf, every gradient. The general
-    kernels take packed calls with a span (sigma), the fast forward and backward bfloat16 ones
-    without."""
+    kernels take packed calls with a span (sigma), the fast forward, backward and offset kernel
+    bfloat16 ones without."""
     pk = PackedGrids.from_shapes(SHAPES[axes])
     span = kw != dict(window=1)
     x = packed_inputs(pk, tail=2, D=32, Dv=32, sigma=span)
@@ -335,6 +335,7 @@ def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
         **kw,
     )
     assert bwd_plan["backward"] == plan["forward"], bwd_plan
+    assert bwd_plan["offsets"] == plan["forward"], bwd_plan  # (the fast offset kernel without a span)
     tol = {F64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
     assert torch.equal(lse.isinf().cpu(), ref_lse.isinf())
     torch.testing.assert_close(out.double().cpu(), ref_out, atol=tol, rtol=0)
