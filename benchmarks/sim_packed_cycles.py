@@ -8,8 +8,8 @@ cycles per kernel and the ratios. Each run takes minutes (timing mode).
         [--path general|auto] [--no-span] [--forward-only]
 
 --path general (the default) compares the general kernels, packed against per sample; --path auto
-the kernels the plan chooses (the fast forward and, at D <= 64, the fast backward take packed calls
-without a span: --no-span; d rel, d bias and d sigma are the general kernels' so far).
+the kernels the plan chooses (the fast forward and, at D <= 64, the fast backward take packed calls;
+d rel, d bias and d sigma: the fast offset kernel without a span, --no-span, else the general one).
 """
 
 from __future__ import annotations

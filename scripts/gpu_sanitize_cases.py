@@ -89,12 +89,14 @@ def relpos_cases(device):
 def packed_cases(device):
     """Packed calls: on the general kernels, 2-D and 3-D samples of several shapes, tail tokens, a
     sample of more than 128 tokens (key chunks), a span box, a window, causal order; on the fast
-    forward (bfloat16, D = 32, no span), samples of several query tiles and key blocks, a window."""
+    kernels (bfloat16, D = 32), samples of several query tiles and key blocks, a window, with and
+    without a span."""
     g = torch.Generator().manual_seed(2)
     for shapes, max_grid, D, kw in (
         ([[5, 31], [3, 4], [1, 7], [12, 12]], [12, 31], 8, dict(sigma=True, bias=True, threshold=0.3)),
         ([[2, 3, 4], [1, 1, 5], [3, 2, 2]], None, 8, dict(sigma=True, window=[1, 1, 2], causal=True)),
         ([[9, 12], [5, 7], [1, 1], [17, 8]], [17, 13], 32, dict(bias=True, window=[3, 2])),
+        ([[9, 12], [5, 7], [1, 1], [17, 8]], [17, 13], 32, dict(sigma=True, bias=True, threshold=0.3)),
     ):
         pk = PackedGrids.from_shapes(shapes, max_grid=max_grid, device=device)
         T, H, U = pk.num_tokens + 3, 2, math.prod(2 * m - 1 for m in pk.max_grid)

@@ -509,8 +509,16 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
   const T* rel = POS && t.rel ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
-  const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
-  const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
+  // (the head's tables; own: a packed call's sample_tables, the sample's from its first token's slot)
+  constexpr bool kOwn = PACKED && packed_span_fits<T, D>();
+  const bool own = kOwn && p.has_sigma;
+  const auto tables_at = [&]() -> int64_t {
+    if constexpr (kOwn)
+      if (own) return (static_cast<int64_t>(blockIdx.y) * p.N + tok0) << table_shift(p);
+    return static_cast<int64_t>(blockIdx.y) * U;
+  };
+  const float* add = POS && t.offset_add ? t.offset_add + tables_at() : nullptr;
+  const float* mul = POS && t.offset_mul ? t.offset_mul + tables_at() : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
   float* fsmem = reinterpret_cast<float*>(smem_raw + L::kTBytes);
   float* pbuf = fsmem + w * L::kPbuf;
@@ -518,7 +526,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   int* wrow = woff + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
-    fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
+    if constexpr (kOwn) {
+      int ts[NDIM];  // the tables' row strides
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) ts[a] = rs[a];
+      if (own) g.own_strides(ts);
+      fill_warp_columns<NDIM, L>(w, lane, ts, woff, wrow);
+    } else {
+      fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
+    }
     if constexpr (!KEYS && !L::kAlias) {  // the warp's dS' box: entries no row ever writes stay 0
       T* box = smem + L::kX + w * 16 * L::kSLd;
       for (int i = lane; i < 16 * L::kSLd * static_cast<int>(sizeof(T)) / 4; i += 32)
@@ -528,13 +544,19 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   }
   // the offset tile between the query tile at qo and the key block at kb into rel stage
   // rst: its rel rows' columns [c DC, (c + 1) DC) (chunk c: all of them where RC = 1) and,
-  // with `tables`, each warp's add / mul entries (PACKED: the max-grid tables' rows, from their
-  // centre; never with a span, whose tables would be the sample's)
+  // with `tables`, each warp's add / mul entries (PACKED: the max-grid rows of rel and, without a
+  // span, of the tables, from their centre; with a span the sample's own tables' rows)
   const auto load_offsets = [&](int rst, const int* qo, const int* kb, int c = 0, bool tables = true) {
-    load_offset_tile<T, DC, NDIM, LR, D>(
-        smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
-        PACKED ? g.first_offset_packed(qo, kb) : g.first_offset(qo, kb), U, rs, tables ? add : nullptr,
-        tables ? mul : nullptr, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff, lane);
+    const auto first_row = [&] { return PACKED ? g.first_offset_packed(qo, kb) : g.first_offset(qo, kb); };
+    const auto table_rows = [&] {  // (own: the sample's tables' rows)
+      int rows = U;
+      const int u = kOwn && own ? g.first_offset_own(qo, kb, &rows) : first_row();
+      return make_int2(u, rows);
+    };
+    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+                                         first_row(), U, rs, tables ? add : nullptr, tables ? mul : nullptr,
+                                         table_rows, fsmem + L::table_at(rst, w, 0),
+                                         fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   const auto key_rows = [&](const int* kb) { return [&g, kb](const int* x) { return g.key_token(kb, x); }; };
   // q_pos's rows of the query tile: its slot, or (kQposRegs) each warp's 16 in its positional
@@ -1047,8 +1069,8 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
     return cudaErrorInvalidValue;
   const bool packed = p.packed_samples > 0;
   if (packed) {
-    // (with a span its tables would be the sample's: the general kernels)
-    if (p.B != 1 || p.has_sigma || !packed_backward_dim(D)) return cudaErrorInvalidValue;
+    if (p.B != 1 || !packed_backward_dim(D) || (p.has_sigma && !packed_span_fits<T, D>()))
+      return cudaErrorInvalidValue;
     const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
                                     NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
     const cudaError_t e = cuda_packed::launch_packed_schedule<T, true>(p, t, NDIM, tile_box, stream);

@@ -204,6 +204,22 @@ struct FastGrid {
     for (int a = 0; a < NDIM; ++a) u += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1)) * rs[a];
     return u;
   }
+  // the same in a packed call's sample's own tables (sample_tables: rows delta + n - 1 of its grid,
+  // row-major; *rows: their number), and their row strides (ts)
+  __device__ __forceinline__ int first_offset_own(const int* qo, const int* kb, int* rows) const {
+    int u = 0, st = 1;
+#pragma unroll
+    for (int a = NDIM - 1; a >= 0; --a) {
+      u += (kb[a] - qo[a] - (extent<NDIM>(Box::kTile, a) - 1) + n[a] - 1) * st;
+      st *= 2 * n[a] - 1;
+    }
+    *rows = st;
+    return u;
+  }
+  __device__ __forceinline__ void own_strides(int* ts) const {
+#pragma unroll
+    for (int a = NDIM - 1, st = 1; a >= 0; --a) ts[a] = st, st *= 2 * n[a] - 1;
+  }
 };
 
 // Which keys a query keeps along axis a: [lo, hi] of its window and span box
@@ -300,13 +316,16 @@ struct RelRows : L {
 
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
 // rows (D columns of rel's GD, from the column rel points at), zero-filled outside [0, U)
-// (none where rel is null: tables only); and the warp's add / mul entries (4-byte copies,
-// zero-filled likewise; add or mul null where the call has none). The caller commits.
-template <typename T, int D, int NDIM, typename L, int GD = D>
+// (none where rel is null: tables only); and the warp's add / mul entries, the box's first row
+// being table row tu.x of tu.y (table_rows(): tu; 4-byte copies at woff, zero-filled likewise; add
+// or mul null where the call has none; tables of another grid than rel's: a packed call's
+// sample_tables; asked for when the tables' copies are issued, which keeps a register free
+// meanwhile). The caller commits.
+template <typename T, int D, int NDIM, typename L, int GD = D, typename TableRows>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
                                                  const int* rs, const float* __restrict__ add,
-                                                 const float* __restrict__ mul, float* add_w, float* mul_w,
-                                                 const int* woff, int lane) {
+                                                 const float* __restrict__ mul, TableRows&& table_rows,
+                                                 float* add_w, float* mul_w, const int* woff, int lane) {
   const auto offset_row = [&](const int* x) {  // row x of the box in rel, -1 outside [0, U)
     int u = u0;
 #pragma unroll
@@ -316,9 +335,10 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
   if (rel != nullptr)
     load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false, GD>(dst, rel, nullptr, nullptr, offset_row);
   if (add != nullptr || mul != nullptr) {
+    const int2 tu = table_rows();
     for (int c = lane; c < L::kWarpCols; c += 32) {
-      const int u = u0 + woff[c];
-      const bool in = u >= 0 && u < U;
+      const int u = tu.x + woff[c];
+      const bool in = u >= 0 && u < tu.y;
       if (add != nullptr) warp::cp_async_4(add_w + c, in ? add + u : add, in);
       if (mul != nullptr) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
     }

@@ -358,8 +358,16 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   const int U = static_cast<int>(p.U);
   // (null where the call has no q_pos: its add / mul tables only)
   const T* rel = POS && t.rel ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
-  const float* add = POS && t.offset_add ? t.offset_add + static_cast<int64_t>(blockIdx.y) * U : nullptr;
-  const float* mul = POS && t.offset_mul ? t.offset_mul + static_cast<int64_t>(blockIdx.y) * U : nullptr;
+  // (the head's tables; own: a packed call's sample_tables, the sample's from its first token's slot)
+  constexpr bool kOwn = PACKED && packed_span_fits<T, D>();
+  const bool own = kOwn && p.has_sigma;
+  const auto tables_at = [&]() -> int64_t {
+    if constexpr (kOwn)
+      if (own) return (static_cast<int64_t>(blockIdx.y) * p.N + first) << table_shift(p);
+    return static_cast<int64_t>(blockIdx.y) * U;
+  };
+  const float* add = POS && t.offset_add ? t.offset_add + tables_at() : nullptr;
+  const float* mul = POS && t.offset_mul ? t.offset_mul + tables_at() : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
   float* fsmem = reinterpret_cast<float*>(smem_raw + L::kTBytes);
   float* pbuf = fsmem + w * L::kPbuf;
@@ -367,16 +375,30 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   int* wrow = woff + kWarps * L::kWarpCols;
   const float scale = static_cast<float>(p.scale);
   if constexpr (POS) {
-    fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
+    if constexpr (kOwn) {
+      int ts[NDIM];  // the tables' row strides
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) ts[a] = rs[a];
+      if (own) g.own_strides(ts);
+      fill_warp_columns<NDIM, L>(w, lane, ts, woff, wrow);
+    } else {
+      fill_warp_columns<NDIM, L>(w, lane, rs, woff, wrow);
+    }
     __syncwarp();
   }
   // chunk c of the offset tile of key block kb into rel stage rst: its rel rows' columns
   // [c DC, (c + 1) DC) and, with chunk 0, the warp's add / mul entries
   const auto load_offsets = [&](int rst, const int* kb, int c) {
-    load_offset_tile<T, DC, NDIM, LR, D>(
-        smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
-        PACKED ? g.first_offset_packed(t0, kb) : g.first_offset(t0, kb), U, rs, c == 0 ? add : nullptr,
-        c == 0 ? mul : nullptr, fsmem + L::table_at(rst, w, 0), fsmem + L::table_at(rst, w, 1), woff, lane);
+    const auto first_row = [&] { return PACKED ? g.first_offset_packed(t0, kb) : g.first_offset(t0, kb); };
+    const auto table_rows = [&] {  // (own: the sample's tables' rows)
+      int rows = U;
+      const int u = kOwn && own ? g.first_offset_own(t0, kb, &rows) : first_row();
+      return make_int2(u, rows);
+    };
+    load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
+                                         first_row(), U, rs, c == 0 ? add : nullptr, c == 0 ? mul : nullptr,
+                                         table_rows, fsmem + L::table_at(rst, w, 0),
+                                         fsmem + L::table_at(rst, w, 1), woff, lane);
   };
   // (kSerial) part h of key block kb's rows of x (K or V: columns h kKVC ...) into the one buffer
   const auto load_part = [&](const T* x, int h, const int* kb) {
@@ -703,7 +725,7 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
                                   NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
   if (packed) {
-    if (p.B != 1 || p.has_sigma) return cudaErrorInvalidValue;
+    if (p.B != 1 || (p.has_sigma && !packed_span_fits<T, D>())) return cudaErrorInvalidValue;
     const cudaError_t e = cuda_packed::launch_packed_schedule(p, t, NDIM, tile_box, stream);
     if (e != cudaSuccess) return e;
     tiles = cuda_packed::packed_tiles_bound(p, NDIM, tile_box);

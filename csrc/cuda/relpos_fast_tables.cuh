@@ -6,6 +6,11 @@
 //   quad = 0.5 sum_d (delta_d / max(n_d - 1, 1) / sigma_hd)^2   (float64, then rounded)
 // so that a logit is (scale (q k + q_pos rel[u]) + add[u]) mul[u], the general path's
 // span_logit (relpos_general.cuh). Sigma is checked on the device as there.
+// A packed call with a span (sample_tables) has a table per sample, as a call of the sample's
+// grid would (its own normalisation n_d(s)): sample s's rows, delta + n(s) - 1 row-major, from
+// slot packed_offsets[s] << table_shift on in each head's offset_table_len; as
+// prod_d (2 n_d(s) - 1) < 2^G tokens(s), the samples' tables never overlap. The bias rows stay
+// the max grid's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +21,7 @@
 #include "../core/relpos_params.h"
 #include "../core/relpos_tensors.h"
 #include "cuda_common.cuh"
+#include "relpos_packed.cuh"
 #include "relpos_head.cuh"
 
 namespace posattn::relpos::cuda_fast {
@@ -28,6 +34,48 @@ inline bool has_offset_mul(const RelposParams& p) {
   return p.has_sigma && p.mode == SpanMode::kMultiply;
 }
 
+// A table per sample (a packed call with a span: the hot kernels then only copy its rows).
+inline bool sample_tables(const RelposParams& p) {
+  return p.packed_samples > 0 && p.has_sigma;
+}
+// log2 of a sample's slots per token (its grid's axes, one at least).
+__host__ __device__ inline int table_shift(const RelposParams& p) {
+  return p.g.ndim > 1 ? p.g.ndim : 1;
+}
+// Whether the fast forward and backward instances of packed calls (PACKED) take a span: at 16-bit
+// types and D <= 64 (their sample_tables' two row bases cost registers that the float32 instances
+// and 16-bit D = 128 (2-D) do not have: they would spill; the plan sends such calls to the general
+// kernels).
+template <typename T, int D>
+__host__ __device__ constexpr bool packed_span_fits() {
+  return sizeof(T) == 2 && D <= 64;
+}
+// Each head's floats in add / mul.
+inline int64_t offset_table_len(const RelposParams& p) {
+  return sample_tables(p) ? p.N << table_shift(p) : p.U;
+}
+
+// add[at] and mul[at] (either may be null) of head h's offset delta (kept axes) on a grid of
+// extents n (the span's normalisation); the bias row: delta's on the max grid.
+template <typename T>
+__device__ inline void write_offset_entry(const RelposParams& p, int64_t h, const int64_t* delta,
+                                          const int64_t* n, const T* __restrict__ bias,
+                                          const double* __restrict__ sigma, float* __restrict__ add,
+                                          float* __restrict__ mul, int64_t at) {
+  double quad = 0.0;
+  int64_t row = 0;  // (of bias)
+  for (int d = 0; d < p.g.ndim; ++d) {
+    if (p.has_sigma) {
+      const double x = normalised_offset(delta[d], n[d]) / sigma[h * p.G_in + p.g.axis[d]];
+      quad += 0.5 * x * x;
+    }
+    row += (delta[d] + p.g.n[d] - 1) * p.rel_stride[d];
+  }
+  const double b = p.has_bias ? static_cast<double>(posattn::cuda::to_acc<float>(bias[h * p.U + row])) : 0.0;
+  if (add != nullptr) add[at] = static_cast<float>(p.mode == SpanMode::kAdd ? b - quad : b);
+  if (mul != nullptr) mul[at] = static_cast<float>(exp(-quad));
+}
+
 template <typename T>
 __global__ void offset_tables_kernel(RelposParams p, const T* __restrict__ bias,
                                      const double* __restrict__ sigma, float* __restrict__ add,
@@ -36,30 +84,52 @@ __global__ void offset_tables_kernel(RelposParams p, const T* __restrict__ bias,
   if (i >= p.H * p.U) return;
   const int64_t h = i / p.U, u = i % p.U;
   if (u == 0) check_head_sigma(p, h, sigma);
-  double quad = 0.0;
-  if (p.has_sigma) {
-    int64_t delta[kMaxGridDims];
-    offset_of_row(u, p.g.n, p.g.ndim, delta);
-    for (int d = 0; d < p.g.ndim; ++d) {
-      const double x = normalised_offset(delta[d], p.g.n[d]) / sigma[h * p.G_in + p.g.axis[d]];
-      quad += 0.5 * x * x;
-    }
-  }
-  const double b = p.has_bias ? static_cast<double>(posattn::cuda::to_acc<float>(bias[i])) : 0.0;
-  if (add != nullptr) add[i] = static_cast<float>(p.mode == SpanMode::kAdd ? b - quad : b);
-  if (mul != nullptr) mul[i] = static_cast<float>(exp(-quad));
+  int64_t delta[kMaxGridDims];
+  offset_of_row(u, p.g.n, p.g.ndim, delta);
+  write_offset_entry(p, h, delta, p.g.n, bias, sigma, add, mul, i);
 }
 
-// Fills add (has_offset_add) and mul (has_offset_mul), each (H, U) floats, on `stream`.
+// sample_tables: slot v of head h: row v - (packed_offsets[s] << table_shift) of sample s's table,
+// s the sample of token v >> table_shift (slots past its rows, of the tail or of a sample whose
+// values are bad, which the schedule reports: left alone, never read).
+template <typename T>
+__global__ void sample_tables_kernel(RelposParams p, const int* __restrict__ off,
+                                     const int* __restrict__ shapes, const T* __restrict__ bias,
+                                     const double* __restrict__ sigma, float* __restrict__ add,
+                                     float* __restrict__ mul) {
+  const int shift = table_shift(p);
+  const int64_t len = p.N << shift, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.H * len) return;
+  const int64_t h = i / len, v = i % len;
+  if (v == 0) check_head_sigma(p, h, sigma);
+  const int64_t s = cuda_packed::packed_sample_of(p, off, v >> shift);
+  int64_t n[kMaxGridDims], tokens = 0;
+  if (s < 0 || !cuda_packed::packed_extents(p, off, shapes, s, n, &tokens)) return;
+  const int64_t u = v - (static_cast<int64_t>(off[s]) << shift);
+  int64_t rows = 1;
+  for (int d = 0; d < p.g.ndim; ++d) rows *= 2 * n[d] - 1;
+  if (u >= rows) return;
+  int64_t delta[kMaxGridDims];
+  offset_of_row(u, n, p.g.ndim, delta);
+  write_offset_entry(p, h, delta, n, bias, sigma, add, mul, i);
+}
+
+// Fills add (has_offset_add) and mul (has_offset_mul), each (H, offset_table_len) floats, on
+// `stream`.
 template <typename T>
 cudaError_t launch_offset_tables(const RelposParams& p, const RelposTensors<T>& t, float* add, float* mul,
                                  cudaStream_t stream) {
-  const int64_t n = p.H * p.U;
+  const int64_t n = p.H * offset_table_len(p);
   if (n == 0 || (add == nullptr && mul == nullptr)) return cudaSuccess;
   constexpr int kBlock = 256;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  offset_tables_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, t.bias, t.sigma, add, mul);
+  if (sample_tables(p))
+    sample_tables_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+        p, t.packed_offsets, t.packed_shapes, t.bias, t.sigma, add, mul);
+  else
+    offset_tables_kernel<T>
+        <<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, t.bias, t.sigma, add, mul);
   return cudaGetLastError();
 }
 

@@ -78,6 +78,12 @@ void by_fast_type_and_dim(DType dt, int64_t D, Fn fn) {
 
 namespace plan_detail {
 
+// Why the fast kernels do not take a packed call with a span (cuda_fast::packed_span_fits).
+inline std::string packed_span_refusal() {
+  return "packed calls (packed=) with a span run on the fast kernels at float16 / bfloat16 and D <= 64 only "
+         "(elsewhere their instances would spill registers)";
+}
+
 inline std::string blocks_error(int64_t blocks, const char* what, const char* remedy) {
   return "relpos_attention (CUDA): " + std::string(what) + " needs " + std::to_string(blocks) +
          " thread blocks, more than a launch allows (" + std::to_string(INT_MAX) + "); " + remedy;
@@ -120,14 +126,16 @@ inline std::string lacks_layout(const char* what, int64_t D, int ndim, int sc) {
 inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16, const CudaDevice& dev,
                                 size_t* smem, std::string* layout) {
   std::string why = fast_call_refusal(p, dt, aligned16, dev);
-  if (why.empty() && p.packed_samples > 0 && p.has_sigma)
-    why = "packed calls (packed=) with a span run on the general kernels so far";
   int sc = -1;
   if (why.empty()) why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
+    if (p.packed_samples > 0 && p.has_sigma && !cuda_fast::packed_span_fits<CT, D>()) {
+      why = packed_span_refusal();
+      return;
+    }
     const bool pos = cuda_fast::has_offset_terms(p);
     const cuda_fast::FwdLayoutInfo l = cuda_fast::fast_forward_layout<CT, D>(p.g.ndim, pos, sc);
     *smem = l.bytes;
@@ -153,8 +161,6 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                          std::string* layout) {
   std::string why;
-  if (p.packed_samples > 0 && p.has_sigma)
-    return "the backward of packed calls (packed=) with a span runs on the general kernels so far";
   if (p.packed_samples > 0 && !cuda_fast::packed_backward_dim(p.D))
     return "the backward of packed calls (packed=) at D = 128 runs on the general kernels so far (their fast "
            "instances would spill registers)";
@@ -193,7 +199,8 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints, std::string* layout) {
   if (p.packed_samples > 0 && p.has_sigma)
-    return "packed calls (packed=) with a span take the general kernels' so far";
+    return "packed calls (packed=) with a span (their tables are per sample) take the general kernels' so "
+           "far";
   int sc = -1;
   std::string why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;

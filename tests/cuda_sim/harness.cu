@@ -268,7 +268,8 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size
 #if defined(HARNESS_FAST_D)
   if constexpr (!std::is_same<T, double>::value) {  // (float: through TF32)
     namespace fast = rp::cuda_fast;
-    Dev<float> add(fast::has_offset_add(p) ? p.H * p.U : 0), mul(fast::has_offset_mul(p) ? p.H * p.U : 0);
+    const int64_t len = p.H * fast::offset_table_len(p);
+    Dev<float> add(fast::has_offset_add(p) ? len : 0), mul(fast::has_offset_mul(p) ? len : 0);
     t.offset_add = add.p;
     t.offset_mul = mul.p;
     Dev<int> tiles(p.packed_samples > 0 ? p.packed_samples + 1 : 0);  // (a packed call's schedule)

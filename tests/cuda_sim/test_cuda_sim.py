@@ -1178,10 +1178,11 @@ def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
 def _packed_path(c: PackedCase, backward: bool = False) -> str:
     """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
     (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
-    alone, but for a span (its tables are per sample: the general kernels so far) and the backward
-    at D = 128 (its packed instances would spill). d rel and d bias come from the fast offset kernel
-    wherever the fast forward takes the call (after the general backward at D = 128)."""
-    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128) and not c.sigma
+    alone, but the backward at D = 128 and a span but at 16-bit D <= 64 (packed instances that
+    would spill). d rel and d bias come from the fast offset kernel wherever the fast forward takes
+    the call (after the general backward at D = 128), but with a span (its tables are per sample)."""
+    fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
+    fast = fast and (not c.sigma or (c.dtype in (F16, BF16) and c.D <= 64))
     return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
 
 
@@ -1278,8 +1279,36 @@ PACKED = [
         sigma=True,
         threshold=0.5,
     ),
-    # a span on the fast path's types: the general kernels
+    # the fast forward and backward with a span (each sample's own tables: its normalisation
+    # x = delta / (n(s) - 1), its span box), a max grid past every sample; d rel, d bias, d sigma
+    # from the general kernels
     PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
+    # ... but not through TF32 (its packed instances have no registers for the sample's tables): general
+    PackedCase("packed-f32-d32-span-auto", F32, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True),
+    PackedCase(
+        "packed-fast-bf16-2d-span-threshold",
+        BF16,
+        [(9, 12), (3, 5), (10, 4), (1, 6)],
+        max_grid=[11, 12],
+        path="auto",
+        D=32,
+        H=1,
+        sigma=True,
+        bias=True,
+        threshold=0.3,
+        tail=3,
+    ),
+    PackedCase(
+        "packed-fast-f16-3d-span-multiply",
+        F16,
+        [(5, 3, 6), (2, 4, 4), (1, 1, 3)],
+        path="auto",
+        D=32,
+        H=1,
+        sigma=True,
+        span_mode="multiply",
+        window=[1, 2, 2],
+    ),
     # the fast forward: samples of several query tiles and key blocks (8 x 8 on 2-D grids), one of a
     # cell, a max grid past every sample, windows, tail tokens
     PackedCase(
@@ -1345,14 +1374,20 @@ def test_packed(case, tmp_path):
     check_packed(case, tmp_path)
 
 
-def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
+@pytest.mark.parametrize(
+    "options",
+    [dict(bias=True, window=[2, 5], causal=True), dict(sigma=True, threshold=0.4, bias=True, span_mode="multiply")],
+    ids=["window-causal", "span"],
+)
+def test_packed_single_sample_is_the_single_grid_call_bitwise(options, tmp_path):
     """One sample that fills max_grid, on the fast kernels: the very bits of the call on its grid,
-    forward, d q, d k, d v, d q_pos, d rel and d bias (the packed instances' sample geometry,
-    schedule and row offsets against the single ones'; the fast offset kernel's pairs of the sample)."""
-    c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, bias=True, window=[2, 5], causal=True)
+    forward, d q, d k, d v, d q_pos (the packed instances' sample geometry, schedule, row offsets
+    and, with a span, the sample's own tables against the call's), and without a span d rel and
+    d bias (the fast offset kernel's pairs of the sample; with a span the general kernels')."""
+    c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, **options)
     x = _packed_inputs(c)
     g = torch.Generator().manual_seed(c.seed + 1)
-    arrays = {k: t.to(c.dtype) for k, t in x.items()}
+    arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = torch.randn(1, c.H, c.T, c.Dv, generator=g, dtype=F64).to(c.dtype)
     arrays["glse"] = (torch.randn(1, c.H, c.T, generator=g, dtype=F64) * 0.5).to(F32)
     packed = dict(_packed_settings(c), repeats=1)
@@ -1361,12 +1396,13 @@ def test_packed_single_sample_is_the_single_grid_call_bitwise(tmp_path):
         simlib.run_case(simlib.harness(c.dtype, c.D), tmp_path / name, settings, arrays)
         for name, settings in (("packed", packed), ("single", single))
     ]
-    for run in runs:
+    for run, offsets in zip(runs, ("general" if c.sigma else "fast", "fast")):  # (packed with a span: general)
         assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
         plan = run.result()
-        assert (plan["forward"], plan["backward"], plan["offsets"]) == ("fast", "fast", "fast"), plan
+        assert (plan["forward"], plan["backward"], plan["offsets"]) == ("fast", "fast", offsets), plan
     names = ("out", "lse", "dq", "dk", "dv") + (("dq_pos",) if c.pos else ())
-    names += ("drel",) + (("dbias",) if c.bias else ())
+    if not c.sigma:
+        names += ("drel",) + (("dbias",) if c.bias else ())
     for name in names:
         assert (runs[0].dir / f"{name}.out.bin").read_bytes() == (runs[1].dir / f"{name}.out.bin").read_bytes(), name
 
