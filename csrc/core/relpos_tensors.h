@@ -26,8 +26,9 @@ struct RelposTensors {
   // and packed_shapes (S, G_in), int32, on the device
   const int* __restrict__ packed_offsets = nullptr;
   const int* __restrict__ packed_shapes = nullptr;
-  // the fast kernels' schedule of a packed call: (S + 1) ints, the prefix sums of the samples' tiles
-  // (filled by their launchers, relpos_packed.cuh: launch_packed_schedule)
+  // the fast kernels' schedule of a packed call: 2 S + 1 ints, the prefix sums of the samples' tiles
+  // in their ranking and the ranking (filled by their launchers, relpos_packed.cuh:
+  // launch_packed_schedule)
   int* __restrict__ packed_tiles = nullptr;
   // the forward's outputs, which the backward reads: out (B, H, N, Dv), lse (B, H, N)
   T* __restrict__ out = nullptr;

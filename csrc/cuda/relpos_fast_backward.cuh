@@ -1045,7 +1045,7 @@ constexpr bool packed_backward_dim(int64_t D) {
 // (fast_backward_layout); this checks the rest: the layouts within `optin`, check_fast_call's
 // (relpos_fast_common.cuh), gout 16-byte aligned, dq, dk, dv (dq_pos) aligned to two elements,
 // and gout, rowd, lse, dq, dk, dv given. A packed call (p.packed_samples > 0; B = 1, t.packed_tiles
-// a workspace of S + 1 ints): the schedule of the forward's tiles (relpos_packed.cuh, its values
+// a workspace of 2 S + 1 ints): the schedule of the forward's tiles (relpos_packed.cuh, its values
 // checked again, the gradients of the tokens no box holds written 0), then both kernels over
 // every sample's boxes (as many blocks as the forward's bound; those past the last box return).
 template <typename T, int D, bool POS, int NDIM>

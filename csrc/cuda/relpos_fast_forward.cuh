@@ -705,11 +705,11 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
 // checks the rest: the layout within `optin`, check_fast_call's (relpos_fast_common.cuh), out
 // aligned to two elements (the paired stores), out and lse given. cudaErrorInvalidValue where
 // one fails.
-// A packed call (p.packed_samples > 0; B = 1, t.packed_tiles a workspace of S + 1 ints): its
+// A packed call (p.packed_samples > 0; B = 1, t.packed_tiles a workspace of 2 S + 1 ints): its
 // schedule (relpos_packed.cuh: its offsets and shapes checked on the device, the tail's outputs
-// written), then one launch over every sample's query tiles (as many blocks as the bound from T, S and the
-// max grid allows; those past the last tile return). Not yet with a span (its tables are the max grid's; the
-// plan sends such calls to the general kernels).
+// written, the samples ranked by their tiles), then one launch over every sample's query tiles, the
+// largest samples' first (as many blocks as the bound from T, S and the max grid allows; those past
+// the last tile return); with a span, the samples' own tables (sample_tables).
 template <typename T, int D, bool POS, int NDIM>
 cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                 cudaStream_t stream) {

@@ -188,10 +188,20 @@ inline cudaError_t launch_packed_check(const RelposParams& p, const int* offsets
 
 // The fast kernels take a packed call as one launch of blocks over all samples' tiles: a tile is a
 // box of `tile` cells (its extents on the kept axes; ndim 1: `tile[0]` tokens in a row), sample s
-// holds prod_d ceil(n_d / tile_d) of them (0: a bad sample), and block b takes tile b - prefix[s]
-// of the sample s with prefix[s] <= b < prefix[s + 1] (packed_block_sample), in sample order;
-// blocks past prefix[S] have none.
+// holds prod_d ceil(n_d / tile_d) of them (0: a bad sample). The samples are ranked by their tiles,
+// the most first (the heaviest tiles first: a sample's tiles visit about as many key blocks as it
+// holds, so that a large image's long tiles start early instead of trailing after the small ones';
+// ties in any order: a block's outputs are its own, the same bits in any order), and block b takes
+// tile b - prefix[r] of the sample order[r] ranked r, prefix[r] <= b < prefix[r + 1]
+// (packed_block_sample); blocks past prefix[S] have none. The schedule (t.packed_tiles,
+// packed_schedule_ints): prefix (S + 1 ints), then order (S).
 constexpr int kScheduleThreads = 1024;
+// tile counts told apart by the ranking (more: ranked as this many minus one, in any order)
+constexpr int kScheduleBuckets = 2048;
+
+inline int64_t packed_schedule_ints(const RelposParams& p) {
+  return 2 * p.packed_samples + 1;
+}
 
 // The tiles of sample s (0 where its values are bad: packed_extents' checks).
 __device__ inline int packed_sample_tiles(const RelposParams& p, const int* __restrict__ off,
@@ -240,73 +250,105 @@ __device__ void packed_zero_rows(const RelposParams& p, const RelposTensors<T>& 
   }
 }
 
+// Sums of x over the block's threads (kScheduleThreads): each thread's inclusive prefix, and the
+// total in *total (warp scans, then the warps' sums; in 64 bits). Every thread calls it.
+__device__ inline int64_t block_inclusive_scan(int64_t x, int64_t* warp_sums, int64_t* total) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[w] = x;
+  __syncthreads();
+  if (w == 0) {
+    int64_t y = warp_sums[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int64_t z = __shfl_up_sync(0xffffffffu, y, o);
+      if (lane >= o) y += z;
+    }
+    warp_sums[lane] = y;
+  }
+  __syncthreads();
+  x += w > 0 ? warp_sums[w - 1] : 0;
+  *total = warp_sums[kScheduleThreads / 32 - 1];
+  __syncthreads();  // every thread has read the warps' sums before the next scan's
+  return x;
+}
+
 // A packed call's schedule for the fast kernels, one block: its offsets' and shapes' values checked
-// (assert_packed_sample), t.packed_tiles[0] = 0 and [s + 1] = the tiles of samples 0 ... s
-// (kScheduleThreads samples at a time, a block-wide scan of warp scans), and the outputs of the
-// tokens no tile holds: tail padding and bad samples' (packed_zero_rows: the forward's, or BWD the
-// backward's d q, d k, d v, d q_pos).
+// (assert_packed_sample); the samples ranked by their tiles, the most first (a counting sort of
+// their tile counts: kScheduleBuckets buckets), order[r] the sample ranked r; prefix[0] = 0 and
+// [r + 1] = the tiles of the samples ranked 0 ... r (kScheduleThreads samples at a time); and the
+// outputs of the tokens no tile holds: tail padding and bad samples' (packed_zero_rows: the
+// forward's, or BWD the backward's d q, d k, d v, d q_pos).
 template <typename T, bool BWD = false>
 __global__ void __launch_bounds__(kScheduleThreads)
     packed_schedule_kernel(RelposParams p, RelposTensors<T> t, int ndim, int3 tile) {
   __shared__ int64_t warp_sums[kScheduleThreads / 32];
+  __shared__ int bucket[kScheduleBuckets];  // samples per tile count, then the next rank of each
   const int* __restrict__ off = t.packed_offsets;
   const int* __restrict__ shapes = t.packed_shapes;
   int* __restrict__ prefix = t.packed_tiles;
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  int64_t carry = 0;  // the tiles of the samples before this round's
+  int* __restrict__ order = t.packed_tiles + p.packed_samples + 1;
+  const int64_t S = p.packed_samples;
+  const auto key = [&](int64_t s) {  // (its bucket)
+    return min(packed_sample_tiles(p, off, shapes, s, ndim, tile), kScheduleBuckets - 1);
+  };
+  for (int i = threadIdx.x; i < kScheduleBuckets; i += kScheduleThreads) bucket[i] = 0;
   if (threadIdx.x == 0) {
     prefix[0] = 0;
     if (off[0] > 0)
       packed_zero_rows<T, BWD>(p, t, 0, min(static_cast<int64_t>(off[0]), p.N), 0,
                                1);  // (bad: tokens before it)
   }
-  for (int64_t base = 0; base < p.packed_samples; base += kScheduleThreads) {
-    const int64_t s = base + threadIdx.x;
-    int tiles = 0;
-    if (s < p.packed_samples) {
-      assert_packed_sample(p, off, shapes, s);
-      tiles = packed_sample_tiles(p, off, shapes, s, ndim, tile);
-      const int64_t from = max(static_cast<int64_t>(off[s]), int64_t{0}),
-                    to = min(static_cast<int64_t>(off[s + 1]), p.N);
-      if (tiles == 0 && to > from)
-        packed_zero_rows<T, BWD>(p, t, from, to, 0, 1);  // (a bad sample's tokens in T)
-    }
-    // inclusive scan, the warp's then the warps' sums, in 64 bits: bad offsets can make overlapping
-    // samples of more tiles than T (saturated below: the prefix stays non-decreasing, so that a
-    // block's sample always has tiles, and blocks past the bound launched have none)
-    int64_t x = tiles;
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[w] = x;
-    __syncthreads();
-    if (w == 0) {
-      int64_t y = warp_sums[lane];
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int64_t z = __shfl_up_sync(0xffffffffu, y, o);
-        if (lane >= o) y += z;
-      }
-      warp_sums[lane] = y;
-    }
-    __syncthreads();
-    x += w > 0 ? warp_sums[w - 1] : 0;
-    if (s < p.packed_samples) prefix[s + 1] = static_cast<int>(min(carry + x, static_cast<int64_t>(INT_MAX)));
-    carry += warp_sums[kScheduleThreads / 32 - 1];
-    __syncthreads();  // every thread has read the warps' sums before the next round's
+  __syncthreads();
+  for (int64_t s = threadIdx.x; s < S; s += kScheduleThreads) {
+    assert_packed_sample(p, off, shapes, s);
+    const int tiles = packed_sample_tiles(p, off, shapes, s, ndim, tile);
+    const int64_t from = max(static_cast<int64_t>(off[s]), int64_t{0}),
+                  to = min(static_cast<int64_t>(off[s + 1]), p.N);
+    if (tiles == 0 && to > from)
+      packed_zero_rows<T, BWD>(p, t, from, to, 0, 1);  // (a bad sample's tokens in T)
+    atomicAdd(&bucket[min(tiles, kScheduleBuckets - 1)], 1);
   }
-  const int64_t tail = off[p.packed_samples];  // (tail padding from there, within T)
+  __syncthreads();
+  if (threadIdx.x == 0) {  // each bucket's first rank: the samples of more tiles before it
+    int rank = 0;
+    for (int k = kScheduleBuckets - 1; k >= 0; --k) {
+      const int c = bucket[k];
+      bucket[k] = rank;
+      rank += c;
+    }
+  }
+  __syncthreads();
+  for (int64_t s = threadIdx.x; s < S; s += kScheduleThreads)
+    order[atomicAdd(&bucket[key(s)], 1)] = static_cast<int>(s);
+  __syncthreads();  // (order in memory for the block)
+  // the prefix sums over the ranks, saturated: bad offsets can make overlapping samples of more
+  // tiles than T (the prefix stays non-decreasing, so that a block's sample always has tiles, and
+  // blocks past the bound launched have none)
+  int64_t carry = 0;  // the tiles of the ranks before this round's
+  for (int64_t base = 0; base < S; base += kScheduleThreads) {
+    const int64_t r = base + threadIdx.x;
+    int64_t total = 0;
+    const int64_t x = block_inclusive_scan(
+        r < S ? packed_sample_tiles(p, off, shapes, order[r], ndim, tile) : 0, warp_sums, &total);
+    if (r < S) prefix[r + 1] = static_cast<int>(min(carry + x, static_cast<int64_t>(INT_MAX)));
+    carry += total;
+  }
+  const int64_t tail = off[S];  // (tail padding from there, within T)
   if (tail >= 0 && tail < p.N) packed_zero_rows<T, BWD>(p, t, tail, p.N, threadIdx.x, kScheduleThreads);
 }
 
 // The block's sample and its tile there (false: block b is past the last tile).
-__device__ __forceinline__ bool packed_block_sample(const RelposParams& p, const int* __restrict__ prefix,
+__device__ __forceinline__ bool packed_block_sample(const RelposParams& p, const int* __restrict__ schedule,
                                                     int b, int* s, int* tile) {
-  if (b >= prefix[p.packed_samples]) return false;
-  *s = static_cast<int>(last_at_most(prefix, p.packed_samples, b));
-  *tile = b - prefix[*s];
+  if (b >= schedule[p.packed_samples]) return false;
+  const int r = static_cast<int>(last_at_most(schedule, p.packed_samples, b));
+  *s = schedule[p.packed_samples + 1 + r];
+  *tile = b - schedule[r];
   return true;
 }
 
@@ -329,7 +371,7 @@ inline int64_t packed_tiles_bound(const RelposParams& p, int ndim, int3 tile) {
 }
 
 // The schedule of a packed call for tiles of `tile` cells on `ndim` axes (packed_schedule_kernel),
-// into t.packed_tiles (S + 1 ints); the forward's (t.out and t.lse given) or BWD the backward's
+// into t.packed_tiles (packed_schedule_ints); the forward's (t.out and t.lse given) or BWD the backward's
 // (t.dq, t.dk, t.dv given).
 template <typename T, bool BWD = false>
 cudaError_t launch_packed_schedule(const RelposParams& p, const RelposTensors<T>& t, int ndim, int3 tile,

@@ -120,9 +120,11 @@ void launch_fast(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, 
   const at::Tensor add = table(cuda_fast::has_offset_add(p)), mul = table(cuda_fast::has_offset_mul(p));
   t.offset_add = ptr_or_null<float>(add);
   t.offset_mul = ptr_or_null<float>(mul);
-  // a packed call's schedule (the prefix sums of its samples' tiles, filled by the launchers)
+  // a packed call's schedule (its samples ranked by their tiles and the prefix sums of those, filled by
+  // the launchers)
   const at::Tensor tiles =
-      p.packed_samples > 0 ? at::empty({p.packed_samples + 1}, c.q.options().dtype(at::kInt)) : at::Tensor();
+      p.packed_samples > 0 ? at::empty({cuda_packed::packed_schedule_ints(p)}, c.q.options().dtype(at::kInt))
+                           : at::Tensor();
   t.packed_tiles = ptr_or_null<int>(tiles);
   check_launch(
       cuda_fast::launch_offset_tables<T>(p, t, ptr_or_null<float>(add), ptr_or_null<float>(mul), stream));

@@ -272,7 +272,8 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size
     Dev<float> add(fast::has_offset_add(p) ? len : 0), mul(fast::has_offset_mul(p) ? len : 0);
     t.offset_add = add.p;
     t.offset_mul = mul.p;
-    Dev<int> tiles(p.packed_samples > 0 ? p.packed_samples + 1 : 0);  // (a packed call's schedule)
+    Dev<int> tiles(p.packed_samples > 0 ? rp::cuda_packed::packed_schedule_ints(p)
+                                        : 0);  // (a packed call's schedule)
     tiles.poison();
     t.packed_tiles = tiles.p;
     check(fast::launch_offset_tables<T>(p, t, add.p, mul.p, nullptr), "offset tables launch");
@@ -284,6 +285,7 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size
     if (!backward)
       check(fast::launch_fast_forward_call<T, HARNESS_FAST_D>(p, t, optin, nullptr), "fast forward launch");
     check(cudaDeviceSynchronize(), backward ? "fast backward" : "fast forward");  // (before the tables go)
+    if (!backward && p.packed_samples > 0) write_array("schedule", tiles.download());  // (prefix, order)
     t.offset_add = t.offset_mul = nullptr;
     t.packed_tiles = nullptr;
     return;

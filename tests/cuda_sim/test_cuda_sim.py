@@ -1186,6 +1186,17 @@ def _packed_path(c: PackedCase, backward: bool = False) -> str:
     return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
 
 
+def _check_packed_schedule(c: PackedCase, schedule: torch.Tensor):
+    """The fast forward's schedule (relpos_packed.cuh, packed_schedule_kernel): every sample ranked
+    once, the prefix sums of their tiles in that order, the samples of the most tiles first."""
+    S = len(c.shapes)
+    prefix, order = schedule[: S + 1].tolist(), schedule[S + 1 :].tolist()
+    assert sorted(order) == list(range(S)), order
+    tiles = [b - a for a, b in zip(prefix, prefix[1:])]
+    assert prefix[0] == 0 and all(t > 0 for t in tiles), prefix
+    assert all(a >= b for a, b in zip(tiles, tiles[1:])), f"not the most tiles first: {tiles} (samples {order})"
+
+
 def check_packed(c: PackedCase, tmp_path: Path):
     x = _packed_inputs(c)
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -1224,6 +1235,8 @@ def check_packed(c: PackedCase, tmp_path: Path):
     assert (plan["forward"], plan["backward"]) == (_packed_path(c), _packed_path(c, backward=True)), plan
     fwd_tol = TF32_TOL if plan["forward"] == "fast" and c.dtype == F32 else FWD_TOL[c.dtype]
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
+    if plan["forward"] == "fast":
+        _check_packed_schedule(c, run.read("schedule", torch.int32, (2 * len(c.shapes) + 1,)))
     offsets = "fast" if _packed_path(c) == "fast" and not c.sigma else "general"
     assert plan["offsets"] == (offsets if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
