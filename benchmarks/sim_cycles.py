@@ -43,8 +43,8 @@ CYCLE_RE = re.compile(r"^gpu_sim_cycle = (\d+)", re.M)
 
 
 def short_name(mangled: str) -> str:
-    if "fast_backward_kernel" in mangled:  # KEYS, the layout class SC, the half HALF: ...Lb1ELi0ELi0EE
-        m = re.search(r"Lb([01])ELi\d+ELi([01])EE", mangled)
+    if "fast_backward_kernel" in mangled:  # KEYS, the layout class SC, the half HALF (PACKED): ...Lb1ELi0ELi0EE
+        m = re.search(r"Lb([01])ELi\d+ELi([01])E(?:Lb[01]E)?E", mangled)
         name = "fast dk/dv" if m and m.group(1) == "1" else "fast dq"
         return name + (" (second half of the columns)" if m and m.group(2) == "1" else "")
     for key, name in (
