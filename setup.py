@@ -16,6 +16,11 @@ Environment:
                       cores): runs nvcc's optimiser on several threads, which takes the
                       tiled kernels' translation unit (removed since) from ~270 s to ~160 s on 2 cores
                       (scripts/gpu_check.sh sets it to spend less of a lent GPU's time)
+  POSATTN_CUDA_PTX_ONLY=1  device code as PTX only, for each architecture of TORCH_CUDA_ARCH_LIST
+                      (default 9.0), no SASS: ptxas does not run (about a third of the device
+                      compilation) and the driver compiles the PTX when the kernels first load on
+                      a GPU. For a build that only has to link, import and register (scripts/cuda_build.sh
+                      on CI); scripts/ptxas_fast.sh checks what ptxas makes of the kernels.
 """
 
 import glob
@@ -44,6 +49,19 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def ptx_archs():
+    """The compute capabilities of TORCH_CUDA_ARCH_LIST (default 9.0) as nvcc writes them ("90").
+    torch's own arch flags are left out once ours are given (it skips them when a flag names an arch)."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(",", ";").replace(" ", ";")
+    out = []
+    for a in filter(None, archs.split(";")):
+        a = a.removesuffix("+PTX")
+        if not a.replace(".", "").rstrip("af").isdigit() or "." not in a:
+            sys.exit(f"setup.py: POSATTN_CUDA_PTX_ONLY=1 takes TORCH_CUDA_ARCH_LIST as numbers such as 9.0, got {a!r}")
+        out.append(a.replace(".", ""))
+    return out
+
+
 def extension():
     cpp = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
     cu = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
@@ -60,6 +78,8 @@ def extension():
     split = os.environ.get("POSATTN_NVCC_SPLIT")
     if split:
         nvcc.append(f"--split-compile={int(split)}")
+    if os.environ.get("POSATTN_CUDA_PTX_ONLY") == "1":
+        nvcc += [f"-gencode=arch=compute_{a},code=compute_{a}" for a in ptx_archs()]
     if want_cuda() and cu:
         return CUDAExtension(
             "posattn._C",

@@ -80,7 +80,7 @@ def run_one(
             offsets.append(offsets[-1] + math.prod(s))
         settings.update(T=T, packed_offsets=offsets, packed_shapes=[n for s in shapes for n in s])
     case = workdir / f"{name}-{'bwd' if backward else 'fwd'}"
-    harness = simlib.harness(dtype, D if path != "general" else None)
+    harness = simlib.harness(dtype, D if path != "general" else None, packed=bool(shapes))
     res = simlib.run_case(harness, case, settings, arrays, timing=True, timeout=7200, rundir=case / "sim")
     if res.returncode != 0:
         raise RuntimeError(res.tail())

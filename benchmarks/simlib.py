@@ -107,17 +107,23 @@ def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = Fal
                 str(binary) + ".tmp",
                 str(source),
             ]
+            t0 = time.monotonic()
             done = subprocess.run(cmd, capture_output=True, text=True)
+            _log_time("build", name, t0)
             if done.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
             os.replace(str(binary) + ".tmp", binary)
     return binary
 
 
-def harness(dtype: torch.dtype, fast_d: Optional[int] = None) -> Path:
-    """The harness binary for `dtype` (with the fast kernels of head dim `fast_d`)."""
-    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_fast{fast_d}" if fast_d else "")
-    defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"] + ([f"HARNESS_FAST_D={fast_d}"] if fast_d else [])
+def harness(dtype: torch.dtype, fast_d: Optional[int] = None, packed: bool = False) -> Path:
+    """The harness binary for `dtype` (with the fast kernels of head dim `fast_d`: their
+    instances for single-grid calls, or with `packed` for packed ones; the general kernels
+    take both kinds in every binary)."""
+    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_fast{fast_d}" + ("_packed" if packed else "") if fast_d else "")
+    defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"]
+    if fast_d:
+        defines += [f"HARNESS_FAST_D={fast_d}", f"POSATTN_FAST_INSTANCES={2 if packed else 1}"]
     return build(HARNESS, name, defines)
 
 
@@ -206,13 +212,25 @@ def run(
     env.pop("GPUSIM_RUNDIR", None)
     if rundir is not None:
         env["GPUSIM_RUNDIR"] = str(rundir)
-    return subprocess.run(
+    t0 = time.monotonic()
+    done = subprocess.run(
         ["bash", str(kit_dir() / "run.sh"), str(binary), *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=timeout,
     )
+    _log_time("run", Path(binary).name, t0)
+    return done
+
+
+def _log_time(what: str, name: str, t0: float) -> None:
+    """With POSATTN_SIM_TIMES set: a line "what name seconds" appended to that file (the suite's
+    builds and runs, to see where its time goes: scripts/cuda_sim.sh sets it)."""
+    path = os.environ.get("POSATTN_SIM_TIMES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{what} {name} {time.monotonic() - t0:.2f}\n")
 
 
 def run_checks(source: Path, name: str, timeout: float = 600):

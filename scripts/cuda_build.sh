@@ -12,6 +12,11 @@
 #   CUDA_ARCHS          TORCH_CUDA_ARCH_LIST of the build (default 9.0: the GPU machine's H100 / H200;
 #                       a second architecture adds ~8 minutes of device compilation on CI's
 #                       2 cores, and the simulated suite already compiles every kernel for compute_80)
+#   CUDA_PTX_ONLY       1 (default): device code as PTX for CUDA_ARCHS, no SASS (setup.py's
+#                       POSATTN_CUDA_PTX_ONLY): ptxas does not run, which saves a third of the
+#                       device compilation; this build only has to link, import and register, and
+#                       scripts/ptxas_fast.sh is where ptxas' registers, stacks and spills are checked.
+#                       0: SASS for CUDA_ARCHS, as a user's build
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 CUDA_TORCH_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
@@ -45,7 +50,7 @@ mkdir -p "$src"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$src"
 start=$(date +%s)
 (cd "$src" && FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${CUDA_ARCHS:-9.0}" MAX_JOBS="$(nproc)" \
-  "$vpy" -m pip install -q --no-build-isolation --no-deps .)
+  POSATTN_CUDA_PTX_ONLY="${CUDA_PTX_ONLY:-1}" "$vpy" -m pip install -q --no-build-isolation --no-deps .)
 echo "cuda_build: built in $(( $(date +%s) - start )) s"
 
 work=$(mktemp -d)

@@ -35,5 +35,27 @@ if [ "${1:-}" = "--all" ]; then
   select=cuda_sim
   shift
 fi
-"$PY" -m pytest -q -p no:cacheprovider -m "$select" -n "$(nproc)" --durations=20 tests/cuda_sim "$@"
+# where the time went: each test program's build and its runs on the simulator (the first run of
+# a new binary includes the simulator's ptxas over all of its PTX)
+times=$(mktemp)
+trap 'rm -f "$times"' EXIT
+rc=0
+POSATTN_SIM_TIMES="$times" "$PY" -m pytest -q -p no:cacheprovider -m "$select" -n "$(nproc)" --durations=20 tests/cuda_sim "$@" || rc=$?
+"$PY" - "$times" <<'EOF_PY'
+import collections, re, sys
+rows = collections.defaultdict(lambda: [0.0, 0, 0.0])  # build s, runs, run s
+for line in open(sys.argv[1]):
+    what, name, sec = line.split()
+    r = rows[re.sub(r"-[0-9a-f]{12}$", "", name)]
+    if what == "build":
+        r[0] += float(sec)
+    else:
+        r[1], r[2] = r[1] + 1, r[2] + float(sec)
+print(f"cuda_sim: {'program':28} {'build s':>8} {'runs':>5} {'run s':>8}")
+for name, (b, n, s) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][2])):
+    print(f"cuda_sim: {name:28} {b:8.0f} {n:5d} {s:8.0f}")
+tb, ts = sum(r[0] for r in rows.values()), sum(r[2] for r in rows.values())
+print(f"cuda_sim: {'all (CPU seconds)':28} {tb:8.0f} {sum(r[1] for r in rows.values()):5d} {ts:8.0f}")
+EOF_PY
 echo "cuda_sim: done in $(( $(date +%s) - start )) s"
+exit $rc

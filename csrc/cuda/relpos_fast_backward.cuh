@@ -1068,6 +1068,7 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
       t.dv == nullptr)
     return cudaErrorInvalidValue;
   const bool packed = p.packed_samples > 0;
+  if (packed ? !kPackedInstances : !kSingleGridInstances) return cudaErrorNotSupported;
   if (packed) {
     if (p.B != 1 || !packed_backward_dim(D) || (p.has_sigma && !packed_span_fits<T, D>()))
       return cudaErrorInvalidValue;
@@ -1107,14 +1108,19 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
         if constexpr (KL::kHalves == 2)
           launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1, PK>, KL::kBytes);
       };
-      if constexpr (packed_backward_dim(D)) {
-        if (packed) {
+      if (packed) {
+        if constexpr (packed_backward_dim(D) && kPackedInstances) {
           launch_both(std::true_type{});
           return e;
         }
+        return cudaErrorNotSupported;
       }
-      launch_both(std::false_type{});
-      return e;
+      if constexpr (kSingleGridInstances) {
+        launch_both(std::false_type{});
+        return e;
+      } else {
+        return cudaErrorNotSupported;
+      }
     }
   });
 }

@@ -27,6 +27,17 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kBlockM = 16 * kWarps;  // queries per tile
 constexpr int kBlockN = 64;           // keys per key block
 
+// The kinds of call whose kernel instances a build holds: the extension both; a test program
+// one (-DPOSATTN_FAST_INSTANCES=1: single-grid calls, 2: packed ones), since the simulator runs
+// ptxas on, and parses, all of a program's PTX at every start (tests/cuda_sim, benchmarks/simlib.py).
+// A launcher asked for a kind the build lacks returns cudaErrorNotSupported.
+#ifndef POSATTN_FAST_INSTANCES
+#define POSATTN_FAST_INSTANCES 3
+#endif
+constexpr bool kSingleGridInstances = (POSATTN_FAST_INSTANCES & 1) != 0;
+constexpr bool kPackedInstances = (POSATTN_FAST_INSTANCES & 2) != 0;
+static_assert(kSingleGridInstances || kPackedInstances, "POSATTN_FAST_INSTANCES: 1, 2 or 3");
+
 // The classes of devices the fast layouts are sized for, by their opt-in shared memory per
 // block: 0, sm_90 (H100, H200): 227 KiB; 1, sm_80 (A100; also Jetson Orin): 163 KiB; 2,
 // sm_86 / sm_89 / sm_120 (RTX 30 / 40 / 50, A10, A40, L4, L40): 99 KiB. Each layout (FwdLayout,

@@ -722,6 +722,7 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
   if (p.N == 0 || p.B == 0 || p.H == 0) return cudaSuccess;
   if (t.out == nullptr || t.lse == nullptr) return cudaErrorInvalidValue;
   const bool packed = p.packed_samples > 0;
+  if (packed ? !kPackedInstances : !kSingleGridInstances) return cudaErrorNotSupported;
   const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
                                   NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
   if (packed) {
@@ -738,16 +739,22 @@ cudaError_t launch_fast_forward(const RelposParams& p, const RelposTensors<T>& t
       return cudaErrorInvalidValue;  // (the plan never gives it such a call)
     } else {
       if (L::kBytes > optin) return cudaErrorInvalidValue;
-      auto kernel =
-          packed ? fast_forward_kernel<T, D, POS, NDIM, SC, true> : fast_forward_kernel<T, D, POS, NDIM, SC>;
-      if (L::kBytes > 48 * 1024) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
-        if (e != cudaSuccess) return e;
+      const auto launch = [&](auto kernel) {
+        if (L::kBytes > 48 * 1024) {
+          const cudaError_t e =
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+          if (e != cudaSuccess) return e;
+        }
+        const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+        kernel<<<grid, kThreads, L::kBytes, stream>>>(p, t);
+        return cudaGetLastError();
+      };
+      if (packed) {
+        if constexpr (kPackedInstances) return launch(fast_forward_kernel<T, D, POS, NDIM, SC, true>);
+      } else {
+        if constexpr (kSingleGridInstances) return launch(fast_forward_kernel<T, D, POS, NDIM, SC>);
       }
-      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-      kernel<<<grid, kThreads, L::kBytes, stream>>>(p, t);
-      return cudaGetLastError();
+      return cudaErrorNotSupported;
     }
   });
 }

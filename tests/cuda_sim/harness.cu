@@ -14,8 +14,10 @@
 // error prints its name and exits 3.
 //
 // Built once per element type (-DHARNESS_T=float|double|half|bf16) and, for the
-// fast kernels, head dim (-DHARNESS_FAST_D=32|64|128), so that each binary
-// holds only the kernels it runs (the simulator parses every PTX at start-up).
+// fast kernels, head dim (-DHARNESS_FAST_D=32|64|128) and kind of call
+// (-DPOSATTN_FAST_INSTANCES=1 single-grid, 2 packed), so that each binary holds only
+// the kernels it runs (the simulator runs ptxas on, and parses, all of its PTX at
+// every start: up to 30 MB for one type and head dim with both kinds).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -268,6 +270,10 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size
 #if defined(HARNESS_FAST_D)
   if constexpr (!std::is_same<T, double>::value) {  // (float: through TF32)
     namespace fast = rp::cuda_fast;
+    if (p.packed_samples > 0 ? !fast::kPackedInstances : !fast::kSingleGridInstances)
+      fail(std::string("this harness holds the fast kernels of ") +
+           (fast::kPackedInstances ? "packed" : "single-grid") +
+           " calls only (-DPOSATTN_FAST_INSTANCES: simlib.harness(..., packed=))");
     const int64_t len = p.H * fast::offset_table_len(p);
     Dev<float> add(fast::has_offset_add(p) ? len : 0), mul(fast::has_offset_mul(p) ? len : 0);
     t.offset_add = add.p;
