@@ -9,6 +9,7 @@
 # CI runs it without --all: the cases marked cuda_sim_extended (what CI's cases check, at other
 # sizes, types or head dims; ~7 minutes of 2 cores) are left out. --all runs them too: do that
 # after changing a kernel.
+# Ends with a table of each test program's build and run seconds (where CI's time goes).
 # Expects scripts/setup.sh to have run (torch, posattn, pytest, pytest-xdist).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
