@@ -1461,6 +1461,22 @@ def test_packed_values_checked_before_the_fast_forward(offsets, shapes, message,
     assert simlib.ASSERT_PREFIX + "relpos_attention: " + message in run.output, run.tail()
 
 
+def test_harness_of_one_kind_refuses_the_other(tmp_path):
+    """A harness binary holds the fast instances of one kind of call (simlib.harness(packed=)): the
+    other kind is refused by name (the launchers return cudaErrorNotSupported), not run wrong."""
+    c = PackedCase("packed-kind", BF16, [(2, 3), (2, 2)], path="auto", D=32, bias=True)
+    x = _packed_inputs(c)
+    arrays = {k: t.to(c.dtype) for k, t in x.items()}
+    packed = dict(_packed_settings(c), backward=False)
+    single = {k: v for k, v in packed.items() if k not in ("T", "packed_offsets", "packed_shapes")}
+    for settings, binary, kind in (
+        (packed, simlib.harness(BF16, 32), "single-grid"),
+        (single, simlib.harness(BF16, 32, packed=True), "packed"),
+    ):
+        run = simlib.run_case(binary, tmp_path / kind, settings, arrays)
+        assert run.returncode != 0 and f"holds the fast kernels of {kind} calls only" in run.output, run.tail()
+
+
 # ---- apply_maps ------------------------------------------------------------------
 
 
