@@ -984,19 +984,19 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       e = cudaMemsetAsync(t.dbias_acc, 0, sizeof(float) * p.H * p.U, stream);
     if (e == cudaSuccess && p.has_sigma)
       e = cudaMemsetAsync(t.dsig_part, 0, sizeof(double) * p.H * ot.count * p.G_in, stream);
-    // (only the instances of the build's kinds of call: kSingleGridInstances, kPackedInstances)
-    const auto set_bytes = [&](auto kernel) {
-      if (e == cudaSuccess && L::kBytes > 48 * 1024)
+    // f(the call's kernel): only the instances of the build's kinds of call (kSingleGridInstances,
+    // kPackedInstances)
+    const auto with_kernel = [&](auto f) {
+      if constexpr (kPackedInstances)
+        if (packed) f(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP, true>);
+      if constexpr (kSingleGridInstances)
+        if (!packed) f(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>);
+    };
+    if (e == cudaSuccess && L::kBytes > 48 * 1024)
+      with_kernel([&](auto kernel) {
         e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(L::kBytes));
-    };
-    const auto launch = [&](auto kernel, unsigned blocks) {
-      kernel<<<blocks, kThreads, L::kBytes, stream>>>(p, t, ot);
-    };
-    if constexpr (kPackedInstances)
-      if (packed) set_bytes(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP, true>);
-    if constexpr (kSingleGridInstances)
-      if (!packed) set_bytes(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>);
+      });
     const int64_t items = fast_offset_items<T, D>(p, SC);
     if (fast_offset_order_ints<T, D>(p, SC) >= INT_MAX) return cudaErrorInvalidValue;
     if (e == cudaSuccess) e = cudaMemsetAsync(t.offset_order, 0, sizeof(int) * (1 + items), stream);
@@ -1007,12 +1007,9 @@ cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors
       }
     }
     if (e == cudaSuccess && p.B > 0) {
-      if constexpr (kPackedInstances)
-        if (packed)
-          launch(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP, true>, static_cast<unsigned>(items));
-      if constexpr (kSingleGridInstances)
-        if (!packed)
-          launch(fast_offsets_kernel<T, D, NDIM, DA, DC, AR, QCH, XP>, static_cast<unsigned>(items));
+      with_kernel([&](auto kernel) {
+        kernel<<<static_cast<unsigned>(items), kThreads, L::kBytes, stream>>>(p, t, ot);
+      });
       e = cudaGetLastError();
     }
     if (e == cudaSuccess && pos) e = cuda::launch_round_to<T>(t.drel_acc, t.drel, p.H * p.U * D, stream);
