@@ -548,10 +548,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   // span, of the tables, from their centre; with a span the sample's own tables' rows)
   const auto load_offsets = [&](int rst, const int* qo, const int* kb, int c = 0, bool tables = true) {
     const auto first_row = [&] { return PACKED ? g.first_offset_packed(qo, kb) : g.first_offset(qo, kb); };
-    const auto table_rows = [&] {  // (own: the sample's tables' rows)
-      int rows = U;
-      const int u = kOwn && own ? g.first_offset_own(qo, kb, &rows) : first_row();
-      return make_int2(u, rows);
+    const auto table_rows = [&](int& u, int& rows) {  // (own: the sample's tables' rows)
+      if constexpr (kOwn)
+        if (own) u = g.first_offset_own(qo, kb, &rows);
     };
     load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
                                          first_row(), U, rs, tables ? add : nullptr, tables ? mul : nullptr,

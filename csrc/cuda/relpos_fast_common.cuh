@@ -325,13 +325,19 @@ struct RelRows : L {
   static constexpr int kLd = L::kRLd;
 };
 
+// load_offset_tile's table_rows for tables on rel's grid
+struct SameRows {
+  __device__ __forceinline__ void operator()(int&, int&) const {}
+};
+
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
 // rows (D columns of rel's GD, from the column rel points at), zero-filled outside [0, U)
 // (none where rel is null: tables only); and the warp's add / mul entries, the box's first row
-// being table row tu.x of tu.y (table_rows(): tu; 4-byte copies at woff, zero-filled likewise; add
-// or mul null where the call has none; tables of another grid than rel's: a packed call's
-// sample_tables; asked for when the tables' copies are issued, which keeps a register free
-// meanwhile). The caller commits.
+// being row tu of `rows` (table_rows(tu, rows) sets them: u0 and U but for tables of another grid
+// than rel's, a packed call's sample_tables; asked for when the tables' copies are issued, which
+// keeps a register free meanwhile; an int2 there instead made the A100 class's 16-bit D = 128
+// backward spill; 4-byte copies at woff, zero-filled likewise; add or mul null where the call has
+// none). The caller commits.
 template <typename T, int D, int NDIM, typename L, int GD = D, typename TableRows>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
                                                  const int* rs, const float* __restrict__ add,
@@ -346,10 +352,11 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
   if (rel != nullptr)
     load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false, GD>(dst, rel, nullptr, nullptr, offset_row);
   if (add != nullptr || mul != nullptr) {
-    const int2 tu = table_rows();
+    int tu = u0, rows = U;
+    table_rows(tu, rows);
     for (int c = lane; c < L::kWarpCols; c += 32) {
-      const int u = tu.x + woff[c];
-      const bool in = u >= 0 && u < tu.y;
+      const int u = tu + woff[c];
+      const bool in = u >= 0 && u < rows;
       if (add != nullptr) warp::cp_async_4(add_w + c, in ? add + u : add, in);
       if (mul != nullptr) warp::cp_async_4(mul_w + c, in ? mul + u : mul, in);
     }

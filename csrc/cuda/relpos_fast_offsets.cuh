@@ -467,9 +467,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         smem + L::kK, t.k + head, smem + L::kV, t.v + head,
         [&g, kb](const int* x) { return g.key_token(kb, x); });
     if (kNC > 1 && pos)
-      load_offset_tile<T, DC, NDIM, L, D>(
-          smem + L::kR, rel + c * DC, u0, U, gm.rs, nullptr, nullptr, [&] { return make_int2(u0, U); },
-          nullptr, nullptr, woff, lane);
+      load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, rel + c * DC, u0, U, gm.rs, nullptr, nullptr,
+                                          SameRows{}, nullptr, nullptr, woff, lane);
   };
   // the pair's first chunk, its q_pos rows (stage st), lse and rowd (one stage)
   const auto load_pair = [&](int st, int b, const int* qo, const int* kb) {
@@ -490,9 +489,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_pair(0, b, qo, kb);
   // the tile offset box (the same for every pair): the warp's add / mul entries and (whole
   // rows) its rel rows
-  load_offset_tile<T, DC, NDIM, L, D>(
-      smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, gm.rs, add, mul, [&] { return make_int2(u0, U); },
-      fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff, lane);
+  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, gm.rs, add, mul,
+                                      SameRows{}, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff,
+                                      lane);
   warp::cp_async_commit();
 
   // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): where its pbuf
