@@ -14,10 +14,11 @@
 //     positional products are spent by then); warp w owns the box's 16-row chunks w, w + 4,
 //     ... and adds their X q_pos (the tensor cores; 16 x 16 blocks of X that no query group
 //     reaches skipped at compile time) into float accumulators in shared memory;
-//   d bias, d sigma: per warp column sums over its 16 rows of dA (d bias's, times the
-//     offset's mul at the end; d quad's with span add) and, with span multiply, of dA times
-//     the logit (d quad's), in float registers per column of the warp's offset box; added
-//     into the tile offset box in warp order at the end.
+//   d bias, d sigma: per warp column sums over its 16 rows of dA (d bias's, each pair's times
+//     the offset's mul; d quad's with span add) and, with span multiply, of dA times the logit
+//     (d quad's), in float registers per column of the warp's offset box; added into the tile
+//     offset box in warp order at the end (a packed call with a span: d quad's per sample, as
+//     the sample's pairs end, each sample's d sigma by its own grid's normalisation).
 // At the end the block writes its d sigma partial and adds its box into float32 d rel / d bias
 // accumulators in global memory. Boxes of tile offsets within one of each other on every axis
 // overlap (2 tile - 1 wide, a tile apart), so the adds are ordered (FA3's deterministic
@@ -281,11 +282,24 @@ __device__ __forceinline__ void await_earlier_neighbours(const int* done, const 
   __threadfence();  // (the acquire side: the earlier items' adds before this block's loads)
 }
 
+// Whether the fast offset kernel's instance of a packed call takes a span (each sample's own
+// tables, d bias and d sigma per sample) on NDIM axes in a shape with d rel's accumulators in
+// registers (AR) and q_pos's rows in chunks (QCH): where the forward's does (packed_span_fits:
+// the float32 and 16-bit D = 128 instances with this code spilled 4 to 32 bytes on sm_80), but not
+// 16-bit D = 64 on 3-D grids in the 99 KiB class's shape (AR and QCH: 4 bytes on sm_80 and
+// sm_90); the plan gives such calls' d rel, d bias, d sigma the general kernels.
+template <typename T, int D>
+__host__ __device__ constexpr bool packed_span_offsets_fit(int ndim, bool acc_regs, bool qpos_chunks) {
+  return packed_span_fits<T, D>() && !(D == 64 && ndim == 3 && acc_regs && qpos_chunks);
+}
+
 // One block per work item, taken by ticket (t.offset_order[0]) as blocks start, in the order
 // above: d rel's DA columns of one tile offset dT of one head (the d bias and d sigma sums: column
-// block 0); its done flag set when its adds are in memory. PACKED: a packed call without a span
-// (B = 1): the tile offsets of the max grid, whose boxes' rows every sample shares, and the pairs of
-// every sample in sample order (each a pair of its sample's grid, as the backward has them).
+// block 0); its done flag set when its adds are in memory. PACKED: a packed call (B = 1): the tile
+// offsets of the max grid, whose boxes' rows every sample shares, and the pairs of every sample in
+// sample order (each a pair of its sample's grid, as the backward has them); with a span (own) the
+// add / mul entries are the sample's own (sample_tables), each warp's copied as a sample's pairs
+// begin, and d sigma's partial adds each sample's, normalised by its grid, in sample order.
 template <typename T, int D, int NDIM, int DA, int DC, bool AR = false, bool QCH = false, int XP = 1,
           bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -419,8 +433,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // q_pos (tables only: d bias and d sigma, no X and no d rel)
   const T* rel = t.rel ? t.rel + static_cast<int64_t>(h) * U * D : nullptr;
   const bool pos = rel != nullptr;
-  const float* add = t.offset_add ? t.offset_add + static_cast<int64_t>(h) * U : nullptr;
-  const float* mul = t.offset_mul ? t.offset_mul + static_cast<int64_t>(h) * U : nullptr;
+  // (own: the head's sample_tables, sample s's rows from slot packed_offsets[s] << table_shift;
+  // packed_span_offsets_fit)
+  constexpr bool kOwn = PACKED && packed_span_offsets_fit<T, D>(NDIM, AR, QCH);
+  const bool own = kOwn && p.has_sigma;
+  const int64_t table_len = own ? static_cast<int64_t>(N) << table_shift(p) : U;
+  const float* add = t.offset_add ? t.offset_add + h * table_len : nullptr;
+  const float* mul = t.offset_mul ? t.offset_mul + h * table_len : nullptr;
   const bool has_add = add != nullptr, has_mul = mul != nullptr;
   const int dcol = zc * DA;  // this block's columns of d rel
   // the sums per offset (the block of columns 0): of dA (d bias, times mul; d quad with span
@@ -439,6 +458,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* acc = AR ? reinterpret_cast<float*>(smem_raw) : fs + L::kAcc;
   const float scale = static_cast<float>(p.scale);
   fill_warp_columns<NDIM, L>(w, lane, gm.rs, woff, wrow);
+  if (own)  // (woff holds bacc below)
+    for (int c = lane; c < L::kWarpCols; c += 32) reinterpret_cast<float*>(woff)[c] = 0.f;
   if constexpr (!AR)
     for (int i = threadIdx.x; i < L::kRows * L::kALd; i += kThreads) acc[i] = 0.f;
   __syncwarp();
@@ -470,9 +491,86 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, rel + c * DC, u0, U, gm.rs, nullptr, nullptr,
                                           SameRows{}, nullptr, nullptr, woff, lane);
   };
-  // the pair's first chunk, its q_pos rows (stage st), lse and rowd (one stage)
+  // (own) the warp's add / mul entries of the tile offset box in sample s's tables (g: s's grid;
+  // their rows delta + n - 1 row-major, zero-filled outside them; the caller commits)
+  const auto load_own_tables = [&](int s) {
+    if constexpr (kOwn) {
+      int ts[NDIM], u = 0, rows = 1;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        const int e = extent<NDIM>(Box::kTile, a);
+        ts[a] = rows;
+        u += (dT[a] * e - (e - 1) + g.n[a] - 1) * rows;
+        rows *= 2 * g.n[a] - 1;
+      }
+      const int64_t base = static_cast<int64_t>(t.packed_offsets[s]) << table_shift(p);
+      float* add_w = fs + L::table_at(0, w, 0);
+      float* mul_w = fs + L::table_at(0, w, 1);
+      for (int c = lane; c < L::kWarpCols; c += 32) {
+        const int cc = c < L::kWarpOffsets ? c : 0;
+        int o = u;
+        for_axes<NDIM>([&](auto ax) {
+          constexpr int a = decltype(ax)::value;
+          o += warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(cc), a) * ts[a];
+        });
+        const bool in = o >= 0 && o < rows;
+        if (has_add) warp::cp_async_4(add_w + c, in ? add + base + o : add, in);
+        if (has_mul) warp::cp_async_4(mul_w + c, in ? mul + base + o : mul, in);
+      }
+    }
+  };
+  // this lane's columns of the warp's offset box (lane + 32 m): their sums of the d bias term and of
+  // d quad's (column_sums); own: d sigma's sums per axis of the samples done (flush_sample)
+  float bsum[L::kCols] = {}, qsum[L::kCols] = {}, dsq[kOwn ? NDIM : 1] = {};
+  // (own, span multiply with a bias) d bias's sums of the samples done, times their mul: per warp a
+  // float per column of its offset box, over woff (which own calls never read: their entries come
+  // from load_own_tables)
+  float* bacc = reinterpret_cast<float*>(woff);
+  // (own) as sample s's pairs end (but the last sample's: the end's sums take those), on its grid of
+  // extents ns: qsum, its d quad sums per column, into d sigma's sums per axis, dsq[a] += qsum x_a^2,
+  // x_a = delta_a / m_a (normalised_offset: m_a = max(ns_a - 1, 1)), so each sample's d sigma has its
+  // own grid's normalisation with no sums per sample and offset to keep; with span multiply and a
+  // bias, bsum times its mul (the warp's entries of s, still in place) into bacc; both zeroed
+  const auto flush_sample = [&](int s) {
+    if constexpr (kOwn) {
+      int ns[NDIM];
+      cuda_packed::packed_sample_grid<NDIM>(p, t.packed_offsets, t.packed_shapes, s, ns);
+      float im2[NDIM];  // 1 / m_a^2
+#pragma unroll
+      for (int a = 0; a < NDIM; ++a) {
+        const float m = static_cast<float>(ns[a] > 1 ? ns[a] - 1 : 1);
+        im2[a] = 1.f / (m * m);
+      }
+      const float* mul_w = fs + L::table_at(0, w, 1);
+#pragma unroll
+      for (int m = 0; m < L::kCols; ++m) {
+        const int c = lane + 32 * m;
+        if (c < L::kWarpOffsets) {
+          for_axes<NDIM>([&](auto ax) {
+            constexpr int a = decltype(ax)::value;
+            const int e = extent<NDIM>(Box::kTile, a);
+            const int d = dT[a] * e - (e - 1) +
+                          warp_to_tile_offset<NDIM>(w, coord_of<NDIM, Box::kWarpOffsets, a>(c), a);
+            dsq[a] += qsum[m] * static_cast<float>(d * d) * im2[a];
+          });
+          if (has_mul && p.has_bias) bacc[c] += mul_w[c] * bsum[m];
+        }
+        qsum[m] = 0.f;
+        if (has_mul) bsum[m] = 0.f;
+      }
+    }
+  };
+  // the pair's first chunk, its q_pos rows (stage st), lse and rowd (one stage); own: its sample's
+  // add / mul entries where the warps hold another's (tb; asked for while the pair before it ends:
+  // that pair's last reads of them, its logits and column sums, are done by then)
+  int tb = -1;
   const auto load_pair = [&](int st, int b, const int* qo, const int* kb) {
     load_chunk(0, b, qo, kb);
+    if (own && b != tb) {
+      if (tb >= 0 && first) flush_sample(tb);
+      load_own_tables(b);
+      tb = b;
+    }
     const int64_t row0 = rows_of(b), head = row0 * D;
     const auto tok = [&](unsigned r) { return g.query_token(qo, static_cast<int>(r)); };
     if (!QCH && pos) load_rows_async<T, D, QLD, kBlockM>(smem + L::qpos_at(st), t.qpos + head, tok);
@@ -489,9 +587,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_pair(0, b, qo, kb);
   // the tile offset box (the same for every pair): the warp's add / mul entries and (whole
   // rows) its rel rows
-  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, gm.rs, add, mul,
-                                      SameRows{}, fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff,
-                                      lane);
+  load_offset_tile<T, DC, NDIM, L, D>(smem + L::kR, kNC == 1 ? rel : nullptr, u0, U, gm.rs,
+                                      own ? nullptr : add, own ? nullptr : mul, SameRows{},
+                                      fs + L::table_at(0, w, 0), fs + L::table_at(0, w, 1), woff, lane);
   warp::cp_async_commit();
 
   // this thread's rows (accumulator rows lane / 4 and + 8 of the warp's 16): where its pbuf
@@ -514,9 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // this lane's columns of the warp's offset box (lane + 32 m): the rows that have a pair there
   // (bit r: wmask, in shared memory where registers are short; the same for every warp, written
-  // by warp 0, read after the pair loop's first barrier), and their sums of the d bias term and
-  // of d quad's
-  float bsum[L::kCols] = {}, qsum[L::kCols] = {};
+  // by warp 0, read after the pair loop's first barrier) (their sums: bsum, qsum above)
 #pragma unroll 1
   for (int m = 0; w == 0 && m < L::kCols; ++m) {
     const int c = lane + 32 * m;
@@ -655,6 +751,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) pbuf[pcol[i >> 1] + kParts.col[nb] + (i & 1)] = s[nb][i];
         column_sums(bsum);
+        if (own && !has_mul) column_sums(qsum);  // (span add: d quad's, the sample's alone)
       }
     }
     // the warp's rows of X, a part at a time (XP > 1: the part's columns of the tile offset box):
@@ -750,7 +847,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int m = 0; m < L::kCols; ++m) {
           const int c = lane + 32 * m;
           if (c < L::kWarpOffsets) {
-            tsum[wrow[c]] += has_mul ? mul_w[c] * bsum[m] : bsum[m];
+            float db = has_mul ? mul_w[c] * bsum[m] : bsum[m];
+            if constexpr (kOwn)
+              if (own && has_mul) db = bacc[c] + db;  // (the samples' before the last)
+            tsum[wrow[c]] += db;
             tsum[L::kRows + wrow[c]] += qsum[m];
           }
         }
@@ -760,18 +860,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.has_sigma && p.g.ndim == NDIM) {
       // d sigma_a = sum_u d quad[u] (-x_a^2 / sigma_a^3) with d quad = -sum dA (span add) or
       // -sum dA logit (span multiply; the sums in base 2); each thread's entries, then in order
+      // (own: the last sample's sums, on its grid ns (with span add qsum's: bsum's are every
+      // sample's), and dsq, the samples' before it)
       double* red = reinterpret_cast<double*>(fs);  // (pbuf is spent)
       constexpr double kLn2 = 0.6931471805599453;
+      int ns[NDIM];
+      if constexpr (kOwn)
+        if (own) cuda_packed::packed_sample_grid<NDIM>(p, t.packed_offsets, t.packed_shapes, tb, ns);
 #pragma unroll
       for (int a = 0; a < NDIM; ++a) {
         double part = 0.0;
         for (int e = threadIdx.x; e < L::kTileOffsets; e += kThreads) {
           int delta[NDIM];
           if (entry_row(e, delta) < 0) continue;
-          const double dquad = quad_sums ? -kLn2 * tsum[L::kRows + e] : -static_cast<double>(tsum[e]);
-          const double x = normalised_offset(delta[a], n[a]);
+          const double dquad = quad_sums ? -kLn2 * tsum[L::kRows + e]
+                                         : -static_cast<double>(tsum[(kOwn && own ? L::kRows : 0) + e]);
+          const double x = normalised_offset(delta[a], kOwn && own ? ns[a] : n[a]);
           part += dquad * x * x;
         }
+        if constexpr (kOwn) part -= (quad_sums ? kLn2 : 1.0) * dsq[a];
         __syncthreads();
         red[threadIdx.x] = part;
         __syncthreads();
@@ -957,8 +1064,9 @@ template <typename T, int D, int NDIM, int SC, int DA, int DC, bool AR, bool QCH
 cudaError_t launch_fast_offsets_shape(const RelposParams& p, const RelposTensors<T>& t, size_t optin,
                                       cudaStream_t stream) {
   using L = OffLayout<T, D, NDIM, DA == 0 ? D : DA, DA == 0 ? D : DC, AR, DA != 0 && QCH, XP>;
-  const bool packed = p.packed_samples > 0;  // (with a span: the general kernels; B = 1)
-  if (packed && (p.has_sigma || p.B != 1 || t.packed_offsets == nullptr || t.packed_shapes == nullptr))
+  const bool packed = p.packed_samples > 0;  // (B = 1; with a span: packed_span_offsets_fit)
+  if (packed && (p.B != 1 || t.packed_offsets == nullptr || t.packed_shapes == nullptr ||
+                 (p.has_sigma && !packed_span_offsets_fit<T, D>(NDIM, AR, DA != 0 && QCH))))
     return cudaErrorInvalidValue;
   if (packed ? !kPackedInstances : !kSingleGridInstances) return cudaErrorNotSupported;
   int64_t boxes = 0;

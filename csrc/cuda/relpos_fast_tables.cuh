@@ -42,10 +42,10 @@ inline bool sample_tables(const RelposParams& p) {
 __host__ __device__ inline int table_shift(const RelposParams& p) {
   return p.g.ndim > 1 ? p.g.ndim : 1;
 }
-// Whether the fast forward and backward instances of packed calls (PACKED) take a span: at 16-bit
-// types and D <= 64 (their sample_tables' two row bases cost registers that the float32 instances
-// and 16-bit D = 128 (2-D) do not have: they would spill; the plan sends such calls to the general
-// kernels).
+// Whether the fast forward, backward and offset kernel's instances of packed calls (PACKED) take a
+// span: at 16-bit types and D <= 64 (their sample_tables' row bases, and the offset kernel's copies
+// of each sample's entries and d sigma per sample, cost registers that the float32 instances and
+// 16-bit D = 128 do not have: they would spill; the plan sends such calls to the general kernels).
 template <typename T, int D>
 __host__ __device__ constexpr bool packed_span_fits() {
   return sizeof(T) == 2 && D <= 64;

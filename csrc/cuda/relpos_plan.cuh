@@ -198,16 +198,27 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
 // (fast_offset_order_ints: a ticket, a flag per block, the order's table); `layout`: its shape.
 inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                         int64_t* ints, std::string* layout) {
-  if (p.packed_samples > 0 && p.has_sigma)
-    return "packed calls (packed=) with a span (their tables are per sample) take the general kernels' so "
-           "far";
   int sc = -1;
   std::string why = smem_class_refusal(dev, &sc);
   if (!why.empty()) return why;
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
+    if (p.packed_samples > 0 && p.has_sigma && !cuda_fast::packed_span_fits<CT, D>()) {
+      why = packed_span_refusal();
+      return;
+    }
     const cuda_fast::OffLayoutInfo l = cuda_fast::fast_offsets_layout<CT, D>(p.g.ndim, sc);
+    const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
+    if (p.packed_samples > 0 && p.has_sigma && l.bytes != 0 &&
+        !cuda_fast::packed_span_offsets_fit<CT, D>(ndim, l.shape.acc_regs, l.shape.qpos_chunks)) {
+      why = std::string(
+                "packed calls (packed=) with a span at D = 64 on 3-D grids take the general "
+                "kernels' d rel, d bias, d sigma within ") +
+            cuda_fast::smem_class_name(sc) +
+            " (the fast offset kernel's instance of that shape would spill registers)";
+      return;
+    }
     *smem = l.bytes;
     *ints = cuda_fast::fast_offset_order_ints<CT, D>(p, sc);
     if (*ints >= INT_MAX) {

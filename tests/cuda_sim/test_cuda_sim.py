@@ -1176,8 +1176,9 @@ def _packed_path(c: PackedCase, backward: bool = False) -> str:
     """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
     (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
     alone, but the backward at D = 128 and a span but at 16-bit D <= 64 (packed instances that
-    would spill). d rel and d bias come from the fast offset kernel wherever the fast forward takes
-    the call (after the general backward at D = 128), but with a span (its tables are per sample)."""
+    would spill). d rel, d bias and d sigma come from the fast offset kernel wherever the fast
+    forward takes the call (after the general backward at D = 128; with a span each sample's tables
+    and normalisation)."""
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
     fast = fast and (not c.sigma or (c.dtype in (F16, BF16) and c.D <= 64))
     return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
@@ -1235,8 +1236,7 @@ def check_packed(c: PackedCase, tmp_path: Path):
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
     if plan["forward"] == "fast":
         _check_packed_schedule(c, run.read("schedule", torch.int32, (2 * len(c.shapes) + 1,)))
-    offsets = "fast" if _packed_path(c) == "fast" and not c.sigma else "general"
-    assert plan["offsets"] == (offsets if (c.pos or c.bias or c.sigma) else "none"), plan
+    assert plan["offsets"] == (_packed_path(c) if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
         got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
         errors["d" + name] = _rel_err("d" + name, got, want)
@@ -1292,9 +1292,10 @@ PACKED = [
     ),
     # the fast forward and backward with a span (each sample's own tables: its normalisation
     # x = delta / (n(s) - 1), its span box), a max grid past every sample; d rel, d bias, d sigma
-    # from the general kernels
+    # from the fast offset kernel (each sample's d sigma by its own normalisation)
     PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
-    # ... but not through TF32 (its packed instances have no registers for the sample's tables): general
+    # ... but not through TF32 (its packed instances have no registers for the sample's tables): general,
+    # d rel, d bias and d sigma too
     PackedCase("packed-f32-d32-span-auto", F32, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True),
     PackedCase(
         "packed-fast-bf16-2d-span-threshold",
@@ -1317,6 +1318,7 @@ PACKED = [
         D=32,
         H=1,
         sigma=True,
+        bias=True,  # (d bias: each pair's sums times its sample's span factor)
         span_mode="multiply",
         window=[1, 2, 2],
     ),
@@ -1393,8 +1395,9 @@ def test_packed(case, tmp_path):
 def test_packed_single_sample_is_the_single_grid_call_bitwise(options, tmp_path):
     """One sample that fills max_grid, on the fast kernels: the very bits of the call on its grid,
     forward, d q, d k, d v, d q_pos (the packed instances' sample geometry, schedule, row offsets
-    and, with a span, the sample's own tables against the call's), and without a span d rel and
-    d bias (the fast offset kernel's pairs of the sample; with a span the general kernels')."""
+    and, with a span, the sample's own tables against the call's), d rel, d bias and with a span
+    d sigma (the fast offset kernel's pairs of the sample, with a span its tables and its grid's
+    normalisation)."""
     c = PackedCase("packed-one", BF16, [(9, 12)], path="auto", D=32, **options)
     x = _packed_inputs(c)
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -1407,13 +1410,12 @@ def test_packed_single_sample_is_the_single_grid_call_bitwise(options, tmp_path)
         simlib.run_case(simlib.harness(c.dtype, c.D, packed=name == "packed"), tmp_path / name, settings, arrays)
         for name, settings in (("packed", packed), ("single", single))
     ]
-    for run, offsets in zip(runs, ("general" if c.sigma else "fast", "fast")):  # (packed with a span: general)
+    for run in runs:
         assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
         plan = run.result()
-        assert (plan["forward"], plan["backward"], plan["offsets"]) == ("fast", "fast", offsets), plan
-    names = ("out", "lse", "dq", "dk", "dv") + (("dq_pos",) if c.pos else ())
-    if not c.sigma:
-        names += ("drel",) + (("dbias",) if c.bias else ())
+        assert (plan["forward"], plan["backward"], plan["offsets"]) == ("fast", "fast", "fast"), plan
+    names = ("out", "lse", "dq", "dk", "dv") + (("dq_pos", "drel") if c.pos else ())
+    names += (("dbias",) if c.bias else ()) + (("dsigma",) if c.sigma else ())
     for name in names:
         assert (runs[0].dir / f"{name}.out.bin").read_bytes() == (runs[1].dir / f"{name}.out.bin").read_bytes(), name
 

@@ -309,9 +309,9 @@ def test_wrapper_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
     """CUDA: the float64 loop of single calls on the same (rounded) inputs, within the error of the
-    dtype's rounding (float64: to rounding), tail tokens 0 / -inf, every gradient. The fast forward
-    and backward take the bfloat16 calls, the fast offset kernel those without a span (float32
-    without TF32 and float64: the general kernels)."""
+    dtype's rounding (float64: to rounding), tail tokens 0 / -inf, every gradient. The fast forward,
+    backward and offset kernel take the bfloat16 calls (float32 without TF32 and float64: the
+    general kernels)."""
     pk = PackedGrids.from_shapes(SHAPES[axes])
     span = kw != dict(window=1)
     x = packed_inputs(pk, tail=2, D=32, Dv=32, sigma=span)
@@ -335,7 +335,7 @@ def test_cuda_matches_the_cpu_loop(axes, kw, dtype):
         **kw,
     )
     assert bwd_plan["backward"] == plan["forward"], bwd_plan
-    assert bwd_plan["offsets"] == ("general" if span else plan["forward"]), bwd_plan
+    assert bwd_plan["offsets"] == plan["forward"], bwd_plan
     tol = {F64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
     assert torch.equal(lse.isinf().cpu(), ref_lse.isinf())
     torch.testing.assert_close(out.double().cpu(), ref_out, atol=tol, rtol=0)
