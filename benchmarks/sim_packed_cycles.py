@@ -5,11 +5,11 @@ another (each with its own launches: what a loop over the images costs on a GPU)
 cycles per kernel and the ratios. Each run takes minutes (timing mode).
 
     python benchmarks/sim_packed_cycles.py [--samples 6] [--max-side 6] [--dtype f32] [--window 1]
-        [--path general|auto] [--no-span] [--forward-only]
+        [--path general|auto] [--no-span] [--forward-only | --backward-only] [--packed-only]
 
 --path general (the default) compares the general kernels, packed against per sample; --path auto
 the kernels the plan chooses (the fast forward and, at D <= 64, the fast backward take packed calls;
-d rel, d bias and d sigma: the fast offset kernel without a span, --no-span, else the general one).
+d rel, d bias and d sigma: the fast offset kernel, with a span at 16-bit D <= 64).
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--path", choices=["general", "auto"], default="general")
     ap.add_argument("--no-span", dest="span", action="store_false", help="q_pos and bias only")
     ap.add_argument("--forward-only", action="store_true")
+    ap.add_argument("--backward-only", action="store_true", help="forward + backward only")
+    ap.add_argument("--packed-only", action="store_true", help="the packed call only, not one call per image")
     args = ap.parse_args()
     why = simlib.unavailable()
     if why:
@@ -114,16 +116,18 @@ def main():
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for backward in (False,) if args.forward_only else (False, True):
+        passes = (False,) if args.forward_only else (True,) if args.backward_only else (False, True)
+        for backward in passes:
             what = "forward + backward" if backward else "forward"
             opts = (backward, dtype, args.heads, args.dim, args.path, args.span)
             packed = run_one(work, "packed", max_grid, shapes, args.window, *opts)
             single = []
-            for i, s in enumerate(shapes):
+            for i, s in enumerate([] if args.packed_only else shapes):
                 single += run_one(work, f"single{i}", s, None, args.window, *opts)
             total_p, total_s = sum(c for _, c in packed), sum(c for _, c in single)
-            print(f"\n{what}: packed {total_p:,} cycles in {len(packed)} launches; per sample {total_s:,} cycles in "
-                  f"{len(single)} launches; per sample / packed = {total_s / total_p:.2f}x")  # fmt: skip
+            print(f"\n{what}: packed {total_p:,} cycles in {len(packed)} launches" + ("" if args.packed_only else
+                  f"; per sample {total_s:,} cycles in {len(single)} launches; per sample / packed = "
+                  f"{total_s / total_p:.2f}x"))  # fmt: skip
             for name in dict.fromkeys(n for n, _ in packed + single):
                 p = sum(c for n, c in packed if n == name)
                 s = sum(c for n, c in single if n == name)

@@ -333,11 +333,12 @@ struct SameRows {
 // The tile offset box whose first row is offset row u0 into dst (row stride L::kLd): its rel
 // rows (D columns of rel's GD, from the column rel points at), zero-filled outside [0, U)
 // (none where rel is null: tables only); and the warp's add / mul entries, the box's first row
-// being row tu of `rows` (table_rows(tu, rows) sets them: u0 and U but for tables of another grid
-// than rel's, a packed call's sample_tables; asked for when the tables' copies are issued, which
-// keeps a register free meanwhile; an int2 there instead made the A100 class's 16-bit D = 128
-// backward spill; 4-byte copies at woff, zero-filled likewise; add or mul null where the call has
-// none). The caller commits.
+// being row tu of `rows` (table_rows(tu, rows) sets them, or table_rows() returns them as an int2:
+// u0 and U but for tables of another grid than rel's, a packed call's sample_tables; asked for when
+// the tables' copies are issued, which keeps a register free meanwhile; which of the two forms
+// decides whether ptxas spills in the sm_80 16-bit D = 128 2-D kernels: the int2 the backward's
+// single-grid one, the references the forward's packed one; 4-byte copies at woff, zero-filled
+// likewise; add or mul null where the call has none). The caller commits.
 template <typename T, int D, int NDIM, typename L, int GD = D, typename TableRows>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
                                                  const int* rs, const float* __restrict__ add,
@@ -353,7 +354,12 @@ __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ r
     load_box_async<T, D, L::kLd, NDIM, Box::kTileOffsets, false, GD>(dst, rel, nullptr, nullptr, offset_row);
   if (add != nullptr || mul != nullptr) {
     int tu = u0, rows = U;
-    table_rows(tu, rows);
+    if constexpr (std::is_invocable_v<TableRows>) {  // (table_rows(): the (row, rows) as an int2)
+      const int2 r = table_rows();
+      tu = r.x, rows = r.y;
+    } else {
+      table_rows(tu, rows);
+    }
     for (int c = lane; c < L::kWarpCols; c += 32) {
       const int u = tu + woff[c];
       const bool in = u >= 0 && u < rows;

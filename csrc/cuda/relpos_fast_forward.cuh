@@ -390,9 +390,10 @@ __global__ void __launch_bounds__(kThreads, 1) fast_forward_kernel(RelposParams 
   // [c DC, (c + 1) DC) and, with chunk 0, the warp's add / mul entries
   const auto load_offsets = [&](int rst, const int* kb, int c) {
     const auto first_row = [&] { return PACKED ? g.first_offset_packed(t0, kb) : g.first_offset(t0, kb); };
-    const auto table_rows = [&](int& u, int& rows) {  // (own: the sample's tables' rows)
-      if constexpr (kOwn)
-        if (own) u = g.first_offset_own(t0, kb, &rows);
+    const auto table_rows = [&] {  // (own: the sample's tables' rows)
+      int rows = U;
+      const int u = kOwn && own ? g.first_offset_own(t0, kb, &rows) : first_row();
+      return make_int2(u, rows);
     };
     load_offset_tile<T, DC, NDIM, LR, D>(smem + L::r_at(rst), rel != nullptr ? rel + c * DC : nullptr,
                                          first_row(), U, rs, c == 0 ? add : nullptr, c == 0 ? mul : nullptr,
