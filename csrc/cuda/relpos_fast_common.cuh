@@ -336,8 +336,8 @@ struct SameRows {
 // being row tu of `rows` (table_rows(tu, rows) sets them, or table_rows() returns them as an int2:
 // u0 and U but for tables of another grid than rel's, a packed call's sample_tables; asked for when
 // the tables' copies are issued, which keeps a register free meanwhile; which of the two forms
-// decides whether ptxas spills in the sm_80 16-bit D = 128 2-D kernels: the int2 the backward's
-// single-grid one, the references the forward's packed one; 4-byte copies at woff, zero-filled
+// decides whether ptxas spills in the sm_80 16-bit D = 128 2-D kernels: the int2 made the backward's
+// single-grid one spill, the references the forward's packed one; 4-byte copies at woff, zero-filled
 // likewise; add or mul null where the call has none). The caller commits.
 template <typename T, int D, int NDIM, typename L, int GD = D, typename TableRows>
 __device__ __forceinline__ void load_offset_tile(T* dst, const T* __restrict__ rel, int u0, int U,
