@@ -284,10 +284,10 @@ __device__ __forceinline__ void warp_qk_and_dov(float (&s)[kBlockN / 8][4], floa
 // The warp's logits from its Q K^T sums s, in base 2 as the forward computes them, -inf where
 // masked: POS: with the positional products in pbuf; full: every key of the block is in every
 // row's ranges.
-template <bool POS, int NDIM, typename L>
+template <bool POS, int NDIM, typename L, bool SM>
 __device__ __forceinline__ void warp_finish_logits(float (&s)[kBlockN / 8][4], int lane, const float* pbuf,
                                                    const int (&pcol)[2], const int2* ranges, const int* qo,
-                                                   const int* kb, const FastGrid<NDIM>& g,
+                                                   const int* kb, const FastGrid<NDIM, SM>& g,
                                                    const int (&row_tok)[2], float scale, bool has_mul,
                                                    bool causal, bool full) {
   constexpr float kLog2e = 1.4426950408889634f;
@@ -343,7 +343,9 @@ __device__ __forceinline__ void softmax_backward(float (&s)[kBlockN / 8][4], flo
 
 // Grid (fixed boxes, H, B); PACKED: a packed call (B = 1), blocks over every sample's fixed boxes
 // (relpos_packed.cuh: packed_block_sample; tiles and key blocks have the same extents, so the
-// forward's schedule serves), each run as a call of its sample's grid, as the forward's are
+// forward's schedule serves), each run as a call of its sample's grid, as the forward's are (the
+// key-major kernels at D = 128 with the sample's extents and strides in shared memory, after the
+// layout's bytes: packed_grid_in_smem)
 template <typename T, int D, bool POS, int NDIM, bool KEYS, int SC, int HALF = 0, bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams p, RelposTensors<T> t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -363,7 +365,15 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int N = static_cast<int>(p.N);
-  FastGrid<NDIM> g(p);  // extents, token strides, offset-row strides
+  // extents, token strides, offset-row strides (kGridInSmem: a sample's extents and strides in
+  // shared memory after the layout's bytes)
+  constexpr bool kGridInSmem = PACKED && packed_grid_in_smem(D, KEYS, sizeof(T), POS);
+  auto g = [&] {
+    if constexpr (kGridInSmem)
+      return FastGrid<NDIM, true>(p, reinterpret_cast<int*>(smem_raw + L::kBytes));
+    else
+      return FastGrid<NDIM>(p);
+  }();
   int box = blockIdx.x;
   int64_t tok0 = 0;  // the call's first token (PACKED: its sample's)
   if constexpr (PACKED) {
@@ -371,8 +381,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
     if (!cuda_packed::packed_block_sample(p, t.packed_tiles, blockIdx.x, &s, &box)) return;
     g.set_sample(p, t.packed_offsets, t.packed_shapes, s);
     tok0 = t.packed_offsets[s];
+    if constexpr (kGridInSmem) __syncthreads();  // thread 0's sample grid visible
   }
-  const int (&n)[NDIM] = g.n;
+  const auto& n = g.n;
   const int (&rs)[NDIM] = g.rs;
   // the fixed box's origin (boxes row-major over the grid; tiles and key blocks have the
   // same extents)
@@ -1031,13 +1042,6 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
 #endif
 }
 
-// Whether the fast backward takes packed calls at head dim D: not at D = 128, where the packed
-// instances would spill registers (ptxas sm_90: up to 160 bytes; a sample's geometry lives in
-// registers, where a single grid's is reread from the kernel's parameters).
-constexpr bool packed_backward_dim(int64_t D) {
-  return D <= 64;
-}
-
 // Launches both backward kernels over every (batch, head) and box, each in its layout of the
 // class of a device with `optin` bytes of opt-in shared memory per block (smem_class_of; their
 // canonical instances). The caller has checked sm_80+ and that both layouts fit
@@ -1069,8 +1073,7 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   const bool packed = p.packed_samples > 0;
   if (packed ? !kPackedInstances : !kSingleGridInstances) return cudaErrorNotSupported;
   if (packed) {
-    if (p.B != 1 || !packed_backward_dim(D) || (p.has_sigma && !packed_span_fits<T, D>()))
-      return cudaErrorInvalidValue;
+    if (p.B != 1 || (p.has_sigma && !packed_span_fits<T, D>())) return cudaErrorInvalidValue;
     const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
                                     NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
     const cudaError_t e = cuda_packed::launch_packed_schedule<T, true>(p, t, NDIM, tile_box, stream);
@@ -1086,7 +1089,15 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
     if constexpr (!QL::kFits || !KL::kFits) {
       return cudaErrorInvalidValue;  // (the plan never gives it such a call)
     } else {
-      if (QL::kBytes > optin || KL::kBytes > optin) return cudaErrorInvalidValue;
+      // (a packed call at D = 128: the sample's grid after the layouts' bytes, within every class's budget)
+      const size_t qgrid = packed && packed_grid_in_smem(D, false, sizeof(T), POS) ? kGridSmemBytes : 0;
+      const size_t kgrid = packed && packed_grid_in_smem(D, true, sizeof(T), POS) ? kGridSmemBytes : 0;
+      static_assert(QL::kBytes + (packed_grid_in_smem(D, false, sizeof(T), POS) ? kGridSmemBytes : 0) <=
+                            smem_budget(decltype(c)::value) &&
+                        KL::kBytes + (packed_grid_in_smem(D, true, sizeof(T), POS) ? kGridSmemBytes : 0) <=
+                            smem_budget(decltype(c)::value),
+                    "room for a packed sample's grid");
+      if (QL::kBytes + qgrid > optin || KL::kBytes + kgrid > optin) return cudaErrorInvalidValue;
       const dim3 grid(static_cast<unsigned>(boxes), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
       cudaError_t e = cudaSuccess;
       const auto launch = [&](auto kernel, size_t bytes) {
@@ -1099,16 +1110,19 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
       };
       const auto launch_both = [&](auto packed_tag) {
         constexpr bool PK = decltype(packed_tag)::value;
-        launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 0, PK>, QL::kBytes);
-        launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 0, PK>, KL::kBytes);
+        // (+ the sample's grid: packed_grid_in_smem)
+        constexpr size_t kQGrid = PK && packed_grid_in_smem(D, false, sizeof(T), POS) ? kGridSmemBytes : 0;
+        constexpr size_t kKGrid = PK && packed_grid_in_smem(D, true, sizeof(T), POS) ? kGridSmemBytes : 0;
+        launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 0, PK>, QL::kBytes + kQGrid);
+        launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 0, PK>, KL::kBytes + kKGrid);
         // (the second halves of the columns: D = 128 with a term per offset, float32 or ops)
         if constexpr (QL::kHalves == 2)
-          launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1, PK>, QL::kBytes);
+          launch(fast_backward_kernel<T, D, POS, NDIM, false, QC, 1, PK>, QL::kBytes + kQGrid);
         if constexpr (KL::kHalves == 2)
-          launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1, PK>, KL::kBytes);
+          launch(fast_backward_kernel<T, D, POS, NDIM, true, KC, 1, PK>, KL::kBytes + kKGrid);
       };
       if (packed) {
-        if constexpr (packed_backward_dim(D) && kPackedInstances) {
+        if constexpr (kPackedInstances) {
           launch_both(std::true_type{});
           return e;
         }

@@ -130,11 +130,27 @@ __device__ __forceinline__ void load_box_async(T* s, const T* __restrict__ g, T*
 // The grid of a call as the kernels see it: extents, token strides and offset-row strides
 // per axis in 32 bits (NDIM = 1: the N tokens in a row), and the offset row of offset 0 (the
 // tables' centre, (U - 1) / 2). A packed call's sample (set_sample) has its own extents and
-// token strides and the max grid's offset rows.
-template <int NDIM>
+// token strides and the max grid's offset rows. SMEM: the extents and token strides in shared
+// memory (2 NDIM ints at `at`, kGridSmemBytes), read where they are used rather than held in
+// registers: a single grid's are reread from the kernel's parameters, a sample's in registers
+// made the packed D = 128 backward spill.
+constexpr int kGridSmemBytes = 32;
+// Whether a packed call's fast backward kernel (keys: the key-major one; pos: with a term per
+// offset) at head dim D in elements of `bytes` holds its sample's grid in shared memory: the
+// key-major kernels at D = 128 but float32's with a term (with the grid in registers those spilled
+// 4 to 108 bytes on sm_80 / sm_90; the query-major ones did not, and float32's positional
+// key-major one spilled 8 bytes with the grid in shared memory: the register allocator's choice at
+// 255 registers, checked instance by instance)
+__host__ __device__ constexpr bool packed_grid_in_smem(int64_t D, bool keys, int bytes, bool pos) {
+  return D == 128 && keys && !(bytes == 4 && pos);
+}
+template <int NDIM, bool SMEM = false>
 struct FastGrid {
-  int n[NDIM], gs[NDIM], rs[NDIM], c0;
+  using Ext = std::conditional_t<SMEM, const int*, int[NDIM]>;
+  Ext n, gs;
+  int rs[NDIM], c0;
   __device__ __forceinline__ explicit FastGrid(const RelposParams& p) {
+    static_assert(!SMEM, "FastGrid<NDIM, true>(p, at)");
     c0 = static_cast<int>((p.U - 1) / 2);
     if constexpr (NDIM == 1) {
       n[0] = static_cast<int>(p.N), gs[0] = 1, rs[0] = 1;
@@ -147,10 +163,30 @@ struct FastGrid {
       }
     }
   }
-  // sample s of a packed call p (its values checked by the schedule: relpos_packed.cuh)
+  // SMEM: a packed call's sample, its extents and strides at `at` in shared memory (set_sample)
+  __device__ __forceinline__ FastGrid(const RelposParams& p, int* at) : n(at), gs(at + NDIM) {
+    static_assert(SMEM, "FastGrid<NDIM>(p)");
+    c0 = static_cast<int>((p.U - 1) / 2);
+#pragma unroll
+    for (int a = 0; a < NDIM; ++a) rs[a] = NDIM == 1 ? 1 : static_cast<int>(p.rel_stride[a]);
+  }
+  // sample s of a packed call p (its values checked by the schedule: relpos_packed.cuh); SMEM:
+  // written by thread 0, for the caller's barrier to make visible
   __device__ __forceinline__ void set_sample(const RelposParams& p, const int* __restrict__ off,
                                              const int* __restrict__ shapes, int s) {
-    if constexpr (NDIM == 1) {
+    if constexpr (SMEM) {
+      if (threadIdx.x != 0) return;
+      int* nw = const_cast<int*>(n);  // (the shared memory the grid reads)
+      int* gw = const_cast<int*>(gs);
+      int st = 1;
+#pragma unroll
+      for (int a = NDIM - 1; a >= 0; --a) {
+        const int e =
+            NDIM == 1 ? off[s + 1] - off[s] : shapes[static_cast<int64_t>(s) * p.G_in + p.g.axis[a]];
+        nw[a] = e, gw[a] = st;
+        st *= e;
+      }
+    } else if constexpr (NDIM == 1) {
       n[0] = off[s + 1] - off[s];
     } else {
       int st = 1;
@@ -243,8 +279,9 @@ template <int NDIM, bool PACKED = false>
 struct KeyRanges {
   bool boxed;
   int span[NDIM];
+  template <bool SM>
   __device__ __forceinline__ KeyRanges(const RelposParams& p, const double* __restrict__ sigma,
-                                       const FastGrid<NDIM>& g, int head) {
+                                       const FastGrid<NDIM, SM>& g, int head) {
     boxed = p.has_box && p.g.ndim == NDIM;
 #pragma unroll
     for (int a = 0; a < NDIM; ++a) {
@@ -256,7 +293,8 @@ struct KeyRanges {
     }
   }
   // the range of a query at coordinate c (past the grid's end: its last cell's)
-  __device__ __forceinline__ int2 operator()(const RelposParams& p, const FastGrid<NDIM>& g, int a,
+  template <bool SM>
+  __device__ __forceinline__ int2 operator()(const RelposParams& p, const FastGrid<NDIM, SM>& g, int a,
                                              int c) const {
     if (!boxed) return make_int2(0, g.n[a] - 1);
     AxisLimit l = window_limit(p, a, span[a]);

@@ -161,9 +161,6 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
 inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const CudaDevice& dev, size_t* smem,
                                          std::string* layout) {
   std::string why;
-  if (p.packed_samples > 0 && !cuda_fast::packed_backward_dim(p.D))
-    return "the backward of packed calls (packed=) at D = 128 runs on the general kernels so far (their fast "
-           "instances would spill registers)";
   const int sc = cuda_fast::smem_class_of(dev.smem_optin);  // (fast_refusal checked it)
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
@@ -174,7 +171,11 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
       why = lacks_layout("its backward", D, p.g.ndim, sc);
       return;
     }
-    *smem = std::max(*smem, l.bytes);
+    // (a packed call's key-major kernel at D = 128: + its sample's grid, packed_grid_in_smem)
+    const size_t grid = p.packed_samples > 0 && cuda_fast::packed_grid_in_smem(D, true, sizeof(CT), pos)
+                            ? cuda_fast::kGridSmemBytes
+                            : 0;
+    *smem = std::max(*smem, std::max(l.kernel_bytes[0], l.kernel_bytes[1] + grid));
     for (int k = 0; k < 2; ++k)
       *layout += std::string(k == 0 ? "d q: " : "; d k, d v: ") + "the streamed box in " +
                  std::to_string(l.stages[k]) + " stage(s)" +
@@ -188,7 +189,7 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
                  (l.split[k] ? ", P and dS' exchanged in turn" : "") +
                  (l.ops[k] ? ", the operands in chunks of " + std::to_string(l.dc[k]) + " columns" : "") +
                  (l.halves[k] > 1 ? ", the gradients in two halves of their columns" : "") + " (" +
-                 std::to_string(l.kernel_bytes[k]) + " bytes)";
+                 std::to_string(l.kernel_bytes[k] + (k == 1 ? grid : 0)) + " bytes)";
   });
   return why;
 }

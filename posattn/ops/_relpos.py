@@ -131,11 +131,11 @@ def relpos_attention(
             and d sigma add the samples' sums in sample order (fixed: the backward
             stays deterministic). Not with ``window_dilation`` or extra tokens
             (ValueError). The CPU kernels; on CUDA the fast forward, the fast
-            offset kernel (d rel, d bias, d sigma) and at D <= 64 the fast
-            backward (d q, d k, d v, d q_pos), where they would take a call of
-            the max grid (with a span: at float16 / bfloat16 and D <= 64), and
-            the general kernels for the rest; bad offsets / shapes on CUDA are
-            device-side assertions.
+            backward (d q, d k, d v, d q_pos) and the fast offset kernel (d rel,
+            d bias, d sigma), where they would take a call of the max grid (with
+            a span: at float16 / bfloat16 and D <= 64), and the general kernels
+            for the rest; bad offsets / shapes on CUDA are device-side
+            assertions.
 
     Math, per batch b and head h::
 

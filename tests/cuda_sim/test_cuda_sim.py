@@ -1175,13 +1175,12 @@ def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
 def _packed_path(c: PackedCase, backward: bool = False) -> str:
     """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
     (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
-    alone, but the backward at D = 128 and a span but at 16-bit D <= 64 (packed instances that
-    would spill). d rel, d bias and d sigma come from the fast offset kernel wherever the fast
-    forward takes the call (after the general backward at D = 128; with a span each sample's tables
-    and normalisation)."""
+    alone, but a span but at 16-bit D <= 64 (packed instances that would spill). d rel, d bias and
+    d sigma come from the fast offset kernel wherever the fast forward takes the call (with a span
+    each sample's tables and normalisation)."""
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
     fast = fast and (not c.sigma or (c.dtype in (F16, BF16) and c.D <= 64))
-    return "fast" if c.path == "auto" and fast and (c.D <= 64 or not backward) else "general"
+    return "fast" if c.path == "auto" and fast else "general"
 
 
 def _check_packed_schedule(c: PackedCase, schedule: torch.Tensor):
@@ -1367,8 +1366,33 @@ PACKED = [
         tail=2,
         smem_optin=simlib.SMEM_SM86,
     ),
-    # D = 128: the general backward (the packed fast instances would spill), then the fast offset kernel
+    # D = 128: the key-major backward with the sample's grid in shared memory (packed_grid_in_smem),
+    # 16-bit with a term and float32 without; float32's positional one with it in registers, in two
+    # halves of the gradients' columns
     PackedCase("packed-fast-f16-1d-d128", F16, [(70,), (9,)], path="auto", D=128, H=1, bias=True, window=20, tail=3),
+    PackedCase(
+        "packed-fast-f16-3d-d128-plain-causal",
+        F16,
+        [(5, 6, 3), (2, 3, 9), (4, 4, 4)],
+        path="auto",
+        D=128,
+        H=1,
+        pos=False,
+        causal=True,
+        window=[2, 3, 4],
+        tail=2,
+    ),
+    PackedCase(
+        "packed-fast-tf32-2d-d128-bias-window",
+        F32,
+        [(9, 10), (5, 7), (3, 12)],
+        path="auto",
+        D=128,
+        H=1,
+        bias=True,
+        window=[3, 2],
+    ),
+    PackedCase("packed-fast-tf32-1d-d128-plain", F32, [(70,), (9,)], path="auto", D=128, H=1, pos=False, tail=1),
     PackedCase(
         "packed-fast-bf16-2d-plain-natten",
         BF16,
