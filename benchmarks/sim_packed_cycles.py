@@ -8,8 +8,8 @@ cycles per kernel and the ratios. Each run takes minutes (timing mode).
         [--path general|auto] [--no-span] [--forward-only | --backward-only] [--packed-only]
 
 --path general (the default) compares the general kernels, packed against per sample; --path auto
-the kernels the plan chooses (the fast forward and, at D <= 64, the fast backward take packed calls;
-d rel, d bias and d sigma: the fast offset kernel, with a span at 16-bit D <= 64).
+the kernels the plan chooses (the fast forward and backward take packed calls, with a span at 16-bit
+D <= 64; d rel, d bias and d sigma: the fast offset kernel, the same).
 """
 
 from __future__ import annotations
