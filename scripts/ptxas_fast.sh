@@ -8,7 +8,8 @@
 # class the architecture's devices never run (relpos_fast_common.cuh: class 0 needs 227 KiB of
 # shared memory per block, sm_90's; class 1 163 KiB, sm_80's / sm_87's), which it lists apart.
 # Torch-free; ~10 minutes per architecture on 2 cores.
-#   bash scripts/ptxas_fast.sh [sm_XY ...]      (OUT=DIR keeps the raw reports, default build/ptxas)
+#   bash scripts/ptxas_fast.sh [sm_XY ...]      (OUT=DIR keeps the raw reports, default build/ptxas;
+#                                                 FILES='csrc/cuda/fast/*_d128*.cu': only those files)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -21,7 +22,7 @@ flags=(-std=c++17 -O3 -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS_
   -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ --expt-relaxed-constexpr -Icsrc)
 bad=0
 for arch in "${archs[@]}"; do
-  for src in csrc/cuda/fast/*.cu; do
+  for src in ${FILES:-csrc/cuda/fast/*.cu}; do
     name=$(basename "$src" .cu)
     log="$out/$arch.$name.ptxas"
     nvcc "${flags[@]}" -cubin -arch="$arch" -Xptxas -v -o "$out/$arch.$name.cubin" "$src" > "$log" 2>&1 || {
