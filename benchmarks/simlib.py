@@ -9,6 +9,8 @@ raw files and back). Environment:
   GPUSIM_KIT    the simulator kit (default: ../shared/gpusim beside the checkout)
   GPUSIM_HOME   its build (default ~/.cache/posattn-gpusim, as the kit's setup.sh)
   CUDA_HOME     the toolkit whose nvcc builds the harness (default: nvcc on PATH)
+  POSATTN_SIM_BUILD  where the built programs are kept (default ~/.cache/posattn-sim-builds):
+                a program is rebuilt only when a file it is built from, a flag or nvcc changed
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "tests" / "cuda_sim" / "harness.cu"
 CSRC = REPO / "csrc"
-BUILD = REPO / "build" / "cuda_sim"
+# Kept outside the checkout, as the simulator's build and its ptxas cache are: a fresh clone whose
+# kernels did not change (CI) builds nothing (~28 CPU minutes of builds and first starts), and
+# each program's name carries the hash of all it is built from (_sources_hash).
+BUILD = Path(os.environ.get("POSATTN_SIM_BUILD", Path.home() / ".cache" / "posattn-sim-builds"))
 
 # the element type names of the harness (-DHARNESS_T)
 TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bf16"}
@@ -70,14 +75,24 @@ def unavailable() -> Optional[str]:
     return None
 
 
-def _sources_hash(source: Path) -> str:
+_NVCC_VERSION: Dict[str, str] = {}
+
+
+def _sources_hash(source: Path, defines: Sequence[str] = ()) -> str:
+    """A hash of all a program is built from: every header of csrc/ (the programs include no
+    .cu or .cpp of it), the test programs' shared headers, the program, the flags, its defines and
+    nvcc's version."""
     h = hashlib.sha256()
-    # the kernels' headers, the test programs' shared host header(s), the program
-    files = sorted(CSRC.rglob("*.h")) + sorted(CSRC.rglob("*.cuh")) + sorted(HARNESS.parent.glob("*.h")) + [source]
+    headers = {".h", ".cuh", ".hpp", ".inc"}
+    files = sorted(f for f in CSRC.rglob("*") if f.suffix in headers) + sorted(HARNESS.parent.glob("*.h")) + [source]
     for f in files:
         h.update(str(f.relative_to(REPO)).encode())
         h.update(f.read_bytes())
-    h.update(" ".join(FLAGS).encode())
+    h.update(" ".join(FLAGS + list(defines)).encode())
+    cc = nvcc() or ""
+    if cc not in _NVCC_VERSION:
+        _NVCC_VERSION[cc] = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout if cc else ""
+    h.update(_NVCC_VERSION[cc].encode())
     return h.hexdigest()[:12]
 
 
@@ -87,7 +102,7 @@ def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = Fal
     if it or a header of csrc/ changed. Safe to call from several processes at once.
     host: a program with no kernel and no CUDA call (plan_table.cu), run on the CPU."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    binary = BUILD / f"{name}-{_sources_hash(source)}"
+    binary = BUILD / f"{name}-{_sources_hash(source, defines)}"
     with open(BUILD / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not binary.exists():

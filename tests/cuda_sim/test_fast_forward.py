@@ -120,7 +120,7 @@ def _run(case, backward=False):
 # is a minute of CI's 2 cores); the others, and the largest backward case, are marked
 # cuda_sim_extended (`bash scripts/cuda_sim.sh --all` runs them): the harness cases of
 # test_cuda_sim.py run the fast kernels at every type and head dim through the plan.
-CI_BUILDS = {("bf16", 64), ("half", 32)}
+CI_BUILDS = {("bf16", 64)}
 
 
 def _params(cases, extended=()):
