@@ -7,7 +7,7 @@
 # pytest's summary line; exits non-zero on any failure. Run by .ci/run.
 #   bash scripts/cuda_sim.sh [--all] [pytest args, e.g. -k fast-]
 # CI runs it without --all: the cases marked cuda_sim_extended (what CI's cases check, at other
-# sizes, types or head dims; ~25 minutes of 2 cores) are left out. --all runs them too: do that
+# sizes, types, head dims or layouts; ~45 minutes of 2 cores) are left out. --all runs them too: do that
 # after changing a kernel. Built programs are kept in ~/.cache/posattn-sim-builds (benchmarks/simlib.py).
 # Ends with a table of each test program's build and run seconds (where CI's time goes).
 # Expects scripts/setup.sh to have run (torch, posattn, pytest, pytest-xdist).

@@ -1065,6 +1065,27 @@ SMALL_DEVICES = [
     _on(SM80, ("fast", "fast", "none"), "fast-tf32-d128-3d-plain-sm80", F32, [4, 5, 6], D=128, pos=False, window=2),
 ]
 AUTO += SMALL_DEVICES
+# CI runs the small devices' cases above in part (2026-12-04: its simulated suite took 56 minutes
+# of 2 cores): each class's 16-bit and TF32 kernels at D = 32, 64 and 128 on 1-3 axes, with and
+# without a term, the layouts' shared ideas (the offset tile and the operands in chunks, one stage,
+# K and V in turn, P and dS' in the positional buffers, d rel's accumulators in registers); the
+# others (cuda_sim_extended) are each another shape of those layouts. `--all` runs them all: do that
+# after changing a layout.
+EXTENDED |= {c.name for c in SMALL_DEVICES} - {
+    "fast-bf16-d128-3d-serial-sm86",
+    "fast-bf16-d128-3d-sm80",
+    "fast-bf16-d64-1d-sm86",
+    "fast-bf16-d64-2d-sm80",
+    "fast-bf16-d64-3d-sm86",
+    "fast-f16-d128-2d-sm86",
+    "fast-f16-d32-2d-sm86",
+    "fast-tf32-d128-1d-sm80",
+    "fast-tf32-d128-2d-plain-sm86",
+    "fast-tf32-d128-3d-sm86",
+    "fast-tf32-d32-3d-sm86",
+    "fast-tf32-d64-2d-alias-sm80",
+    "fast-tf32-d64-2d-sm86",
+}
 
 
 assert EXTENDED <= {c.name for c in GENERAL + AUTO}, "EXTENDED names a case that is not there"

@@ -116,17 +116,29 @@ def _run(case, backward=False):
     return got, out
 
 
-# CI runs the cases of two builds of the program, bf16 with D = 64 and half with D = 32 (each build
-# is a minute of CI's 2 cores); the others, and the largest backward case, are marked
-# cuda_sim_extended (`bash scripts/cuda_sim.sh --all` runs them): the harness cases of
-# test_cuda_sim.py run the fast kernels at every type and head dim through the plan.
-CI_BUILDS = {("bf16", 64)}
+# CI runs eleven cases of one build of the program, bf16 with D = 64 (1-D, 2-D and 3-D, causal, the
+# span and bias, several tiles and key blocks, a size-1 axis, windows and span boxes; the backward on
+# each grid rank); the others are marked cuda_sim_extended (`bash scripts/cuda_sim.sh --all` runs
+# them): the harness cases of test_cuda_sim.py run the fast kernels at every type and head dim
+# through the plan.
+CI_CASES = {
+    "bf16-d64-b2h2-n130",
+    "bf16-d64-b1h2-n130-causal-pos-span-multiply-bias",
+    "bf16-d64-b1h1-grid13x17-causal-pos-span-multiply-bias",
+    "bf16-d64-b1h1-grid9x1x12-pos-span-add-bias",
+    "bf16-d64-b1h1-grid5x6x7-causal-pos-span-multiply-bias",
+    "bf16-d64-b1h2-n300-pos-span-add-bias-threshold0.9",
+    "bf16-d64-b1h1-grid20x24-pos-span-add-bias-window5.1.0x7.1.0",
+    "bf16-d64-b2h1-n130-causal-pos-span-add-bias",
+    "bf16-d64-b1h2-grid9x12-pos-span-add-bias",
+    "bf16-d64-b1h1-grid5x6x7-causal-pos-span-add-bias",
+}
 
 
 def _params(cases, extended=()):
     return [
         pytest.param(
-            c, id=_id(c), marks=[pytest.mark.cuda_sim_extended] if c[:2] not in CI_BUILDS or _id(c) in extended else []
+            c, id=_id(c), marks=[pytest.mark.cuda_sim_extended] if _id(c) not in CI_CASES or _id(c) in extended else []
         )
         for c in cases
     ]
@@ -162,6 +174,7 @@ BACKWARD_CASES = [
     ("half", 32, 1, 1, "20x24", True, (2, 0), ("4.2.1x7.3.0/shift", 0.0)),
     ("bf16", 64, 1, 1, "9x10x11", True, (1, 1), ("3.1.0x3.1.0x5.2.0/shift", 0.0)),
 ]
+assert CI_CASES <= {_id(c) for c in CASES + BACKWARD_CASES}, "CI_CASES names a case that is not there"
 GRAD_TOL = {"bf16": 2e-2, "half": 4e-3}  # relative to a gradient's largest value: dS and P rounded to T
 
 
