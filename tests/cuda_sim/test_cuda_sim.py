@@ -380,10 +380,11 @@ EXTENDED = {
 }
 
 
-def _params(cases):
-    """pytest params of `cases`, the EXTENDED ones marked cuda_sim_extended."""
+def _params(cases, extended=None):
+    """pytest params of `cases`, those named in `extended` (default EXTENDED) marked cuda_sim_extended."""
+    extended = EXTENDED if extended is None else extended
     return [
-        pytest.param(c, id=repr(c), marks=[pytest.mark.cuda_sim_extended] if c.name in EXTENDED else []) for c in cases
+        pytest.param(c, id=repr(c), marks=[pytest.mark.cuda_sim_extended] if c.name in extended else []) for c in cases
     ]
 
 
@@ -1457,13 +1458,7 @@ EXTENDED_PACKED = {"packed-fast-tf32-2d-d128-bias-window", "packed-fast-tf32-1d-
 assert EXTENDED_PACKED <= {c.name for c in PACKED}, "EXTENDED_PACKED names a case that is not there"
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, id=repr(c), marks=[pytest.mark.cuda_sim_extended] if c.name in EXTENDED_PACKED else [])
-        for c in PACKED
-    ],
-)
+@pytest.mark.parametrize("case", _params(PACKED, EXTENDED_PACKED))
 def test_packed(case, tmp_path):
     check_packed(case, tmp_path)
 
