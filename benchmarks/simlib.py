@@ -96,11 +96,15 @@ def _sources_hash(source: Path, defines: Sequence[str] = ()) -> str:
     return h.hexdigest()[:12]
 
 
-def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = False) -> Path:
+def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = False, start: bool = False) -> Path:
     """The simulator binary `name` of the torch-free CUDA program `source` (compiled
     with -Icsrc, the -D`defines` and torch's half flags, PTX for compute_80), built
     if it or a header of csrc/ changed. Safe to call from several processes at once.
-    host: a program with no kernel and no CUDA call (plan_table.cu), run on the CPU."""
+    host: a program with no kernel and no CUDA call (plan_table.cu), run on the CPU.
+    start: a new binary is started once on the simulator, without arguments (the program
+    must then exit at once), before another process may use it: its first start runs
+    the simulator's ptxas over all of its PTX (30-60 s of 2 cores for a fast harness),
+    whose report is cached; two processes starting it at once would both run ptxas."""
     BUILD.mkdir(parents=True, exist_ok=True)
     binary = BUILD / f"{name}-{_sources_hash(source, defines)}"
     with open(BUILD / f"{name}.lock", "w") as lock:
@@ -128,6 +132,10 @@ def build(source: Path, name: str, defines: Sequence[str] = (), host: bool = Fal
             if done.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
             os.replace(str(binary) + ".tmp", binary)
+            if start:
+                t0 = time.monotonic()
+                run(binary, log=False)
+                _log_time("start", name, t0)
     return binary
 
 
@@ -135,11 +143,15 @@ def harness(dtype: torch.dtype, fast_d: Optional[int] = None, packed: bool = Fal
     """The harness binary for `dtype` (with the fast kernels of head dim `fast_d`: their
     instances for single-grid calls, or with `packed` for packed ones; the general kernels
     take both kinds in every binary)."""
-    name = f"harness_{TYPE_NAMES[dtype]}" + (f"_fast{fast_d}" + ("_packed" if packed else "") if fast_d else "")
     defines = [f"HARNESS_T={TYPE_NAMES[dtype]}"]
     if fast_d:
         defines += [f"HARNESS_FAST_D={fast_d}", f"POSATTN_FAST_INSTANCES={2 if packed else 1}"]
-    return build(HARNESS, name, defines)
+    return build(HARNESS, harness_name(dtype, fast_d, packed), defines, start=True)
+
+
+def harness_name(dtype: torch.dtype, fast_d: Optional[int] = None, packed: bool = False) -> str:
+    """The name of harness(dtype, fast_d, packed)'s program (the tests' xdist groups)."""
+    return f"harness_{TYPE_NAMES[dtype]}" + (f"_fast{fast_d}" + ("_packed" if packed else "") if fast_d else "")
 
 
 # ---- cases -----------------------------------------------------------------------
@@ -209,10 +221,12 @@ def run(
     timeout: float = 900,
     rundir=None,
     extra_env: Optional[Dict[str, str]] = None,
+    log: bool = True,
 ):
     """Runs `binary` on the simulator (timing: GPGPU-Sim's cycle model, much slower; else
     with the race check on, fatal; rundir: keep the simulator's run directory, with its log,
-    there; extra_env: more environment variables for the program); the process."""
+    there; extra_env: more environment variables for the program; log: its time goes to
+    POSATTN_SIM_TIMES); the process."""
     env = dict(os.environ, **(extra_env or {}))
     env.pop("GPUSIM_TIMING", None)
     if timing:
@@ -235,7 +249,8 @@ def run(
         env=env,
         timeout=timeout,
     )
-    _log_time("run", Path(binary).name, t0)
+    if log:
+        _log_time("run", Path(binary).name, t0)
     return done
 
 

@@ -17,6 +17,9 @@
 #                       device compilation; this build only has to link, import and register, and
 #                       scripts/ptxas_fast.sh is where ptxas' registers, stacks and spills are checked.
 #                       0: SASS for CUDA_ARCHS, as a user's build
+#   CUDA_DEVICE_OPT     0 (default): the device code is not optimised (setup.py's POSATTN_CUDA_DEVICE_OPT,
+#                       nvcc -Xcicc -O0): NVVM's optimiser is most of the build's time, and this build's
+#                       kernels never run (the simulated suite runs the -O3 ones). 1: optimised, as a user's build
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 CUDA_TORCH_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
@@ -50,7 +53,7 @@ mkdir -p "$src"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$src"
 start=$(date +%s)
 (cd "$src" && FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${CUDA_ARCHS:-9.0}" MAX_JOBS="$(nproc)" \
-  POSATTN_CUDA_PTX_ONLY="${CUDA_PTX_ONLY:-1}" "$vpy" -m pip install -q --no-build-isolation --no-deps .)
+  POSATTN_CUDA_PTX_ONLY="${CUDA_PTX_ONLY:-1}" POSATTN_CUDA_DEVICE_OPT="${CUDA_DEVICE_OPT:-0}" "$vpy" -m pip install -q --no-build-isolation --no-deps .)
 echo "cuda_build: built in $(( $(date +%s) - start )) s"
 
 work=$(mktemp -d)

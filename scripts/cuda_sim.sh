@@ -36,27 +36,30 @@ if [ "${1:-}" = "--all" ]; then
   select=cuda_sim
   shift
 fi
-# where the time went: each test program's build and its runs on the simulator (the first run of
-# a new binary includes the simulator's ptxas over all of its PTX)
+# where the time went: each test program's build, its first start (the simulator's ptxas over all
+# of its PTX, once, before a test uses it) and its runs on the simulator. The tests of one program
+# run on one worker, the costliest programs first (tests/cuda_sim/conftest.py)
 times=$(mktemp)
 trap 'rm -f "$times"' EXIT
 rc=0
-POSATTN_SIM_TIMES="$times" "$PY" -m pytest -q -p no:cacheprovider -m "$select" -n "$(nproc)" --durations=20 tests/cuda_sim "$@" || rc=$?
+POSATTN_SIM_TIMES="$times" "$PY" -m pytest -q -p no:cacheprovider -m "$select" -n "$(nproc)" --dist loadgroup --no-loadscope-reorder --durations=20 tests/cuda_sim "$@" || rc=$?
 "$PY" - "$times" <<'EOF_PY'
 import collections, re, sys
-rows = collections.defaultdict(lambda: [0.0, 0, 0.0])  # build s, runs, run s
+rows = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])  # build s, first start s, runs, run s
 for line in open(sys.argv[1]):
     what, name, sec = line.split()
     r = rows[re.sub(r"-[0-9a-f]{12}$", "", name)]
     if what == "build":
         r[0] += float(sec)
+    elif what == "start":
+        r[1] += float(sec)
     else:
-        r[1], r[2] = r[1] + 1, r[2] + float(sec)
-print(f"cuda_sim: {'program':28} {'build s':>8} {'runs':>5} {'run s':>8}")
-for name, (b, n, s) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][2])):
-    print(f"cuda_sim: {name:28} {b:8.0f} {n:5d} {s:8.0f}")
-tb, ts = sum(r[0] for r in rows.values()), sum(r[2] for r in rows.values())
-print(f"cuda_sim: {'all (CPU seconds)':28} {tb:8.0f} {sum(r[1] for r in rows.values()):5d} {ts:8.0f}")
+        r[2], r[3] = r[2] + 1, r[3] + float(sec)
+print(f"cuda_sim: {'program':28} {'build s':>8} {'start s':>8} {'runs':>5} {'run s':>8}")
+for name, (b, st, n, s) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1] + kv[1][3])):
+    print(f"cuda_sim: {name:28} {b:8.0f} {st:8.0f} {n:5d} {s:8.0f}")
+tot = [sum(r[i] for r in rows.values()) for i in range(4)]
+print(f"cuda_sim: {'all (CPU seconds)':28} {tot[0]:8.0f} {tot[1]:8.0f} {tot[2]:5.0f} {tot[3]:8.0f}")
 EOF_PY
 echo "cuda_sim: done in $(( $(date +%s) - start )) s"
 exit $rc

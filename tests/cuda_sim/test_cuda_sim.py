@@ -226,7 +226,6 @@ def _check_nonfinite_gradient(name: str, got: torch.Tensor, want: torch.Tensor, 
 def run_relpos(c: Case, tmp_path: Path):
     """Runs the case on the simulator; returns (case, run, reference results, scale)."""
     N = math.prod(c.grid)
-    fast_d = c.D if c.path != "general" else None
     x = _inputs(c)
     scale = c.scale
     g = torch.Generator().manual_seed(c.seed + 1)
@@ -259,7 +258,7 @@ def run_relpos(c: Case, tmp_path: Path):
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
     run = simlib.run_case(
-        simlib.harness(c.dtype, fast_d),
+        simlib.harness(c.dtype, _fast_d(c)),
         tmp_path / "case",
         settings,
         arrays,
@@ -377,14 +376,34 @@ EXTENDED = {
     # 16-bit D = 128 on 3 axes, the chunked backward: fast-f16-d128-3d-backward-chunks; windows and
     # causal at D = 128: tiled-bf16-d128-everything
     "fast-bf16-d128-3d-backward-chunks-window",
+    # (later that day: a binary's build and first start, ~2 minutes of 2 cores, outweigh its few
+    # cases) float16 at D = 64, a binary for these two: causal with a tail tile and a span box at D = 64:
+    # fast-bf16-d64-3d-multiply-causal, tiled-bf16-d64-natten-causal-axis; the offset kernel in two
+    # halves of d rel's columns (3-D D = 64): its bfloat16 twin fast-bf16-d64-3d-offsets-halves
+    "tiled-f16-d64-causal-tail",
+    "fast-f16-d64-3d-offsets-halves",
 }
 
 
-def _params(cases, extended=None):
-    """pytest params of `cases`, those named in `extended` (default EXTENDED) marked cuda_sim_extended."""
+def _fast_d(c, packed=False):
+    """The head dim of the fast kernels in the harness that runs case `c` (None: the general kernels only)."""
+    if packed:
+        return c.D if c.path != "general" and c.dtype != F64 and c.D in (32, 64, 128) else None
+    return c.D if c.path != "general" else None
+
+
+def _params(cases, extended=None, packed=False):
+    """pytest params of `cases`, those named in `extended` (default EXTENDED) marked cuda_sim_extended,
+    each in the xdist group of its harness program (tests/cuda_sim/conftest.py)."""
     extended = EXTENDED if extended is None else extended
     return [
-        pytest.param(c, id=repr(c), marks=[pytest.mark.cuda_sim_extended] if c.name in extended else []) for c in cases
+        pytest.param(
+            c,
+            id=repr(c),
+            marks=[pytest.mark.xdist_group(simlib.harness_name(c.dtype, _fast_d(c, packed), packed))]
+            + ([pytest.mark.cuda_sim_extended] if c.name in extended else []),
+        )
+        for c in cases
     ]
 
 
@@ -729,6 +748,7 @@ AUTO = [
     # the fast offset kernel in two column halves of d rel (its accumulator for all of D does not
     # fit: D = 64 on 3-D grids, D = 128 on 1-D), and with scale 0 (d bias and d sigma from dA alone)
     Case("fast-f16-d64-3d-offsets-halves", F16, [5, 6, 7], path="auto", D=64, sigma=True, bias=True, B=1, H=1),
+    Case("fast-bf16-d64-3d-offsets-halves", BF16, [5, 6, 7], path="auto", D=64, sigma=True, bias=True, B=1, H=1),
     Case(
         "fast-bf16-d128-1d-offsets-halves",
         BF16,
@@ -1235,8 +1255,7 @@ def check_packed(c: PackedCase, tmp_path: Path):
     arrays = {k: (t if k == "sigma" else t.to(c.dtype)) for k, t in x.items()}
     arrays["gout"] = gout.to(c.dtype)
     arrays["glse"] = glse.to(acc)
-    fast_d = c.D if c.path != "general" and c.dtype != F64 and c.D in (32, 64, 128) else None
-    harness = simlib.harness(c.dtype, fast_d, packed=True)
+    harness = simlib.harness(c.dtype, _fast_d(c, packed=True), packed=True)
     run = simlib.run_case(harness, tmp_path / "case", _packed_settings(c), arrays, timeout=900)
     assert run.returncode == 0 and simlib.ASSERT_PREFIX not in run.output, run.tail()
     out = run.read("out", c.dtype, (1, c.H, c.T, c.Dv))
@@ -1458,7 +1477,7 @@ EXTENDED_PACKED = {"packed-fast-tf32-2d-d128-bias-window", "packed-fast-tf32-1d-
 assert EXTENDED_PACKED <= {c.name for c in PACKED}, "EXTENDED_PACKED names a case that is not there"
 
 
-@pytest.mark.parametrize("case", _params(PACKED, EXTENDED_PACKED))
+@pytest.mark.parametrize("case", _params(PACKED, EXTENDED_PACKED, packed=True))
 def test_packed(case, tmp_path):
     check_packed(case, tmp_path)
 

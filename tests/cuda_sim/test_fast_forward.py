@@ -97,9 +97,14 @@ def _id(case):
     return name
 
 
+def _program(case):
+    """The name of the program that runs `case` (its xdist group: tests/cuda_sim/conftest.py)."""
+    return f"fast_forward_{case[0]}_d{case[1]}"
+
+
 def _run(case, backward=False):
     t, d, b, h, n, causal, pos, *box = case
-    binary = simlib.build(PROGRAM, f"fast_forward_{t}_d{d}", [f"FAST_T={t}", f"FAST_D={d}"])
+    binary = simlib.build(PROGRAM, _program(case), [f"FAST_T={t}", f"FAST_D={d}"], start=True)
     args = [str(b), str(h), str(n), str(int(causal)), "7"]
     if pos is not None or box:
         args += ["0", "0", "0"] if pos is None else ["1", str(pos[0]), str(pos[1])]
@@ -138,7 +143,10 @@ CI_CASES = {
 def _params(cases, extended=()):
     return [
         pytest.param(
-            c, id=_id(c), marks=[pytest.mark.cuda_sim_extended] if _id(c) not in CI_CASES or _id(c) in extended else []
+            c,
+            id=_id(c),
+            marks=[pytest.mark.xdist_group(_program(c))]
+            + ([pytest.mark.cuda_sim_extended] if _id(c) not in CI_CASES or _id(c) in extended else []),
         )
         for c in cases
     ]
