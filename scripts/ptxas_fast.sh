@@ -9,7 +9,9 @@
 # shared memory per block, sm_90's; class 1 163 KiB, sm_80's / sm_87's), which it lists apart.
 # Torch-free; ~10 minutes per architecture on 2 cores.
 #   bash scripts/ptxas_fast.sh [sm_XY ...]      (OUT=DIR keeps the raw reports, default build/ptxas;
-#                                                 FILES='csrc/cuda/fast/*_d128*.cu': only those files)
+#                                                 FILES='csrc/cuda/fast/*_d128*.cu': only those files;
+#                                                 NVCC_FLAGS=-DPOSATTN_FAST_INSTANCES=2: more nvcc flags,
+#                                                 here only the packed calls' instances)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -25,7 +27,8 @@ for arch in "${archs[@]}"; do
   for src in ${FILES:-csrc/cuda/fast/*.cu}; do
     name=$(basename "$src" .cu)
     log="$out/$arch.$name.ptxas"
-    nvcc "${flags[@]}" -cubin -arch="$arch" -Xptxas -v -o "$out/$arch.$name.cubin" "$src" > "$log" 2>&1 || {
+    # shellcheck disable=SC2086  # (NVCC_FLAGS: words)
+    nvcc "${flags[@]}" ${NVCC_FLAGS:-} -cubin -arch="$arch" -Xptxas -v -o "$out/$arch.$name.cubin" "$src" > "$log" 2>&1 || {
       cat "$log" >&2
       exit 1
     }

@@ -375,9 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
       return FastGrid<NDIM>(p);
   }();
   int box = blockIdx.x;
-  int64_t tok0 = 0;  // the call's first token (PACKED: its sample's)
+  int64_t tok0 = 0;            // the call's first token (PACKED: its sample's)
+  [[maybe_unused]] int s = 0;  // (PACKED) its sample
   if constexpr (PACKED) {
-    int s = 0;
     if (!cuda_packed::packed_block_sample(p, t.packed_tiles, blockIdx.x, &s, &box)) return;
     g.set_sample(p, t.packed_offsets, t.packed_shapes, s);
     tok0 = t.packed_offsets[s];
@@ -520,12 +520,17 @@ __global__ void __launch_bounds__(kThreads, 1) fast_backward_kernel(RelposParams
   // POS: the head's rel rows and offset tables, the warp's buffers and maps
   const int U = static_cast<int>(p.U);
   const T* rel = POS && t.rel ? t.rel + static_cast<int64_t>(blockIdx.y) * U * D : nullptr;
-  // (the head's tables; own: a packed call's sample_tables, the sample's from its first token's slot)
+  // (the head's tables; a packed call's sample_tables, the sample's: own, from its first token's slot;
+  // wide, from row s U, indexed as the head's)
   constexpr bool kOwn = PACKED && packed_span_fits<T, D>();
+  constexpr bool kWide = PACKED && packed_wide_fits<T, D>(true, NDIM);
   const bool own = kOwn && p.has_sigma;
   const auto tables_at = [&]() -> int64_t {
-    if constexpr (kOwn)
+    if constexpr (kOwn) {
       if (own) return (static_cast<int64_t>(blockIdx.y) * p.N + tok0) << table_shift(p);
+    } else if constexpr (kWide) {
+      if (p.has_sigma) return (static_cast<int64_t>(blockIdx.y) * p.packed_samples + s) * U;
+    }
     return static_cast<int64_t>(blockIdx.y) * U;
   };
   const float* add = POS && t.offset_add ? t.offset_add + tables_at() : nullptr;
@@ -1073,7 +1078,9 @@ cudaError_t launch_fast_backward(const RelposParams& p, const RelposTensors<T>& 
   const bool packed = p.packed_samples > 0;
   if (packed ? !kPackedInstances : !kSingleGridInstances) return cudaErrorNotSupported;
   if (packed) {
-    if (p.B != 1 || (p.has_sigma && !packed_span_fits<T, D>())) return cudaErrorInvalidValue;
+    if (p.B != 1 || (p.has_sigma && !packed_span_fits<T, D>() &&
+                     !(packed_wide_fits<T, D>(true, NDIM) && wide_tables_fit(p))))
+      return cudaErrorInvalidValue;
     const int3 tile_box = make_int3(extent<NDIM>(Box::kTile, 0), NDIM > 1 ? extent<NDIM>(Box::kTile, 1) : 1,
                                     NDIM > 2 ? extent<NDIM>(Box::kTile, 2) : 1);
     const cudaError_t e = cuda_packed::launch_packed_schedule<T, true>(p, t, NDIM, tile_box, stream);

@@ -78,10 +78,27 @@ void by_fast_type_and_dim(DType dt, int64_t D, Fn fn) {
 
 namespace plan_detail {
 
-// Why the fast kernels do not take a packed call with a span (cuda_fast::packed_span_fits).
-inline std::string packed_span_refusal() {
-  return "packed calls (packed=) with a span run on the fast kernels at float16 / bfloat16 and D <= 64 only "
-         "(elsewhere their instances would spill registers)";
+// Why the fast forward and backward do not take a packed call with a span: through TF32 or at D = 128
+// (cuda_fast::packed_span_fits) they take it with a table per sample on the max grid's offsets
+// (wide_tables_fit), S U floats per head, only where that is at most q's size.
+inline std::string packed_span_refusal(const RelposParams& p) {
+  return "packed calls (packed=) with a span through TF32 or at D = 128 take the fast kernels where each "
+         "head's tables of the samples' terms, samples x U = " +
+         std::to_string(p.packed_samples) + " x " + std::to_string(p.U) +
+         " floats (U the offsets of max_grid), are at most q's tokens x D = " + std::to_string(p.N) + " x " +
+         std::to_string(p.D) + " (fewer samples per call, or a smaller max_grid)";
+}
+// Why the fast forward or backward of a packed call with a span does not take it
+// (cuda_fast::packed_wide_fits).
+inline std::string packed_wide_refusal(const char* kernel, int D, int ndim) {
+  return std::string("packed calls (packed=) with a span at D = ") + std::to_string(D) + " on " +
+         std::to_string(ndim) + "-D grids take the general " + kernel +
+         " at this element type (its fast instance with the samples' tables would spill registers)";
+}
+// Why the fast offset kernel does not take one (cuda_fast::packed_span_fits).
+inline std::string packed_span_offsets_refusal() {
+  return "packed calls (packed=) with a span take the fast offset kernel (d rel, d bias, d sigma) at "
+         "float16 / bfloat16 and D <= 64 only (its instances elsewhere would spill registers)";
 }
 
 inline std::string blocks_error(int64_t blocks, const char* what, const char* remedy) {
@@ -132,9 +149,16 @@ inline std::string fast_refusal(const RelposParams& p, DType dt, bool aligned16,
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
+    const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
     if (p.packed_samples > 0 && p.has_sigma && !cuda_fast::packed_span_fits<CT, D>()) {
-      why = packed_span_refusal();
-      return;
+      if (!cuda_fast::packed_wide_fits<CT, D>(false, ndim)) {
+        why = packed_wide_refusal("forward", D, ndim);
+        return;
+      }
+      if (!cuda_fast::wide_tables_fit(p)) {
+        why = packed_span_refusal(p);
+        return;
+      }
     }
     const bool pos = cuda_fast::has_offset_terms(p);
     const cuda_fast::FwdLayoutInfo l = cuda_fast::fast_forward_layout<CT, D>(p.g.ndim, pos, sc);
@@ -165,6 +189,12 @@ inline std::string fast_backward_refusal(const RelposParams& p, DType dt, const 
   by_fast_type_and_dim(dt, p.D, [&](auto ct_tag, auto d_tag) {
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
+    const int ndim = p.g.ndim == 3 ? 3 : p.g.ndim == 2 ? 2 : 1;
+    if (p.packed_samples > 0 && p.has_sigma && !cuda_fast::packed_span_fits<CT, D>() &&
+        !cuda_fast::packed_wide_fits<CT, D>(true, ndim)) {
+      why = packed_wide_refusal("backward", D, ndim);
+      return;
+    }
     const bool pos = cuda_fast::has_offset_terms(p);
     const cuda_fast::BwdLayoutInfo l = cuda_fast::fast_backward_layout<CT, D>(p.g.ndim, pos, sc);
     if (l.bytes == 0) {
@@ -206,7 +236,7 @@ inline std::string fast_offsets_refusal(const RelposParams& p, DType dt, const C
     using CT = decltype(ct_tag);
     constexpr int D = decltype(d_tag)::value;
     if (p.packed_samples > 0 && p.has_sigma && !cuda_fast::packed_span_fits<CT, D>()) {
-      why = packed_span_refusal();
+      why = packed_span_offsets_refusal();
       return;
     }
     const cuda_fast::OffLayoutInfo l = cuda_fast::fast_offsets_layout<CT, D>(p.g.ndim, sc);

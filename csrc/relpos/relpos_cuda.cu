@@ -114,7 +114,7 @@ void launch_fast(const RelposCall& c, const CudaPlan& plan, RelposTensors<T> t, 
                  cudaStream_t stream, bool offsets_only = false) {
   const RelposParams& p = c.params;
   const auto table = [&](bool has) {
-    return has ? at::empty({p.H, cuda_fast::offset_table_len(p)}, c.q.options().dtype(at::kFloat))
+    return has ? at::empty({p.H, cuda_fast::offset_table_len<T>(p)}, c.q.options().dtype(at::kFloat))
                : at::Tensor();
   };
   const at::Tensor add = table(cuda_fast::has_offset_add(p)), mul = table(cuda_fast::has_offset_mul(p));

@@ -133,9 +133,12 @@ def relpos_attention(
             (ValueError). The CPU kernels; on CUDA the fast forward, the fast
             backward (d q, d k, d v, d q_pos) and the fast offset kernel (d rel,
             d bias, d sigma), where they would take a call of the max grid (with
-            a span: at float16 / bfloat16 and D <= 64), and the general kernels
-            for the rest; bad offsets / shapes on CUDA are device-side
-            assertions.
+            a span: the offset kernel at float16 / bfloat16 and D <= 64 only, the
+            forward and backward elsewhere where the samples' tables on the max
+            grid, S x U floats per head, are at most q's T x D, but the float32
+            D = 128 3-D forward and the 16-bit D = 128 1-D backward), and the
+            general kernels for the rest; bad offsets / shapes on CUDA are
+            device-side assertions.
 
     Math, per batch b and head h::
 

@@ -274,7 +274,7 @@ void run_fast(const posattn::RelposParams& p, posattn::RelposTensors<T>& t, size
       fail(std::string("this harness holds the fast kernels of ") +
            (fast::kPackedInstances ? "packed" : "single-grid") +
            " calls only (-DPOSATTN_FAST_INSTANCES: simlib.harness(..., packed=))");
-    const int64_t len = p.H * fast::offset_table_len(p);
+    const int64_t len = p.H * fast::offset_table_len<T>(p);
     Dev<float> add(fast::has_offset_add(p) ? len : 0), mul(fast::has_offset_mul(p) ? len : 0);
     t.offset_add = add.p;
     t.offset_mul = mul.p;

@@ -1224,14 +1224,23 @@ def _packed_inputs(c: PackedCase) -> Dict[str, torch.Tensor]:
     return x
 
 
-def _packed_path(c: PackedCase, backward: bool = False) -> str:
+def _packed_path(c: PackedCase, offsets: bool = False, backward: bool = False) -> str:
     """The forward (or backward: d q, d k, d v, d q_pos) the plan must give a packed call
     (relpos_plan.cuh, fast_refusal, fast_backward_refusal): the fast one where it takes the call
-    alone, but a span but at 16-bit D <= 64 (packed instances that would spill). d rel, d bias and
-    d sigma come from the fast offset kernel wherever the fast forward takes the call (with a span
-    each sample's tables and normalisation)."""
+    alone; with a span through TF32 or at D = 128 (the wide sample tables, relpos_fast_tables.cuh)
+    only where S U <= T D, and not the float32 D = 128 3-D forward nor the 16-bit D = 128 1-D
+    backward (packed_wide_fits). offsets: d rel, d bias and d sigma, from the fast offset kernel
+    wherever the fast forward takes the call, but with a span only at 16-bit D <= 64 (its instances
+    elsewhere would spill)."""
     fast = c.dtype in (F16, BF16, F32) and c.D == c.Dv and c.D in (32, 64, 128)
-    fast = fast and (not c.sigma or (c.dtype in (F16, BF16) and c.D <= 64))
+    own = c.dtype in (F16, BF16) and c.D <= 64  # (cuda_fast::packed_span_fits)
+    ndim = min(max(len(c.grid), 1), 3)
+    spill = c.D == 128 and (
+        (c.dtype == F32 and not backward and ndim == 3) or (c.dtype != F32 and backward and ndim == 1)
+    )
+    wide = not spill and len(c.shapes) * math.prod(2 * m - 1 for m in c.grid) <= c.T * c.D
+    fast = fast and (not c.sigma or own or wide)
+    fast = fast and (not offsets or not c.sigma or own)
     return "fast" if c.path == "auto" and fast else "general"
 
 
@@ -1286,7 +1295,7 @@ def check_packed(c: PackedCase, tmp_path: Path):
     assert errors["out"] < fwd_tol and errors["lse"] < fwd_tol, errors
     if plan["forward"] == "fast":
         _check_packed_schedule(c, run.read("schedule", torch.int32, (2 * len(c.shapes) + 1,)))
-    assert plan["offsets"] == (_packed_path(c) if (c.pos or c.bias or c.sigma) else "none"), plan
+    assert plan["offsets"] == (_packed_path(c, offsets=True) if (c.pos or c.bias or c.sigma) else "none"), plan
     for name, want in grads.items():
         got = run.read("d" + name, F64 if name == "sigma" else c.dtype, tuple(x[name].shape))
         errors["d" + name] = _rel_err("d" + name, got, want)
@@ -1344,9 +1353,33 @@ PACKED = [
     # x = delta / (n(s) - 1), its span box), a max grid past every sample; d rel, d bias, d sigma
     # from the fast offset kernel (each sample's d sigma by its own normalisation)
     PackedCase("packed-bf16-d32-auto", BF16, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True, tail=1),
-    # ... but not through TF32 (its packed instances have no registers for the sample's tables): general,
-    # d rel, d bias and d sigma too
+    # ... through TF32 with the wide sample tables (each sample's on the max grid's offsets: the
+    # instances have no registers for the own ones' row strides); d rel, d bias, d sigma general
     PackedCase("packed-f32-d32-span-auto", F32, [(3, 3), (2, 4)], path="auto", D=32, H=1, sigma=True, bias=True),
+    # (two heads, a max grid past every sample, a threshold box, tail tokens)
+    PackedCase(
+        "packed-fast-tf32-2d-d32-span-wide",
+        F32,
+        [(9, 10), (5, 7), (3, 12)],
+        max_grid=[10, 12],
+        path="auto",
+        D=32,
+        sigma=True,
+        bias=True,
+        threshold=0.4,
+        tail=2,
+    ),
+    # ... but not where the wide tables would outgrow q (samples x U = 3 x 79^2 > T x D = 10 x 32): general
+    PackedCase(
+        "packed-f32-d32-span-tables-past-q",
+        F32,
+        [(2, 2), (1, 3), (3, 1)],
+        max_grid=[40, 40],
+        path="auto",
+        D=32,
+        H=1,
+        sigma=True,
+    ),
     PackedCase(
         "packed-fast-bf16-2d-span-threshold",
         BF16,
@@ -1444,6 +1477,23 @@ PACKED = [
         window=[3, 2],
     ),
     PackedCase("packed-fast-tf32-1d-d128-plain", F32, [(70,), (9,)], path="auto", D=128, H=1, pos=False, tail=1),
+    # D = 128 with a span: the wide sample tables (16-bit: the backward's grid in shared memory;
+    # float32: in registers); d rel, d bias, d sigma from the general kernels
+    PackedCase(
+        "packed-fast-f16-2d-d128-span-multiply",
+        F16,
+        [(7, 9), (4, 5)],
+        path="auto",
+        D=128,
+        sigma=True,
+        span_mode="multiply",
+        bias=True,
+        window=[3, 4],
+        tail=1,
+    ),
+    PackedCase(
+        "packed-fast-tf32-2d-d128-span", F32, [(6, 7), (3, 9)], path="auto", D=128, H=1, sigma=True, threshold=0.3
+    ),
     # float32 with q_pos at D = 32 (CI's float32 packed case with a term per offset)
     PackedCase(
         "packed-fast-tf32-2d-d32-bias-window",
@@ -1473,7 +1523,11 @@ PACKED = [
 # their own (harness_float_fast128_packed, ~5 minutes of CI's 2 cores to build and start); the
 # packed D = 128 backward's code with the grid in shared memory: packed-fast-f16-*-d128*; float32's
 # packed kernels with a term per offset, the grid in registers: packed-fast-tf32-2d-d32-bias-window
-EXTENDED_PACKED = {"packed-fast-tf32-2d-d128-bias-window", "packed-fast-tf32-1d-d128-plain"}
+EXTENDED_PACKED = {
+    "packed-fast-tf32-2d-d128-bias-window",
+    "packed-fast-tf32-1d-d128-plain",
+    "packed-fast-tf32-2d-d128-span",
+}
 assert EXTENDED_PACKED <= {c.name for c in PACKED}, "EXTENDED_PACKED names a case that is not there"
 
 
