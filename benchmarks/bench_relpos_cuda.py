@@ -20,7 +20,9 @@ round) after warm-up, timed with CUDA events:
 Outputs are checked against each other before anything is timed. Achieved TFLOP/s count
 useful work only: 2 (2D + Dv) FLOPs per kept pair forward (q.k, q_pos.rel, p.v; sdpa: 2
 (D + Dv)), 3.5x that forward+backward (the backward as 2.5 forwards, FlashAttention's
-convention), against a bf16 matmul measured on the same device.
+convention), against a bf16 matmul measured on the same device. Peak memory: what one
+forward + backward allocates on top of its inputs (torch.cuda.max_memory_allocated after a reset),
+CUDA only.
 
 Usage (on the GPU machine):
   python benchmarks/bench_relpos_cuda.py                          # 32x32, 64x64, 16x16x16
@@ -301,6 +303,17 @@ def bench_grid(grid, args, device, dtype, methods):
                 times[name][0].append(time_ms(run))
             if params is not None:
                 times[name][1].append(time_ms(lambda: torch.autograd.grad(run(), params, g_out)))
+    peak = {}
+    if device.type == "cuda":
+        for name, (run, params) in runs.items():
+            if params is None:
+                continue
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.autograd.grad(run(), params, g_out)
+            torch.cuda.synchronize()
+            peak[name] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     pairs_dense = args.batch * args.heads * N * N
     for name, (fwd, fb) in times.items():
         pairs = pairs_dense * (keep if name in ("window", "flex_window") else 1.0)
@@ -311,11 +324,13 @@ def bench_grid(grid, args, device, dtype, methods):
             fwd_bwd_ms=fb_ms,
             fwd_tflops=flops / (f_ms * 1e-3) / 1e12,
             fwd_bwd_tflops=3.5 * flops / (fb_ms * 1e-3) / 1e12,
+            peak_mib=peak.get(name, float("nan")),
             note=notes.get(name, ""),
         )
         print(
             f"  {name:11s} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
-            f"{rows[name]['fwd_tflops']:7.3g} / {rows[name]['fwd_bwd_tflops']:7.3g} useful TFLOP/s",
+            f"{rows[name]['fwd_tflops']:7.3g} / {rows[name]['fwd_bwd_tflops']:7.3g} useful TFLOP/s  "
+            f"peak {rows[name]['peak_mib']:.0f} MiB",
             flush=True,
         )
     return dict(grid="x".join(map(str, grid)), window=window, keep=keep, rows=rows)
@@ -338,6 +353,10 @@ def summary(res, matmul):
             f"dense / window ({res['keep']:.0%} kept) {ratio(get('posattn', key), get('window', key)):.2f}x; "
             f"flex window / posattn window {ratio(get('flex_window', key), get('window', key)):.2f}x"
         )
+    lines.append(
+        f"  fwd+bwd peak memory over the inputs: posattn / sdpa {ratio(get('posattn', 'peak_mib'), get('sdpa', 'peak_mib')):.2f}x "
+        f"({get('posattn', 'peak_mib'):.0f} / {get('sdpa', 'peak_mib'):.0f} MiB)"
+    )
     lines.append(
         f"  posattn forward {get('posattn', 'fwd_tflops'):.3g} useful TFLOP/s "
         f"({ratio(get('posattn', 'fwd_tflops'), matmul):.1%} of the measured matmul rate {matmul:.3g})"
@@ -390,14 +409,15 @@ def main(argv=None):
     out = [
         head,
         "",
-        "| grid | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | note |",
-        "|---|---|---|---|---|---|---|",
+        "| grid | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd peak MiB | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for m, row in res["rows"].items():
             out.append(
                 f"| {res['grid']} | {m} | {row['fwd_ms']:.3f} | {row['fwd_bwd_ms']:.3f} | "
                 f"{row.get('fwd_tflops', float('nan')):.3g} | {row.get('fwd_bwd_tflops', float('nan')):.3g} | "
+                f"{row.get('peak_mib', float('nan')):.0f} | "
                 f"{row.get('note', '')} |"
             )
     out.append("")

@@ -13,11 +13,16 @@
 #   packed    benchmarks/bench_packed.py on CUDA (bfloat16, then float32): packed calls against a
 #             loop of single calls and the padded batch (not in the default run)
 #   profile   ncu (basic set) on the relpos kernels of the sanitizer cases (not in the default run)
+#   profile64 ncu on the fast forward, backward and offset kernels of one bf16 64x64 forward + backward
+#             (B = 4, H = 8, D = 64, the benchmark's inputs): speed of light, tensor-pipe use, executed
+#             HMMA share, warp stall reasons (ncu.log; not in the default run)
+#   tf32      the relpos benchmark in float32 through TF32 at 64x64 (into bench.log; not in the default run)
 #   small     the sanitizers and the relpos benchmark again with the plan made for a smaller GPU
 #             (POSATTN_CUDA_SMEM_OPTIN=$GPU_CHECK_SMEM_OPTIN, default 101376: an RTX 30 / 40's, A10's,
 #             L4's; 166912: an A100's): what those devices run, measured here (not in the default run;
 #             its benchmark table: bench_small.md)
-# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [packed] [profile] [small]
+# Usage: bash scripts/gpu_check.sh [build] [test] [test-rest] [sanitize] [bench] [packed] [profile] [profile64]
+#                                  [tf32] [small]
 #   (default: build test sanitize bench)
 # Limits per step (seconds): GPU_CHECK_BUILD_SECONDS, _TEST_, _SANITIZE_ (each tool), _BENCH_;
 # GPU_CHECK_BENCH_ARGS adds arguments to bench_relpos_cuda.py (e.g. "--grid 64x64"; "--dtype float32
@@ -31,7 +36,17 @@
 # that would not fit is skipped and says so, and a later call can run it alone
 # (`bash scripts/gpu_check.sh bench`: the build stays on a warm machine, and `build` is
 # skipped when the extension is already built for this device). Exits non-zero if any
-# step failed.
+# step failed. GPU_CHECK_RESUME=1: a step that ran in an earlier call on this machine (passed,
+# failed or timed out; GPU_CHECK_STATE, default build/gpu_check_state/, keeps the record) is not
+# run again, so that a follow-up call can name every step and run only those the first call
+# skipped for time. A lent GPU's first call, as prepared on 2026-12-04 (then not lent):
+#   GPU_CHECK_SECONDS=578 GPU_CHECK_BUILD_SECONDS=420 GPU_CHECK_TEST_SECONDS=130 GPU_CHECK_TEST_PROCS=8 \
+#   GPU_CHECK_SANITIZE_SECONDS=100 GPU_CHECK_BENCH_SECONDS=150 \
+#   GPU_CHECK_BENCH_ARGS="--grid 64x64 --grid 16x16x16 --methods sdpa,posattn,window,flex,eager" \
+#   bash scripts/gpu_check.sh build test bench sanitize profile64 tf32     (timeout_s 595)
+# and the follow-up at once on the warm machine (it waits 30 s): the same with GPU_CHECK_RESUME=1
+# and the steps ... profile64 tf32 packed. (One nvcc translation unit, fast/relpos_fast_f32_d128_
+# backward.cu, takes 220 s of device compilation for sm_90 on this project's 2-core machine.)
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 OUT=${OUT:-build/gpu_check}
@@ -41,6 +56,8 @@ deadline=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-560} ))
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
 summary="$OUT/summary.txt"
+state=${GPU_CHECK_STATE:-build/gpu_check_state}
+mkdir -p "$state"
 failed=0
 
 {
@@ -55,6 +72,10 @@ failed=0
 run() {
   local name=$1 limit=$2 log=$3
   shift 3
+  if [ "${GPU_CHECK_RESUME:-0}" = 1 ] && [ -e "$state/$name" ]; then
+    echo "$name: ran in an earlier call ($(cat "$state/$name"))" | tee -a "$summary"
+    return
+  fi
   local left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 30 ]; then
     echo "$name: SKIPPED (no time left in this call; run \`bash scripts/gpu_check.sh $name\` next)" | tee -a "$summary"
@@ -72,6 +93,7 @@ run() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (exit $rc)"
   [ $rc -ne 0 ] && failed=1
   echo "$name: $verdict in $(( $(date +%s) - start )) s" | tee -a "$summary"
+  echo "$verdict" > "$state/$name"
   tail -n 3 "$log" | sed 's/^/    /'
 }
 
@@ -89,6 +111,11 @@ arch=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(
 for step in "${steps[@]}"; do
   case "$step" in
     build)
+      # on a follow-up call the copied sources may look newer than the library: the record decides
+      if [ "${GPU_CHECK_RESUME:-0}" = 1 ] && [ "$(cat "$state/build" 2>/dev/null)" = ok ] && ls posattn/_C*.so >/dev/null 2>&1; then
+        echo "build: built in an earlier call" | tee -a "$summary"
+        continue
+      fi
       if "$PY" -c 'import torch, posattn, sys; sys.exit(not torch._C._dispatch_has_kernel_for_dispatch_key("posattn::relpos_attention", "CUDA"))' 2>/dev/null \
          && [ -z "$(find csrc -newer posattn/_C*.so 2>/dev/null | head -1)" ]; then
         echo "build: up to date (CUDA kernels registered)" | tee -a "$summary"
@@ -133,6 +160,18 @@ print("CUDA kernels registered")'
           --dtype "$dtype" --repeats 5 --markdown "$OUT/bench_packed_$dtype.md"
       done
       ;;
+    profile64)
+      run profile64 "${GPU_CHECK_PROFILE_SECONDS:-240}" "$OUT/ncu.log" ncu --clock-control none \
+        --kernel-name "regex:fast_(forward|backward|offsets)_kernel" --launch-count 6 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum \
+        "$PY" scripts/gpu_profile_step.py --grid 64x64
+      ;;
+    tf32)
+      run tf32 "${GPU_CHECK_BENCH_SECONDS:-300}" "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 \
+        --dtype float32 --tf32 --grid 64x64 --methods sdpa,posattn,window,flex
+      ;;
     small)
       small=${GPU_CHECK_SMEM_OPTIN:-101376}
       for tool in memcheck racecheck; do
@@ -147,7 +186,7 @@ print("CUDA kernels registered")'
         "$PY" scripts/gpu_sanitize_cases.py
       ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, packed, profile, small)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, test-rest, sanitize, bench, packed, profile, profile64, tf32, small)" >&2
       exit 2
       ;;
   esac

@@ -25,7 +25,7 @@ def test_gpu_check_syntax_and_the_files_it_runs():
     } <= paths
     missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
     assert not missing, missing
-    for step in ("build", "test", "sanitize", "bench", "profile"):
+    for step in ("build", "test", "sanitize", "bench", "profile", "profile64", "tf32"):
         assert f"    {step})" in text
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert tool in text
@@ -44,6 +44,28 @@ def test_gpu_check_skips_a_step_past_its_deadline(tmp_path):
     r = subprocess.run(["bash", SCRIPT, "bench"], capture_output=True, text=True, env=env)
     assert r.returncode == 1
     assert "bench-relpos: SKIPPED" in (tmp_path / "summary.txt").read_text()
+
+
+def test_gpu_check_resume_skips_the_steps_an_earlier_call_ran(tmp_path):
+    # no CUDA here: the tf32 step fails; a follow-up call with GPU_CHECK_RESUME=1 does not run it again
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_STATE": str(tmp_path / "state")}
+    r = subprocess.run(["bash", SCRIPT, "tf32"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "tf32: FAILED" in r.stdout
+    assert (tmp_path / "state" / "tf32").read_text().startswith("FAILED")
+    r = subprocess.run(["bash", SCRIPT, "tf32"], capture_output=True, text=True, env={**env, "GPU_CHECK_RESUME": "1"})
+    assert "tf32: ran in an earlier call (FAILED" in r.stdout
+
+
+def test_the_profiled_step_runs_on_the_cpu():
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_profile_step.py"), "--device", "cpu", "--dtype", "float32"]
+        + ["--grid", "4x5", "--batch", "1", "--heads", "2", "--dim", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "one forward + backward on 4x5 (float32) ran" in r.stdout
 
 
 def test_sanitizer_cases_run_on_the_cpu():
@@ -99,4 +121,4 @@ def test_cuda_benchmark_runs_on_the_cpu(tmp_path):
     records = json.loads(out_json.read_text())
     assert {rec["baseline"] for rec in records} == {"sdpa", "eager", "posattn dense"}
     assert all(rec["speedup"] and rec["speedup"] > 0 for rec in records)
-    assert "| 5x6 | posattn |" in out_md.read_text()
+    assert "| 5x6 | posattn |" in out_md.read_text() and "fwd+bwd peak MiB" in out_md.read_text()
