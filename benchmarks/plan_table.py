@@ -3,12 +3,12 @@ opt-in shared memory per block (csrc/cuda/relpos_fast_common.cuh: the fast layou
 as the extension would plan it there: tests/cuda_sim/plan_table.cu, a host program over the
 plan itself (csrc/cuda/relpos_plan.cuh), built with nvcc and run on the CPU (no GPU needed).
 
-    python benchmarks/plan_table.py            # the README's table (markdown)
+    python benchmarks/plan_table.py            # docs/developer/plan.md's table (markdown)
     python benchmarks/plan_table.py --tsv      # one line per (dtype, D, axes, terms, device)
 
 A cell says which of the forward, the backward (d q, d k, d v, d q_pos) and d rel / d bias /
 d sigma run on the fast kernels: "fwd bwd rel" all three, "fwd" the forward alone, "-" none
-(the general kernels); plain calls (no term per offset) have no d rel. The README's table is
+(the general kernels); plain calls (no term per offset) have no d rel. The table of docs/developer/plan.md is
 this script's output (tests/cuda_sim/test_plan_table.py checks it).
 """
 
@@ -66,7 +66,7 @@ def cell(r: Row) -> str:
 
 
 def markdown(table: List[Row]) -> str:
-    """The README's table: per call class (D, axes, with or without a term per offset) and
+    """docs/developer/plan.md's table: per call class (D, axes, with or without a term per offset) and
     device, what runs fast for 16-bit types and for float32 through TF32. float16 and bfloat16
     share their layouts; "span" (a bias and a span) plans as "pos" (q_pos and rel) does."""
     by: Dict[tuple, Row] = {(r.dtype, r.D, r.axes, r.terms, r.smem_optin): r for r in table}

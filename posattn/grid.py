@@ -9,9 +9,11 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 MAX_GRID_AXES = 8  # kMaxGridDims of csrc/core/grid_index.h: the kernels' per-axis arrays
+"""The most grid axes the operators take."""
 
 
 INT64_MAX = 2**63 - 1  # the operators take the grid as int64
+"""The largest token or offset count of a grid (the operators take the grid as int64)."""
 
 
 def _grid_sizes(grid) -> list[int]:
@@ -68,6 +70,7 @@ def normalise_grid(grid: Optional[Sequence[int]], num_tokens: int, packed: bool 
 
 
 WINDOW_BORDERS = ("clip", "shift")
+"""Window border rules: ``clip`` (centred, clipped at the borders) and ``shift`` (NATTEN's)."""
 
 
 def normalise_window(window, grid: Sequence[int], cap: bool = True) -> Optional[list[int]]:

@@ -42,6 +42,7 @@ NATTEN_PERFORMANCE_ARGS = frozenset(
         "torch_compile",
     }
 )
+"""NATTEN's arguments that choose and tune its own kernels: accepted and ignored."""
 
 
 def _heads_first(x: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
@@ -88,20 +89,25 @@ def neighborhood_attention(
         key: (B, *grid, H_kv, D), H_kv dividing H (GQA / MQA: query head h reads
             kv head h // (H / H_kv)).
         value: (B, *grid, H_kv, Dv).
-        kernel_size, stride, dilation, is_causal: per grid axis (one value applies
-            to every axis), as NATTEN: a window of ``kernel_size`` cells (odd or
-            even), query groups of ``stride`` cells sharing one window, every
-            ``dilation``-th cell, causal axes. See
-            :func:`posattn.ops.relpos_attention` (``kernel_size``,
-            ``window_stride``, ``window_dilation``, ``window_causal``).
+        kernel_size: a window of ``kernel_size`` cells (odd or even) per grid axis
+            (one value applies to every axis), as NATTEN's; see
+            :func:`posattn.ops.relpos_attention` (``kernel_size``).
+        stride: query groups of ``stride`` cells sharing one window, per axis
+            (``window_stride`` of :func:`posattn.ops.relpos_attention`).
+        dilation: every ``dilation``-th cell, per axis (``window_dilation``).
+        is_causal: causal axes, a bool per axis (``window_causal``).
         scale: logit scale, default D ** -0.5.
-        additional_keys, additional_values: optional (B, M, H_kv, D) and
-            (B, M, H_kv, Dv): tokens every query attends to besides its window.
+        additional_keys: optional (B, M, H_kv, D): tokens every query attends to
+            besides its window.
+        additional_values: (B, M, H_kv, Dv), the values of ``additional_keys``.
         return_lse: also return the (B, *grid, H) log-sum-exp (float32, float64
             for float64 inputs).
         q_pos: optional (B, *grid, H, D) positional query, with ``rel`` (H, U, D).
-        rel, bias, sigma, span_mode: posattn's relative term, bias (H, U) and
-            span (H, G), as :func:`posattn.ops.relpos_attention`.
+        rel: (H, U, D) relative embeddings, with ``q_pos``
+            (:func:`posattn.ops.relpos_attention`).
+        bias: optional (H, U) learned bias per head and offset.
+        sigma: optional (H, G) span widths.
+        span_mode: ``"add"`` or ``"multiply"``, as in :func:`posattn.ops.relpos_attention`.
         window_border: ``"shift"`` (NATTEN's rule, default) or ``"clip"``.
         **natten_args: NATTEN's kernel-tuning arguments (``backend``,
             ``q_tile_shape``, ``torch_compile``, ...; NATTEN_PERFORMANCE_ARGS),
@@ -174,29 +180,40 @@ def neighborhood_attention(
     return out, lse.transpose(1, 2).reshape(query.shape[:-1])
 
 
-def _fixed_rank(rank: int):
+def _fixed_rank(rank, query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                additional_values, return_lse, kwargs):  # fmt: skip
     # natten's later positional arguments (attention_kwargs, backend, ...) tune its own kernels: here
     # they are keyword-only, so a positional one is a TypeError rather than taken for another
-    def na(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-           additional_keys=None, additional_values=None, *, return_lse=False, **kwargs):  # fmt: skip
-        if isinstance(query, torch.Tensor) and query.dim() != rank + 3:
-            raise ValueError(
-                f"na{rank}d: query must have shape (B, {', '.join('XYZ'[:rank])}, H, D) ({rank + 3} dims), "
-                f"got {tuple(query.shape)}"
-            )
-        return neighborhood_attention(
-            query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys, additional_values,
-            return_lse=return_lse, **kwargs,
-        )  # fmt: skip
-
-    na.__name__ = na.__qualname__ = f"na{rank}d"
-    na.__doc__ = (
-        f"{rank}-D neighbourhood attention, a drop-in for ``natten.na{rank}d``: query (B, "
-        f"{', '.join('XYZ'[:rank])}, H, D). See :func:`neighborhood_attention`."
-    )
-    return na
+    if isinstance(query, torch.Tensor) and query.dim() != rank + 3:
+        raise ValueError(
+            f"na{rank}d: query must have shape (B, {', '.join('XYZ'[:rank])}, H, D) ({rank + 3} dims), "
+            f"got {tuple(query.shape)}"
+        )
+    return neighborhood_attention(
+        query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys, additional_values,
+        return_lse=return_lse, **kwargs,
+    )  # fmt: skip
 
 
-na1d = _fixed_rank(1)
-na2d = _fixed_rank(2)
-na3d = _fixed_rank(3)
+def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, *, return_lse=False, **kwargs):  # fmt: skip
+    """1-D neighbourhood attention, a drop-in for ``natten.na1d``: query (B, X, H, D); the
+    arguments are :func:`neighborhood_attention`'s."""
+    return _fixed_rank(1, query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                       additional_values, return_lse, kwargs)  # fmt: skip
+
+
+def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, *, return_lse=False, **kwargs):  # fmt: skip
+    """2-D neighbourhood attention, a drop-in for ``natten.na2d``: query (B, X, Y, H, D); the
+    arguments are :func:`neighborhood_attention`'s."""
+    return _fixed_rank(2, query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                       additional_values, return_lse, kwargs)  # fmt: skip
+
+
+def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, *, return_lse=False, **kwargs):  # fmt: skip
+    """3-D neighbourhood attention, a drop-in for ``natten.na3d``: query (B, X, Y, Z, H, D); the
+    arguments are :func:`neighborhood_attention`'s."""
+    return _fixed_rank(3, query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                       additional_values, return_lse, kwargs)  # fmt: skip

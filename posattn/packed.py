@@ -19,6 +19,7 @@ import torch
 from .grid import MAX_GRID_AXES, _grid_sizes, num_offsets, offset_rows, relative_offsets
 
 INT32_MAX = 2**31 - 1
+"""The largest token count a packing can hold: its offsets are int32 (as ``cu_seqlens``)."""
 
 
 def _ints(name: str, value, dims: int) -> torch.Tensor:

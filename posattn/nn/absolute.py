@@ -41,6 +41,7 @@ class AbsoluteEncoding(nn.Module):
         self.dim, self.ndim = dim, ndim
 
     def encode(self, grid: Sequence[int], device=None, dtype=torch.float32) -> torch.Tensor:  # pragma: no cover
+        """The (N, dim) encoding of the cells of ``grid`` in row-major order, on ``device`` in ``dtype``."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
@@ -68,6 +69,7 @@ class SinusoidalAbsoluteEncoding(AbsoluteEncoding):
         self.base = float(base)
 
     def encode(self, grid, device=None, dtype=torch.float32):
+        """Fixed sin / cos features of each cell's coordinates: (N, dim)."""
         grid = _check_rank(self, grid, self.ndim)
         coords = grid_coords(grid, device=device).to(dtype)  # (N, G)
         return sinusoid_features(coords, self.dim // self.ndim, self.base).flatten(1)
@@ -87,6 +89,7 @@ class LearnedAbsoluteEncoding(AbsoluteEncoding):
         self.table = nn.Parameter(torch.randn(*max_grid, dim) * 0.02)
 
     def encode(self, grid, device=None, dtype=torch.float32):
+        """The learned table's rows of the cells of ``grid`` (at most ``max_grid``): (N, dim)."""
         grid = _check_rank(self, grid, self.ndim)
         if any(n > m for n, m in zip(grid, self.max_grid)):
             raise ValueError(f"LearnedAbsoluteEncoding: grid {grid} exceeds the table's grid {self.max_grid}")
@@ -114,5 +117,6 @@ class LearnableSinusoidEncoding(AbsoluteEncoding):
         return coords[..., None] * self.inv_freq.to(device=device, dtype=dtype)
 
     def encode(self, grid, device=None, dtype=torch.float32):
+        """Sin / cos of each cell's coordinates at the learned frequencies: (N, dim)."""
         a = self.angles(grid, device, dtype)
         return torch.cat([torch.sin(a), torch.cos(a)], dim=-1).flatten(1)

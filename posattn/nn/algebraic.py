@@ -117,6 +117,7 @@ class AlgebraicEncoder(nn.Module):
         return tree_maps_heap(self.orthogonal_maps(), self.max_depth), positions.unsqueeze(-1)
 
     def forward(self, grid: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (maps, index) of ``grid`` for :func:`posattn.ops.apply_maps` (see ``grid_maps``)."""
         return self.grid_maps(grid)
 
     def extra_repr(self) -> str:
@@ -139,6 +140,7 @@ class AlgebraicSelfAttention(MultiHeadSelfAttention):
         self.causal, self.encoder = causal, encoder
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim). ``shared``: the (maps, index) of an encoder shared by the layers."""
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         q, k, v = self.heads_qkv(x)
         if shared is None:

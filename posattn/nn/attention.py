@@ -231,6 +231,7 @@ class PositionalSelfAttention(MultiHeadSelfAttention):
         has_cls: bool = False,
         shared: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim). ``grid`` may be a :class:`posattn.PackedGrids` (x then (1, T, dim)); ``shared``: an (H, U, D) table an encoder shared by the layers computed."""
         args, (q, k, v) = self._inputs(x, grid, has_cls, shared)
         fused = self._use_fused(x)
         attend = ops.relpos_attention if fused else reference.relpos_attention
@@ -273,6 +274,7 @@ class SDPAttention(MultiHeadSelfAttention):
         self.causal = causal
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim). Content only (positions come from an absolute encoding, or none)."""
         if isinstance(grid, PackedGrids):  # content-only attention across the whole sequence would mix samples
             raise ValueError("SDPAttention: packed grids are not supported (use PositionalSelfAttention)")
         check_tokens(self, x, grid, has_cls, self.dim)

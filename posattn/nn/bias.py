@@ -157,6 +157,7 @@ class RelativePositionBias(nn.Module):
         return self.table if self.kind != "cpb" else self.mlp[0].weight
 
     def forward(self, grid: Sequence[int]) -> torch.Tensor:
+        """The (H, U) bias of every offset of ``grid`` (U = prod(2 n_d - 1)), the ``bias`` of :func:`posattn.ops.relpos_attention`."""
         grid = [int(n) for n in grid]
         if len(grid) != self.ndim:
             raise ValueError(f"RelativePositionBias: built for {self.ndim}-D grids, got grid {grid}")

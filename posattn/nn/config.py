@@ -248,6 +248,7 @@ class ModelConfig:
         return cfg
 
     def to_dict(self) -> dict:
+        """The config as nested plain dicts (what :meth:`from_dict` reads back and checkpoints save)."""
         return dataclasses.asdict(self)
 
     @property

@@ -136,7 +136,8 @@ class FavorAttention(MultiHeadSelfAttention):
     """Multi-head FAVOR+ self-attention (the Performer's), no positional term.
 
     Args:
-        dim, heads: model dimension and heads (heads divide dim).
+        dim: model dimension.
+        heads: attention heads (they divide ``dim``).
         num_features: random features m (default ``D log D``, D the head dim).
         feature_redraw_interval: redraw the features every this many training
             forwards (0: never).
@@ -161,6 +162,7 @@ class FavorAttention(MultiHeadSelfAttention):
         return self.head_dim
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim)."""
         check_tokens(self, x, grid, has_cls, self.dim)
         return self.output(self.attend(*self.heads_qkv(x)))
 
@@ -229,6 +231,7 @@ class RelativeFavorAttention(FavorAttention):
         return torch.cat([q, q_pos], dim=-1), torch.cat([k, k_pos], dim=-1), v
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim)."""
         return self.output(self.attend(*self.queries_keys_values(x, grid, has_cls)))
 
 
@@ -379,6 +382,7 @@ class ClippedRelativeAttention(_ClippedAttention):
         return favor_features(q, proj, True) @ favor_features(r, proj, False).T
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim)."""
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         if len(grid) != self.ndim:
             raise ValueError(f"ClippedRelativeAttention was built for {self.ndim}-D grids, got grid {grid}")
@@ -427,6 +431,7 @@ class ClippedWindowAttention(_ClippedAttention):
         return index, valid, dist
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim), T = prod(grid) (+1 with a class token) -> (B, T, dim)."""
         grid = check_tokens(self, x, grid, has_cls, self.dim)
         if len(grid) != self.ndim:
             raise ValueError(f"ClippedWindowAttention was built for {self.ndim}-D grids, got grid {grid}")

@@ -39,8 +39,10 @@ class NeighborhoodAttention(nn.Module):
         rank: grid axes (1, 2 or 3 in the named subclasses; any here).
         embed_dim: channels C, divisible by ``num_heads``.
         num_heads: heads H.
-        kernel_size, stride, dilation, is_causal: NATTEN's window per axis (an
-            int / bool applies to every axis).
+        kernel_size: NATTEN's window size per axis (an int applies to every axis).
+        stride: NATTEN's stride per axis.
+        dilation: NATTEN's dilation per axis.
+        is_causal: NATTEN's causal axes (a bool applies to every axis).
         qkv_bias: bias of the q / k / v projection.
         qk_scale: logit scale, default head_dim ** -0.5.
         proj_drop: dropout after the output projection.
@@ -102,6 +104,7 @@ class NeighborhoodAttention(nn.Module):
         return torch.where(inside, table[:, index], torch.zeros((), dtype=table.dtype, device=table.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, *grid, embed_dim) -> (B, *grid, embed_dim): each token attends to its window."""
         if x.dim() != self.rank + 2 or x.shape[-1] != self.embed_dim:
             raise ValueError(
                 f"NeighborhoodAttention{self.rank}D: x must have shape (B, {self.rank} grid axes, "

@@ -53,6 +53,7 @@ ALGEBRAIC_ENCODINGS: dict[str, Callable[..., nn.Module]] = {
 }
 
 POSITIONAL_ENCODINGS = ("none",) + tuple(RELATIVE_ENCODERS) + tuple(ABSOLUTE_ENCODINGS) + tuple(ALGEBRAIC_ENCODINGS)
+"""Every positional encoding by name (``ModelConfig.pe.name``, the CLI's ``positional_encoding``)."""
 
 
 def encoding_kind(name: str) -> str:
@@ -69,6 +70,7 @@ def encoding_kind(name: str) -> str:
 
 
 def build_relative_encoder(pe: PositionalEncodingConfig, dim: int, heads: int, ndim: int) -> nn.Module:
+    """The relative encoder ``pe.name`` names, for ``dim`` channels over ``heads`` heads on ``ndim``-D grids."""
     if encoding_kind(pe.name) != "relative":
         raise ValueError(f"{pe.name!r} is not a relative encoder; relative encoders: {', '.join(RELATIVE_ENCODERS)}")
     return RELATIVE_ENCODERS[pe.name](dim, heads, ndim, pe)
@@ -81,6 +83,7 @@ def build_algebraic_encoder(pe: PositionalEncodingConfig, head_dim: int, heads: 
 
 
 def build_absolute_encoding(pe: PositionalEncodingConfig, dim: int, grid: Sequence[int]) -> nn.Module:
+    """The absolute encoding ``pe.name`` names, for ``dim`` channels on ``grid`` (its largest grid)."""
     if encoding_kind(pe.name) != "absolute":
         raise ValueError(
             f"{pe.name!r} is not an absolute encoding; absolute encodings: {', '.join(ABSOLUTE_ENCODINGS)}"

@@ -64,6 +64,7 @@ class RelativeEncoder(nn.Module):
         self.dim, self.heads, self.ndim = dim, heads, ndim
 
     def embed(self, offsets: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:  # pragma: no cover
+        """Embeddings of the (U, G) offsets of ``grid`` (normalised or raw, per subclass): (U, dim)."""
         raise NotImplementedError
 
     def _anchor(self) -> torch.Tensor:
@@ -110,6 +111,8 @@ class SirenRelativeEncoder(RelativeEncoder):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
+        """SIREN's initialisation (Sitzmann et al.): the first sine layer uniform in +-1 / fan_in, the
+        others in +-sqrt(6 / fan_in) / w0, biases 0; the output layer Kaiming-uniform."""
         for i, layer in enumerate(self.sine_layers):
             n_in = layer.in_features
             bound = 1.0 / n_in if i == 0 else math.sqrt(6.0 / n_in) / self.w0
@@ -119,6 +122,7 @@ class SirenRelativeEncoder(RelativeEncoder):
         self.out.bias.zero_()
 
     def embed(self, offsets, grid):
+        """The SIREN of the offsets normalised to [-1, 1] by ``grid``: (U, dim)."""
         h = normalised_offsets(offsets, grid, self.out.weight.dtype)
         for layer in self.sine_layers:
             h = torch.sin(self.w0 * layer(h))
@@ -137,6 +141,7 @@ class SinusoidalRelativeEncoder(RelativeEncoder):
         self.out = nn.Linear(num_features * ndim, dim)
 
     def embed(self, offsets, grid):
+        """Fixed sin / cos features of each axis' raw offset, then a linear layer: (U, dim)."""
         feats = sinusoid_features(offsets.to(self.out.weight.dtype), self.num_features)  # (U, G, F)
         return self.out(feats.flatten(1))
 
@@ -154,6 +159,7 @@ class LookupRelativeEncoder(RelativeEncoder):
         self.table = nn.Parameter(torch.randn((2 * max_distance + 1) ** ndim, dim) * 0.02)
 
     def embed(self, offsets, grid):
+        """The learned rows of the offsets, each axis clipped at +-``max_distance``: (U, dim)."""
         c = self.max_distance
         clipped = offsets.clamp(-c, c) + c  # (U, G) in 0 .. 2c
         row = torch.zeros(offsets.shape[0], dtype=torch.long, device=offsets.device)

@@ -54,6 +54,7 @@ class EncoderBlock(nn.Module):
         return x + y if self.residual else y
 
     def forward(self, x: torch.Tensor, grid: Sequence[int], has_cls: bool = False, shared=None) -> torch.Tensor:
+        """x (B, T, dim) -> (B, T, dim): attention and feed-forward, each with its residual and norm."""
         if self.norm == "pre":
             x = self._add(x, self.drop1(self.attention(self.norm1(x), grid, has_cls, shared)))
             return self._add(x, self.drop2(self.ffn(self.norm2(x))))
@@ -309,6 +310,7 @@ class TransformerClassifier(nn.Module):
         return stats
 
     def num_parameters(self, trainable_only: bool = True) -> int:
+        """The number of parameters (only those that require grad with ``trainable_only``)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -353,6 +355,7 @@ class TreeTransformer(nn.Module):
         self.out = nn.Linear(dim, num_classes)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B, N) int64 and heap positions (B, N) -> per-node logits (B, N, classes)."""
         N = tokens.shape[1]
         h = self.embed(tokens)
         if self.encoder is None:  # identity maps: no positions

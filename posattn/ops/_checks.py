@@ -14,6 +14,7 @@ from ..grid import WINDOW_BORDERS, axis_ints, normalise_grid, normalise_window, 
 from ._schema import RelposArgs
 
 SPAN_MODES = ("add", "multiply")
+"""The span modes of relpos_attention: ``add`` (``s -= quad``) and ``multiply`` (``s *= exp(-quad)``)."""
 _HALF = (torch.float16, torch.bfloat16)
 
 

@@ -47,7 +47,8 @@ def relpos_attention(
     Shapes: B batch, H heads, N tokens, D head dim, Dv value dim, G grid axes.
 
     Args:
-        q, k: (B, H, N, D) queries and keys.
+        q: (B, H, N, D) queries.
+        k: (B, H, N, D) keys.
         v: (B, H, N, Dv) values.
         q_pos: optional (B, H, N, D) positional query (Transformer-XL style callers
             pass ``q + v_bias``); requires ``rel``.
@@ -110,12 +111,12 @@ def relpos_attention(
             by regrouping the tokens of each residue class (as NATTEN does), so
             the kernels still visit only the kept keys. A span threshold cannot
             be combined with it (ValueError): the box is in the grid's cells.
-        additional_keys, additional_values: optional (B, H, M, D) and
-            (B, H, M, Dv), M >= 1 (NATTEN's ``additional_keys`` /
-            ``additional_values``): extra tokens every query attends to besides
+        additional_keys: optional (B, H, M, D), M >= 1 (NATTEN's
+            ``additional_keys``): extra tokens every query attends to besides
             its window (e.g. global or cross-attention tokens), in the same
             softmax; their logits are ``scale * q_i . k_extra`` (no positional
             term, bias, span or mask). Merged through the log-sum-exp.
+        additional_values: (B, H, M, Dv), the values of ``additional_keys``.
         packed: optional :class:`posattn.PackedGrids`: many samples of different
             grids packed along the token axis (NaViT's "Patch n' Pack"); q, k, v,
             q_pos are then (1, H, T, D), T >= ``packed.num_tokens``, and ``grid``

@@ -82,8 +82,8 @@ def apply_model_variant(cfg: dict, given: Iterable[str] = ()) -> dict:
 
 
 def upgrade_saved_config(cfg: dict) -> dict:
-    """A run config saved before ``performer.clipped_form`` existed (posattn before
-    2026-11-23) rebuilds the model it trained: strategy 2 in its window form and,
+    """A run config saved before ``performer.clipped_form`` existed (an earlier
+    posattn) rebuilds the model it trained: strategy 2 in its window form and,
     for a ``model.variant``, the norm, activation, pooling and head the variant
     forced then. Changes ``cfg`` in place and returns it."""
     performer = cfg.setdefault("performer", {})

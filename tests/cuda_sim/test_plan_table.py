@@ -2,7 +2,7 @@
 the extension's own plan, csrc/cuda/relpos_plan.cuh, for a device's opt-in shared memory per
 block), checked without a GPU: on an H100 the fast kernels take what they always took; a smaller
 device runs no more fast than a larger one; no plan asks for more shared memory than its device
-has; and the README's table is the plan's (it cannot drift from the layouts)."""
+has; and the table of docs/developer/plan.md is the plan's (it cannot drift from the layouts)."""
 
 from __future__ import annotations
 
@@ -73,10 +73,10 @@ def test_no_plan_asks_for_more_shared_memory_than_its_device_has(rows):
             assert r.forward_smem > 48 * 1024, r
 
 
-def test_readme_table_is_the_plans(rows):
-    readme = (simlib.REPO / "README.md").read_text()
-    m = re.search(r"<!-- plan_table -->\n(.*?)<!-- /plan_table -->", readme, re.S)
-    assert m, "README.md has no <!-- plan_table --> section"
+def test_the_docs_table_is_the_plans(rows):
+    page = (simlib.REPO / "docs" / "developer" / "plan.md").read_text()
+    m = re.search(r"<!-- plan_table -->\n(.*?)<!-- /plan_table -->", page, re.S)
+    assert m, "docs/developer/plan.md has no <!-- plan_table --> section"
     assert m.group(1) == plan_table.markdown(rows), (
-        "README.md's table is not the plan's: paste `python benchmarks/plan_table.py` between its markers"
+        "docs/developer/plan.md's table is not the plan's: paste `python benchmarks/plan_table.py` between its markers"
     )

@@ -1,18 +1,28 @@
-"""The README's Python examples run as written (keeps the docs true)."""
+"""The Python examples of the README and of the documentation's pages (docs/**/*.md) run as
+written (keeps the docs true); the pages the documentation site generates cover what they
+describe."""
 
+import importlib.util
 import pathlib
 import re
 
 import pytest
+import yaml
 from helpers import ROOT
 from helpers.timm import import_timm
 
 README = pathlib.Path(ROOT) / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+DOCS = pathlib.Path(ROOT) / "docs"
+PAGES = [README] + sorted(DOCS.rglob("*.md"))
+BLOCKS = [
+    (page.relative_to(ROOT).as_posix(), i, block)
+    for page in PAGES
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
+]
 
 
 def test_readme_has_examples():
-    assert len(BLOCKS) >= 2
+    assert sum(1 for page, _, _ in BLOCKS if page == "README.md") >= 8
 
 
 def needs_timm(block: str) -> bool:
@@ -20,9 +30,47 @@ def needs_timm(block: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "index", range(len(BLOCKS)), ids=[f"{i}-timm" if needs_timm(b) else str(i) for i, b in enumerate(BLOCKS)]
+    "page, index, block",
+    BLOCKS,
+    ids=[f"{page}-{i}{'-timm' if needs_timm(b) else ''}" for page, i, b in BLOCKS],
 )
-def test_readme_example_runs(index, capsys):
-    if needs_timm(BLOCKS[index]):  # run by scripts/cuda_build.sh, where timm imports
+def test_example_runs(page, index, block, capsys):
+    if needs_timm(block):  # run by scripts/cuda_build.sh, where timm imports
         import_timm()
-    exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})
+    exec(compile(block, f"{page}[python block {index}]", "exec"), {})
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _flat_keys(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flat_keys(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def test_the_config_page_lists_every_key_of_the_config_with_its_default():
+    page = _hooks().config_keys_page()
+    config = yaml.safe_load((pathlib.Path(ROOT) / "cmd" / "config.yml").read_text())
+    rows = dict(re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", page, flags=re.M))
+    keys = list(_flat_keys(config))
+    assert set(keys) <= set(rows), sorted(set(keys) - set(rows))
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        assert yaml.safe_load(rows[key]) == value, (key, rows[key], value)
+
+
+def test_the_thesis_keys_page_lists_every_thesis_key():
+    from posattn.training import thesis
+
+    page = _hooks().thesis_keys_page()
+    for entry in thesis.THESIS_KEYS:
+        assert f"| `{entry.key}` | {entry.posattn.replace('|', chr(92) + '|')} |" in page, entry.key

@@ -189,14 +189,6 @@ def test_values_posattn_cannot_honour_exit_2_naming_the_key(tmp_path, capsys, ar
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_readme_documents_every_thesis_key():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## The thesis' configuration keys") :]
-    section = section[: section.index("\n## ", 4)]
-    for entry in thesis.THESIS_KEYS:
-        assert f"`{entry.key}`" in section, entry.key
-
-
 def test_metric_value_reads_a_wandb_summary_aggregate():
     history = [{"val/acc": 0.5}, {"val/acc": 0.7}, {"val/acc": 0.6}]
     assert metric_value(history, "val/acc.max") == 0.7
