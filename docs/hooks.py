@@ -33,7 +33,12 @@ def _read(*parts: str) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").strip()
+    """Text for a table cell: pipes escaped, and angle brackets outside code spans (markdown would
+    take them for HTML; inside a code span they show as they are)."""
+    parts = text.replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts).strip()
 
 
 def config_keys_page() -> str:
@@ -72,7 +77,7 @@ def config_keys_page() -> str:
         "Generated from `cmd/config.yml` (its keys, defaults and comments) when the site is built.",
         "Override any key with `-D<key>=<value>`; see [the experiments guide](../guide/cli.md).",
         "",
-        "> " + " ".join(intro),
+        "> " + _cell(" ".join(intro)).replace("\\|", "|"),
         "",
         "| key | default | meaning |",
         "|---|---|---|",

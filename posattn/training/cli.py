@@ -20,7 +20,7 @@ MODES = ("train", "test", "sweep", "sweep_agent", "local_sweep", "shift_test", "
 
 USAGE_EPILOG = """examples:
   python cmd/main.py                                   # quick Fashion-MNIST run (default config)
-  python cmd/main.py -Dlearning_rate=0.05              # thesis key names work too (README: thesis keys)
+  python cmd/main.py -Dlearning_rate=0.05              # thesis key names work too (docs/reference/thesis_keys.md)
   python cmd/main.py -Dtrain.epochs=10 -Dspan.enabled=true -Dspan.threshold=0.1 -no_wandb=T
   python cmd/main.py --config experiments/thesis_config.yml -Ddataset=fashion_mnist -Dinput_dim=1
   python cmd/main.py -mode=test -Dname=my-run          # evaluate runs/my-run/best.pt on the test split

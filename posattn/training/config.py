@@ -112,7 +112,7 @@ def warn_ignored(keys: Iterable[str]) -> None:
     if keys:
         print(
             f"warning: ignored thesis key(s) that configure nothing in posattn: {', '.join(keys)} "
-            "(README: 'The thesis' configuration keys')",
+            "(docs/reference/thesis_keys.md: what each thesis key becomes)",
             file=sys.stderr,
             flush=True,
         )

@@ -30,7 +30,7 @@ class ThesisKey:
     """One key of the thesis' config; ``layer_N`` in ``key`` stands for any layer index."""
 
     key: str
-    posattn: str  # what it becomes here (the README's table)
+    posattn: str  # what it becomes here (the documentation's table, docs/reference/thesis_keys.md)
     convert: Callable[[Any], Translation]
 
     def matches(self, key: str) -> bool:

@@ -122,3 +122,48 @@ def test_cuda_benchmark_runs_on_the_cpu(tmp_path):
     assert {rec["baseline"] for rec in records} == {"sdpa", "eager", "posattn dense"}
     assert all(rec["speedup"] and rec["speedup"] > 0 for rec in records)
     assert "| 5x6 | posattn |" in out_md.read_text() and "fwd+bwd peak MiB" in out_md.read_text()
+
+
+def test_measured_holds_data_only_and_the_scripts_that_made_it_run():
+    # benchmarks/measured/ is data; the scripts that produced it live in benchmarks/ and scripts/
+    measured = os.path.join(ROOT, "benchmarks", "measured")
+    code = [
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for d, _, files in os.walk(measured)
+        for f in files
+        if f.endswith((".py", ".sh", ".cu", ".cpp"))
+    ]
+    assert not code, code
+    for script in ("cuda_buildtime.sh", "sass_compare.sh"):
+        subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", script)], check=True)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "deliberate_breaks.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "all 9 breaks apply" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_cpu_curves_and_their_plots(tmp_path):
+    out = tmp_path / "cpu_curves_test"
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_cpu_curves.py"), "--out", str(out)]
+        + ["--window-grid", "6x5", "--half-widths", "1,2", "--sides", "6,8", "--kernel", "3", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    window = (out / "window.csv").read_text().splitlines()
+    assert window[0].startswith("method,half_width,kept,ms") and len(window) == 5
+    grid = (out / "grid.csv").read_text()
+    for method in ("sdpa", "posattn dense", "posattn.na2d", "sdpa + window mask"):
+        assert grid.count(f"{method},") == 2, method
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "plots.py"), "--out", str(tmp_path / "img")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {p.name for p in (tmp_path / "img").iterdir()} == {"cpu_window.png", "cpu_grid.png", "sim_control.png"}

@@ -1,9 +1,15 @@
-# Run on 2026-11-29 (at 090ad7e, 2 cores, ~3-4 min per break): every break caught; the results are
-# in deliberate_breaks_offsets.txt beside it.
-"""Deliberate breaks of csrc/cuda/relpos_fast_offsets.cuh, each alone, run against four
-simulated cases. Usage: python deliberate_breaks_offsets.py [indices]; appends to deliberate_breaks_offsets.txt.
-Needs CUDA_HOME (nvcc) and the simulator kit at ../shared/gpusim."""
+"""Deliberate breaks of the fast offset kernel (csrc/cuda/relpos_fast_offsets.cuh), each applied
+alone to a copy of the checkout and run against four simulated cases (tests/cuda_sim): every break
+must make a case fail, or the cases cannot see that kind of bug. First run at 090ad7e on
+2026-11-29 (every break caught: benchmarks/measured/sim_2026-11-28/deliberate_breaks_offsets.txt).
+~3-4 minutes a break on 2 cores; needs nvcc and the simulator kit (GPUSIM_KIT, default
+../shared/gpusim).
 
+    python scripts/deliberate_breaks.py [INDEX ...] [--out FILE]   # appends each result to FILE
+    python scripts/deliberate_breaks.py --check                      # each break still applies (no simulator)
+"""
+
+import argparse
 import os
 import re
 import shutil
@@ -13,14 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[3]  # the checkout
+SRC = Path(__file__).resolve().parents[1]  # the checkout
 DST = Path(tempfile.gettempdir()) / "posattn-breaks"
 F = "csrc/cuda/relpos_fast_offsets.cuh"
 MUT = [
     (
         "skew: dS' written one column right in X",
-        "X[xcol[i >> 1] + kGroups.col[nb] + (i & 1)] =",
-        "X[xcol[i >> 1] + kGroups.col[nb] + (i & 1) + 1] =",
+        "X[xcol[i >> 1] + kGroups.col[nb] + (i & 1) - e0] =",
+        "X[xcol[i >> 1] + kGroups.col[nb] + (i & 1) + 1 - e0] =",
     ),
     (
         "pipeline: the math reads the other stage's q_pos",
@@ -44,8 +50,8 @@ MUT = [
     ),
     (
         "sums: d bias without the offset's mul",
-        "tsum[wrow[c]] += has_mul ? mul_w[c] * bsum[m] : bsum[m];",
-        "tsum[wrow[c]] += bsum[m];",
+        "float db = has_mul ? mul_w[c] * bsum[m] : bsum[m];",
+        "float db = bsum[m];",
     ),
     (
         "d sigma: span multiply's sums without ln 2",
@@ -54,18 +60,33 @@ MUT = [
     ),
     (
         "column halves: every block writes columns 0..DA",
-        "const int dcol = DA == D ? 0 : blockIdx.z * DA;",
+        "const int dcol = zc * DA;",
         "const int dcol = 0;",
     ),
     (
         "pairs: the stream skips the pair after each one",
-        "const int64_t jn = next_pair(j + 1);",
-        "const int64_t jn = next_pair(j + 2);",
+        "jn = next_pair(j + 1);",
+        "jn = next_pair(j + 2);",
     ),
 ]
 CASES = "tiled-bf16-d32-1d-long or tiled-bf16-d32-offsets-2d-tiles or fast-f16-d64-3d-offsets-halves or tiled-f16-d32-offsets-3d-causal"
-idx = [int(a) for a in sys.argv[1:]] or range(len(MUT))
-env = dict(os.environ, GPUSIM_KIT=str(SRC.parent / "shared" / "gpusim"))
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("index", type=int, nargs="*", help="the breaks to run (default: all)")
+ap.add_argument("--out", type=Path, default=SRC / "build" / "deliberate_breaks.txt")
+ap.add_argument("--check", action="store_true", help="only check that each break applies to the source once")
+args = ap.parse_args()
+source = (SRC / F).read_text()
+stale = [(i, name) for i, (name, old, _) in enumerate(MUT) if source.count(old) != 1]
+if stale:
+    sys.exit(f"deliberate_breaks: these breaks no longer apply to {F} (update them): {stale}")
+if args.check:
+    print(f"deliberate_breaks: all {len(MUT)} breaks apply to {F}")
+    sys.exit(0)
+idx = args.index or range(len(MUT))
+env = dict(os.environ)
+env.setdefault("GPUSIM_KIT", str(SRC.parent / "shared" / "gpusim"))
+args.out.parent.mkdir(parents=True, exist_ok=True)
+missed = []
 for i in idx:
     name, old, new = MUT[i]
     if DST.exists():
@@ -76,6 +97,8 @@ for i in idx:
     for f in files:
         (DST / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(SRC / f, DST / f)
+    for so in (SRC / "posattn").glob("_C*.so"):  # the built extension (ignored by git): the tests import posattn
+        (DST / "posattn" / so.name).symlink_to(so)
     s = (DST / F).read_text()
     assert s.count(old) == 1, (i, old, s.count(old))
     (DST / F).write_text(s.replace(old, new))
@@ -108,10 +131,17 @@ for i in idx:
         if ln.startswith(("FAILED", "PASSED", "ERROR")) or " passed" in ln or " failed" in ln
     ]
     msgs = re.findall(r"^E\s+(AssertionError.*|.*max.*)$", out, re.M)[:6]
-    with open(Path(__file__).with_suffix(".txt"), "a") as f:
+    with open(args.out, "a") as f:
         f.write(f"## {i}: {name}\n   {old!r} -> {new!r}\n   ({time.time() - t0:.0f} s)\n")
         for ln in lines:
             f.write("   " + ln + "\n")
         for m in msgs:
             f.write("   E " + m[:200] + "\n")
-    print(i, name, lines[-1] if lines else out[-500:])
+    summary = lines[-1] if lines else ""
+    if " failed" in summary:
+        print(i, name, "caught:", summary.strip())
+    else:  # the break went unseen, or the cases did not run
+        missed.append(i)
+        print(i, name, "NOT CAUGHT:", summary.strip() or out[-1500:] + r.stderr[-500:])
+if missed:
+    sys.exit(f"deliberate_breaks: not caught (or not run): {missed}")

@@ -1,7 +1,8 @@
 #!/bin/bash
-# How cuda_build_time.txt was measured: compiles .cu files ($2...) of checkout $1 with the
-# extension's nvcc flags (setup.py, sm_80 + sm_90), two at a time as ninja -j2 does on 2 cores:
-#   time bash buildtime.sh CHECKOUT FILE.cu...
+# Compile time of the extension's CUDA translation units: compiles .cu files ($2...) of checkout $1
+# with the extension's nvcc flags (setup.py, sm_80 + sm_90), two at a time as ninja -j2 does on 2
+# cores (how benchmarks/measured/sim_2026-11-27/cuda_build_time.txt was measured):
+#   time bash scripts/cuda_buildtime.sh CHECKOUT FILE.cu...
 # VPY: the Python of a CUDA torch (default: scripts/cuda_build.sh's build/cuda-venv in the checkout).
 cd "$1"; shift
 VPY=${VPY:-$(pwd)/build/cuda-venv/bin/python}

@@ -1,8 +1,9 @@
 #!/bin/bash
 # SASS (sm_90) of every fast-kernel translation unit in trees $1 and $2, normalised (addresses and
 # encodings dropped), compared per unit; the -Xptxas -v output beside each.
-# usage: bash sass_cmp.sh TREE_BEFORE TREE_AFTER   (cuobjdump, nvdisasm: pip install
-# nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm; both on PATH)
+# A change meant to leave the kernels alone shows here as identical SASS.
+# usage: bash scripts/sass_compare.sh TREE_BEFORE TREE_AFTER   (cuobjdump, nvdisasm: pip install
+# nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm; both on PATH; OUT: where the SASS goes, /tmp/sass)
 OUT=${OUT:-/tmp/sass}
 mkdir -p $OUT
 for f in $(ls $1/csrc/cuda/fast/); do
