@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import platform
 import warnings
@@ -27,33 +26,20 @@ from datetime import date
 
 import torch
 import torch.nn.functional as F
+from bench_relpos_cuda import make_inputs
 
 import posattn
 from posattn import ops
-from posattn.grid import num_offsets
+from posattn.grid import span_keep_fraction
 from posattn.utils.timing import median_seconds
 
 
-def kept(grid, r):
-    """Mean fraction of the keys a query keeps under a clipped window of half width r."""
-    frac = 1.0
-    for n in grid:
-        i = torch.arange(n)
-        frac *= ((i + r).clamp(max=n - 1) - (i - r).clamp(min=0) + 1).double().mean().item() / n
-    return frac
-
-
 def inputs(grid, args, requires_grad):
-    g = torch.Generator().manual_seed(0)
-    N, U = math.prod(grid), num_offsets(grid)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).requires_grad_(requires_grad)
-
-    B, H, D = args.batch, args.heads, args.dim
-    return dict(
-        q=rand(B, H, N, D), k=rand(B, H, N, D), v=rand(B, H, N, D), q_pos=rand(B, H, N, D), rel=rand(H, U, D, scale=0.5)
-    )
+    """q, k, v, q_pos, rel of bench_relpos_cuda's benchmark (float32, on the CPU; no span)."""
+    x = make_inputs(grid, args.batch, args.heads, args.dim, torch.float32, "cpu")
+    del x["sigma"]
+    # (natten's CPU path refuses inputs that require grad, even under no_grad)
+    return x if requires_grad else {name: t.detach() for name, t in x.items()}
 
 
 def timed(fn, args):
@@ -83,7 +69,15 @@ def window_curve(args):
             continue
         run = fwd_bwd(lambda r=r: ops.relpos_attention(**x, grid=grid, window=r))
         kernel = ops.relpos_plan(x["q"], x["k"], x["v"], grid=grid, window=r)["forward"]  # the CPU plan's kernel
-        rows.append(dict(method="posattn window", half_width=r, kept=kept(grid, r), ms=timed(run, args), kernel=kernel))
+        rows.append(
+            dict(
+                method="posattn window",
+                half_width=r,
+                kept=span_keep_fraction(grid, [r] * len(grid)),
+                ms=timed(run, args),
+                kernel=kernel,
+            )
+        )
         print(f"  window {r:3d}: keeps {rows[-1]['kept']:6.1%}  {rows[-1]['ms']:9.2f} ms  ({kernel})", flush=True)
     return rows
 

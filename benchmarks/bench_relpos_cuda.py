@@ -48,7 +48,7 @@ from bench_common import parse_grid, ratio, record, write_records
 
 import posattn
 from posattn import ops, reference
-from posattn.grid import num_offsets
+from posattn.grid import num_offsets, span_keep_fraction
 
 METHODS = ("sdpa", "posattn", "general", "window", "flex", "eager")
 DTYPES = {
@@ -84,15 +84,6 @@ def window_for(grid, keep):
     N = math.prod(grid)
     r = max(0, round(((keep * N) ** (1 / len(grid)) - 1) / 2))
     return [min(r, n - 1) for n in grid]
-
-
-def kept_fraction(grid, window):
-    """Mean fraction of keys a query keeps under a clipped window (borders included)."""
-    frac = 1.0
-    for n, r in zip(grid, window):
-        i = torch.arange(n)
-        frac *= ((i + r).clamp(max=n - 1) - (i - r).clamp(min=0) + 1).double().mean().item() / n
-    return frac
 
 
 def offset_tables(grid, sigma, scale):
@@ -248,7 +239,7 @@ def bench_grid(grid, args, device, dtype, methods):
     x = make_inputs(grid, args.batch, args.heads, args.dim, dtype, device)
     scale = args.dim**-0.5
     window = window_for(grid, args.keep)
-    keep = kept_fraction(grid, window)
+    keep = span_keep_fraction(grid, window)
     print(
         f"grid {'x'.join(map(str, grid))}: N = {N}, window half widths {window} keep {keep:.1%} of the keys", flush=True
     )

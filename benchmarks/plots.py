@@ -66,6 +66,18 @@ LABELS = {
 }
 
 
+def log_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """The CPU plots' finish: both axes logarithmic, labels, a small title, legend and grid."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def window_plot(out: str) -> None:
     path = newest("cpu_curves_*/window.csv")
     data = rows(path)
@@ -76,14 +88,12 @@ def window_plot(out: str) -> None:
         for r in data:
             if r["method"] == name:
                 ax.axhline(float(r["ms"]), linestyle=style, color="0.3" if name == "sdpa" else "C1", label=LABELS[name])
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("keys kept per query (%)")
-    ax.set_ylabel("forward + backward (ms)")
-    ax.set_title("relpos_attention on the CPU: the window's work scales with what it keeps")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
+    log_axes(
+        ax,
+        "keys kept per query (%)",
+        "forward + backward (ms)",
+        "relpos_attention on the CPU: the window's work scales with what it keeps",
+    )
     save(fig, out, "cpu_window.png", f"{os.path.relpath(path, HERE)}: {caption(os.path.dirname(path))}")
 
 
@@ -94,14 +104,7 @@ def grid_plot(out: str) -> None:
     for name in dict.fromkeys(r["method"] for r in data):
         pts = [r for r in data if r["method"] == name]
         ax.plot([int(r["tokens"]) for r in pts], [float(r["ms"]) for r in pts], "o-", label=LABELS.get(name, name))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens (n x n grids)")
-    ax.set_ylabel("forward (ms)")
-    ax.set_title("Forward time against grid size (CPU; windows 7 x 7)")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
+    log_axes(ax, "tokens (n x n grids)", "forward (ms)", "Forward time against grid size (CPU; windows 7 x 7)")
     save(fig, out, "cpu_grid.png", f"{os.path.relpath(path, HERE)}: {caption(os.path.dirname(path))}")
 
 

@@ -166,7 +166,7 @@ print("CUDA kernels registered")'
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats \
         --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum \
-        "$PY" scripts/gpu_profile_step.py --grid 64x64
+        "$PY" benchmarks/profile_relpos_cuda.py --grid 64x64 --once
       ;;
     tf32)
       run tf32 "${GPU_CHECK_BENCH_SECONDS:-300}" "$OUT/bench.log" "$PY" benchmarks/bench_relpos_cuda.py --repeats 5 \

@@ -58,14 +58,15 @@ def test_gpu_check_resume_skips_the_steps_an_earlier_call_ran(tmp_path):
 
 def test_the_profiled_step_runs_on_the_cpu():
     r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "gpu_profile_step.py"), "--device", "cpu", "--dtype", "float32"]
+        [sys.executable, os.path.join(ROOT, "benchmarks", "profile_relpos_cuda.py"), "--once", "--device", "cpu"]
+        + ["--dtype", "float32"]
         + ["--grid", "4x5", "--batch", "1", "--heads", "2", "--dim", "8"],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "one forward + backward on 4x5 (float32) ran" in r.stdout
+    assert "profile_relpos_cuda: one forward + backward on 4x5 (float32) ran" in r.stdout
 
 
 def test_sanitizer_cases_run_on_the_cpu():

@@ -49,24 +49,15 @@ def _hooks():
     return mod
 
 
-def _flat_keys(d, prefix=""):
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            yield from _flat_keys(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}"
-
-
 def test_the_config_page_lists_every_key_of_the_config_with_its_default():
     page = _hooks().config_keys_page()
     config = yaml.safe_load((pathlib.Path(ROOT) / "cmd" / "config.yml").read_text())
     rows = dict(re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", page, flags=re.M))
-    keys = list(_flat_keys(config))
+    from posattn.training.config import flatten
+
+    keys = flatten(config)
     assert set(keys) <= set(rows), sorted(set(keys) - set(rows))
-    for key in keys:
-        value = config
-        for part in key.split("."):
-            value = value[part]
+    for key, value in keys.items():
         assert yaml.safe_load(rows[key]) == value, (key, rows[key], value)
 
 
