@@ -5,11 +5,13 @@ plan itself (csrc/cuda/relpos_plan.cuh), built with nvcc and run on the CPU (no 
 
     python benchmarks/plan_table.py            # docs/developer/plan.md's table (markdown)
     python benchmarks/plan_table.py --tsv      # one line per (dtype, D, axes, terms, device)
+    python benchmarks/plan_table.py --summary  # the README's table: per device, how many run fast
 
 A cell says which of the forward, the backward (d q, d k, d v, d q_pos) and d rel / d bias /
 d sigma run on the fast kernels: "fwd bwd rel" all three, "fwd" the forward alone, "-" none
 (the general kernels); plain calls (no term per offset) have no d rel. The table of docs/developer/plan.md is
-this script's output (tests/cuda_sim/test_plan_table.py checks it).
+this script's output, and so is the README's summary per device (tests/cuda_sim/test_plan_table.py
+checks both).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ DEVICES = [
     (simlib.SMEM_A100, "A100"),
     (simlib.SMEM_SM86, "RTX 30 / 40, A10, L4, L40"),
 ]
+# the README's summary: each device class's architectures and layout class
+ARCHS = {simlib.SMEM_H100: "sm_90", simlib.SMEM_A100: "sm_80", simlib.SMEM_SM86: "sm_86, sm_89, sm_120"}
 
 
 class Row(NamedTuple):
@@ -88,9 +92,34 @@ def markdown(table: List[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_markdown(table: List[Row]) -> str:
+    """The README's table: per device class, of the fast path's call classes (float16, bfloat16,
+    float32 through TF32; D = 32, 64, 128; 1-3 axes; plain, q_pos and rel, a bias and a span), how many
+    run the forward, the backward and d rel / d bias / d sigma (calls with a term per offset) on the
+    fast kernels."""
+    head = ["GPU", "shared memory per block", "forward fast", "backward fast", "d rel / d bias / d sigma fast"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---:|"]
+    for optin, name in DEVICES:
+        mine = [r for r in table if r.smem_optin == optin]
+        terms = [r for r in mine if r.terms != "plain"]
+        counts = [
+            sum(r.forward == "fast" for r in mine),
+            sum(r.backward == "fast" for r in mine),
+            sum(r.offsets == "fast" for r in terms),
+        ]
+        totals = [len(mine), len(mine), len(terms)]
+        cells = [f"{name} ({ARCHS[optin]})", f"{optin:,} bytes"]
+        cells += [f"{c} of {t}" for c, t in zip(counts, totals)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tsv", action="store_true", help="the plan of every call and device, tab-separated")
+    ap.add_argument(
+        "--summary", action="store_true", help="the README's table: per device, how many call classes run fast"
+    )
     args = ap.parse_args(argv)
     if simlib.nvcc() is None:
         print("plan_table: nvcc not found (set CUDA_HOME)", file=sys.stderr)
@@ -100,6 +129,8 @@ def main(argv=None) -> int:
         print("\t".join(Row._fields))
         for r in table:
             print("\t".join(str(x) for x in r))
+    elif args.summary:
+        print(summary_markdown(table), end="")
     else:
         print(markdown(table), end="")
     return 0

@@ -18,6 +18,9 @@ gone; their figures stay in BENCHMARKS.md.)
     python benchmarks/sim_cycles.py                 # all rows, table to stdout
     python benchmarks/sim_cycles.py --grid 12 12    # a smaller grid, quicker
     python benchmarks/sim_cycles.py --json out.json
+    python benchmarks/sim_cycles.py --grid 8 8 --dim 64 --windows none --sms 1 --full-only
+                                                    # a model GPU of 1 SM, which the call fills: the
+                                                    # kernels' throughput, not one block's latency
 
 Needs the simulator built (bash scripts/cuda_sim.sh builds it) and nvcc.
 """
@@ -84,7 +87,9 @@ def run(
     terms: str = "pos",
     offsets: str = None,
     smem_optin: int = simlib.PLAN_SMEM_OPTIN,
+    sms: int = None,
 ):
+    # sms: the model GPU's SMs (GPGPU-Sim's -gpgpu_n_clusters; None: the config's 46)
     # terms: what the logits have per offset: "pos" (q_pos . rel), "all" (q_pos . rel, a bias and a
     # span, add), "bias" (a bias alone: the fast kernels' tables only), "none" (plain attention: the
     # fast path runs its control's kernels)
@@ -128,7 +133,7 @@ def run(
     )
     case = (
         workdir
-        / f"{path}-{smem_optin}-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
+        / f"{path}-{smem_optin}-{sms or 'all'}sm-{terms}-{offsets or 'plan'}-{'x'.join(map(str, window)) if window else 'dense'}-{'bwd' if backward else 'fwd'}"
     )
     res = simlib.run_case(
         simlib.harness(dtype, D if path == "fast" else None),
@@ -138,6 +143,7 @@ def run(
         timing=True,
         timeout=7200,
         rundir=case / "sim",
+        extra_env={"GPUSIM_EXTRA": f"-gpgpu_n_clusters {sms}"} if sms else None,
     )
     if res.returncode != 0:
         raise RuntimeError(res.tail())
@@ -187,6 +193,17 @@ def main():
         f"layouts (default {simlib.SMEM_H100}, an H100's; {simlib.SMEM_A100}: an A100's; {simlib.SMEM_SM86}: an "
         "RTX 30 / 40's, A10's, L4's)",
     )
+    ap.add_argument(
+        "--sms",
+        type=int,
+        help="the model GPU's SMs (default: the config's 46): with few, a small call fills the GPU, so that "
+        "cycles measure the kernels' throughput rather than one block's latency on an idle GPU",
+    )
+    ap.add_argument(
+        "--full-only",
+        action="store_true",
+        help="only the dense forward + backward run of each path (not the forward-only one it contains)",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -195,7 +212,7 @@ def main():
     grid = args.grid
     N = math.prod(grid)
     windows = [None]
-    if args.windows != "none":
+    if args.windows != "none" and not args.full_only:
         windows += [[int(x) for x in w.split(",")] for w in args.windows.split(";")]
     paths = args.paths.split(",")
     jobs = [
@@ -204,6 +221,7 @@ def main():
         for w in windows
         for bwd in (False, True)
         if not bwd or (w is None and not args.no_backward)
+        if not (args.full_only and not bwd)
     ]
     work = Path(tempfile.mkdtemp(prefix="sim_cycles-"))
     start = time.time()
@@ -222,6 +240,7 @@ def main():
                     terms=args.terms,
                     offsets=args.offsets,
                     smem_optin=args.smem_optin,
+                    sms=args.sms,
                 ),
                 jobs,
             )
@@ -233,6 +252,11 @@ def main():
         rows[(path, None if w is None else tuple(w), bwd)] = dict(
             kernels=cycles, fwd=fwd, total=sum(c for _, c in cycles), kept=kept, seconds=round(secs)
         )
+    if args.full_only:  # the forward's row from the forward + backward run's forward kernels
+        for path in paths:
+            r = rows[(path, None, True)]
+            fwd_kernels = [(n, c) for n, c in r["kernels"] if "fwd" in n]
+            rows[(path, None, False)] = dict(r, kernels=fwd_kernels, total=r["fwd"])
     if args.json:
         args.json.write_text(
             json.dumps({f"{k[0]}|{k[1]}|{'bwd' if k[2] else 'fwd'}": v for k, v in rows.items()}, indent=1)
@@ -240,7 +264,7 @@ def main():
     print(
         f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = {args.dim}, "
         f"B = 1, offsets: {args.offsets or 'the plan'}, smem_optin {args.smem_optin}, "
-        f"H = {args.heads}, "
+        f"H = {args.heads}, SMs: {args.sms or 'the config' + chr(39) + 's 46'}, "
         f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )
     print(
@@ -266,13 +290,16 @@ def main():
     if args.no_backward:
         return
     print()
-    print("| dense call, forward + backward | cycles per kernel | backward / forward |")
-    print("|---|---|---|")
+    print("| dense call, forward + backward | cycles per kernel | total | backward / forward |")
+    print("|---|---|---|---|")
     for path in paths:
         r = rows[(path, None, True)]
         bwd = r["total"] - r["fwd"]
         per = ", ".join(f"{n} {c:,}" for n, c in r["kernels"])
-        print(f"| {path} | {per} | {bwd / r['fwd']:.2f} |")
+        print(f"| {path} | {per} | {r['total']:,} | {bwd / r['fwd']:.2f} |")
+    if sorted(paths) == ["fast", "general"]:
+        ratio = rows[("general", None, True)]["total"] / rows[("fast", None, True)]["total"]
+        print(f"\nforward + backward, general / fast: {ratio:.2f}")
 
 
 if __name__ == "__main__":

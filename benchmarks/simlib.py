@@ -284,10 +284,12 @@ def run_case(
     timing: bool = False,
     timeout: float = 900,
     rundir: Optional[Path] = None,
+    extra_env: Optional[Dict[str, str]] = None,
 ) -> SimRun:
     """Writes the case (settings as case.txt lines, arrays as NAME.bin) and runs the
     harness on the simulator (timing: GPGPU-Sim's cycle model, much slower; rundir:
-    keep the simulator's run directory, with its log, there)."""
+    keep the simulator's run directory, with its log, there; extra_env: more environment
+    variables, e.g. GPUSIM_EXTRA's config lines)."""
     case_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for key, value in settings.items():
@@ -302,7 +304,7 @@ def run_case(
     for name, t in arrays.items():
         write_tensor(case_dir / f"{name}.bin", t)
     start = time.perf_counter()
-    done = run(binary, [str(case_dir.resolve())], timing=timing, timeout=timeout, rundir=rundir)
+    done = run(binary, [str(case_dir.resolve())], timing=timing, timeout=timeout, rundir=rundir, extra_env=extra_env)
     return SimRun(case_dir, done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
 
 

@@ -45,7 +45,8 @@
 #   GPU_CHECK_BENCH_ARGS="--grid 64x64 --grid 16x16x16 --methods sdpa,posattn,window,flex,eager" \
 #   bash scripts/gpu_check.sh build test bench sanitize profile64 tf32     (timeout_s 595)
 # and the follow-up at once on the warm machine (it waits 30 s): the same with GPU_CHECK_RESUME=1
-# and the steps ... profile64 tf32 packed. (One nvcc translation unit, fast/relpos_fast_f32_d128_
+# and the steps ... profile64 tf32 small packed (small: what an RTX / A10 / L4 runs, issue 61's
+# layouts; GPU_CHECK_SANITIZE_SECONDS=60 there). (One nvcc translation unit, fast/relpos_fast_f32_d128_
 # backward.cu, takes 220 s of device compilation for sm_90 on this project's 2-core machine.)
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"

@@ -2,7 +2,8 @@
 the extension's own plan, csrc/cuda/relpos_plan.cuh, for a device's opt-in shared memory per
 block), checked without a GPU: on an H100 the fast kernels take what they always took; a smaller
 device runs no more fast than a larger one; no plan asks for more shared memory than its device
-has; and the table of docs/developer/plan.md is the plan's (it cannot drift from the layouts)."""
+has; and the tables of docs/developer/plan.md and the README are the plan's (they cannot drift from
+the layouts)."""
 
 from __future__ import annotations
 
@@ -79,4 +80,14 @@ def test_the_docs_table_is_the_plans(rows):
     assert m, "docs/developer/plan.md has no <!-- plan_table --> section"
     assert m.group(1) == plan_table.markdown(rows), (
         "docs/developer/plan.md's table is not the plan's: paste `python benchmarks/plan_table.py` between its markers"
+    )
+
+
+def test_the_readme_summary_is_the_plans(rows):
+    readme = (simlib.REPO / "README.md").read_text()
+    m = re.search(r"<!-- device_table -->\n(.*?)<!-- /device_table -->", readme, re.S)
+    assert m, "README.md has no <!-- device_table --> section"
+    assert m.group(1) == plan_table.summary_markdown(rows), (
+        "README.md's table per GPU is not the plan's: paste `python benchmarks/plan_table.py --summary` "
+        "between its markers"
     )
