@@ -207,6 +207,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.full_only and args.no_backward:
+        ap.error("--full-only runs forward + backward only: it cannot go with --no-backward")
     if simlib.unavailable():
         sys.exit("sim_cycles: " + simlib.unavailable())
     grid = args.grid
@@ -264,7 +266,7 @@ def main():
     print(
         f"simulated cycles (GPGPU-Sim SM86_RTX3070 timing model), grid {grid}, {args.dtype}, D = Dv = {args.dim}, "
         f"B = 1, offsets: {args.offsets or 'the plan'}, smem_optin {args.smem_optin}, "
-        f"H = {args.heads}, SMs: {args.sms or 'the config' + chr(39) + 's 46'}, "
+        f"H = {args.heads}, SMs: {args.sms or 46}, "
         f"terms per offset: {args.terms}; wall {time.time() - start:.0f} s"
     )
     print(
