@@ -11,6 +11,8 @@ import yaml
 from helpers import ROOT
 from helpers.timm import import_timm
 
+from posattn.training.config import flatten
+
 README = pathlib.Path(ROOT) / "README.md"
 DOCS = pathlib.Path(ROOT) / "docs"
 PAGES = [README] + sorted(DOCS.rglob("*.md"))
@@ -53,8 +55,6 @@ def test_the_config_page_lists_every_key_of_the_config_with_its_default():
     page = _hooks().config_keys_page()
     config = yaml.safe_load((pathlib.Path(ROOT) / "cmd" / "config.yml").read_text())
     rows = dict(re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", page, flags=re.M))
-    from posattn.training.config import flatten
-
     keys = flatten(config)
     assert set(keys) <= set(rows), sorted(set(keys) - set(rows))
     for key, value in keys.items():
